@@ -1,0 +1,121 @@
+/*
+ * npu_cpu.c -- CPU and accelerator discovery.
+ *
+ * AMX needs two things: the cpuid bits, and the kernel's permission to use
+ * the large tile state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux >= 5.16).
+ * Without the permission the first tile instruction kills the process, so
+ * amx_usable is what kernels must check, not amx_int8.
+ */
+#include "npu.h"
+
+#include <cpuid.h>
+#include <glob.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static npu_features_t g_features;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static bool bit(unsigned reg, int n) {
+    return (reg >> n) & 1u;
+}
+
+/* OS support for the AVX-512 state (XCR0 bits 1,2,5,6,7). */
+static bool os_saves_zmm(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !bit(c, 27))
+        return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6u) == 0xe6u;
+}
+
+static void probe_cpuid(npu_features_t *f) {
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d))
+        f->fma = bit(c, 12);
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return;
+    bool zmm       = os_saves_zmm();
+    f->avx2        = bit(b, 5);
+    f->avx512f     = zmm && bit(b, 16);
+    f->avx512bw    = zmm && bit(b, 30);
+    f->avx512vl    = zmm && bit(b, 31);
+    f->avx512_vnni = zmm && bit(c, 11);
+    f->avx512_fp16 = zmm && bit(d, 23);
+    f->amx_bf16    = bit(d, 22);
+    f->amx_tile    = bit(d, 24);
+    f->amx_int8    = bit(d, 25);
+    unsigned a1, b1, c1, d1;
+    if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
+        f->avx512_bf16 = zmm && bit(a1, 5);
+}
+
+static bool request_amx(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static int count_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static bool find_xdna(void) {
+    glob_t g;
+    bool   found = glob("/dev/accel/accel*", 0, NULL, &g) == 0 && g.gl_pathc > 0;
+    globfree(&g);
+    return found;
+}
+
+static void probe_once(void) {
+    npu_features_t *f = &g_features;
+    probe_cpuid(f);
+    f->amx_usable  = f->amx_tile && request_amx();
+    f->n_cpus      = count_cpus();
+    f->xdna_device = find_xdna();
+}
+
+const npu_features_t *npu_probe(void) {
+    pthread_once(&g_once, probe_once);
+    return &g_features;
+}
+
+svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out) {
+    static const struct {
+        const char *name;
+        size_t      off;
+    } names[] = {
+        {"avx2", offsetof(npu_features_t, avx2)},
+        {"fma", offsetof(npu_features_t, fma)},
+        {"avx512f", offsetof(npu_features_t, avx512f)},
+        {"avx512bw", offsetof(npu_features_t, avx512bw)},
+        {"avx512vl", offsetof(npu_features_t, avx512vl)},
+        {"avx512_vnni", offsetof(npu_features_t, avx512_vnni)},
+        {"avx512_bf16", offsetof(npu_features_t, avx512_bf16)},
+        {"avx512_fp16", offsetof(npu_features_t, avx512_fp16)},
+        {"amx_tile", offsetof(npu_features_t, amx_tile)},
+        {"amx_int8", offsetof(npu_features_t, amx_int8)},
+        {"amx_bf16", offsetof(npu_features_t, amx_bf16)},
+        {"amx_usable", offsetof(npu_features_t, amx_usable)},
+        {"xdna_device", offsetof(npu_features_t, xdna_device)},
+    };
+    bool first = true;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const bool *on = (const bool *)((const char *)f + names[i].off);
+        if (!*on)
+            continue;
+        svc_err_t err = svc_buf_addf(out, "%s%s", first ? "" : " ", names[i].name);
+        if (err)
+            return err;
+        first = false;
+    }
+    return first ? svc_buf_adds(out, "none") : SVC_OK;
+}

@@ -1,0 +1,28 @@
+/*
+ * ops.h -- the d3stream command: one entry point per subcommand. Each takes
+ * the arguments after the subcommand name (argv[0] is the subcommand) and
+ * returns the process exit status: 0 success, 1 a negative verdict (an
+ * invalid request for `validate`), 2 a usage error, 3 a runtime failure
+ * (unreadable file, bad package).
+ */
+#ifndef D3STREAM_OPS_H
+#define D3STREAM_OPS_H
+
+#include "svc.h"
+
+enum {
+    OPS_EXIT_OK      = 0,
+    OPS_EXIT_VERDICT = 1,
+    OPS_EXIT_USAGE   = 2,
+    OPS_EXIT_FAILURE = 3,
+};
+
+int ops_cmd_tokenize(int argc, char **argv);
+int ops_cmd_prompt(int argc, char **argv);
+int ops_cmd_validate(int argc, char **argv);
+int ops_cmd_version(int argc, char **argv);
+
+/* Prints a message to stderr as "d3stream <cmd>: ..." */
+SVC_FMT(2, 3) void ops_fail(const char *cmd, const char *fmt, ...);
+
+#endif /* D3STREAM_OPS_H */

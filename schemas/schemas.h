@@ -1,0 +1,276 @@
+/*
+ * schemas.h -- the System One contract: JSON values with Python's json
+ * semantics, request decoding and validation with the upstream error codes,
+ * answer and error serialisation (../shared/docs/SPEC.md, sections a and b).
+ *
+ * Why our own JSON reader and writer rather than jansson's: the contract is
+ * defined by Python's json module, which accepts NaN/Infinity, turns 1e400
+ * into inf, keeps integers of any size as written, lets a repeated key keep
+ * its first position with its last value, and prints floats in repr form.
+ * jansson refuses the first three and cannot print the last, so a request
+ * decoded with it would get different answers than upstream. jansson is used
+ * where plain JSON is enough (package files in engine/).
+ *
+ * Usage:
+ *
+ *     sch_request_t *req = NULL;
+ *     sch_error_t    err;
+ *     if (sch_request_decode(body, len, &limits, NULL, &req, &err) != SVC_OK) {
+ *         sch_error_encode(&err, &out);     // {"error": {...}}, err.status
+ *         sch_error_fini(&err);
+ *     } else {
+ *         for (size_t p = 0; p < sch_request_n_parts(req); p++) {
+ *             const sch_part_t *part = sch_request_part(req, p);
+ *             ...
+ *         }
+ *         sch_request_free(req);
+ *     }
+ *
+ * Thread-safety: a decoded request is immutable and may be read from any
+ * thread; functions here keep no global state.
+ */
+#ifndef D3STREAM_SCHEMAS_H
+#define D3STREAM_SCHEMAS_H
+
+#include "svc.h"
+
+/* ======================================================================
+ * JSON values (Python semantics)
+ * ====================================================================== */
+
+typedef enum sch_jtype {
+    SCH_JSON_NULL   = 0,
+    SCH_JSON_BOOL   = 1,
+    SCH_JSON_INT    = 2, /* an integer of any size, kept as written */
+    SCH_JSON_REAL   = 3, /* a double; may be NaN or +-inf (Python accepts them) */
+    SCH_JSON_STRING = 4, /* UTF-8, may contain NUL */
+    SCH_JSON_ARRAY  = 5,
+    SCH_JSON_OBJECT = 6, /* keys unique, in first-seen order */
+} sch_jtype_t;
+
+typedef struct sch_json sch_json_t; /* a value, owned by its document */
+typedef struct sch_jdoc sch_jdoc_t; /* owns every value of one parse */
+
+/* Why a parse failed; the request decoder turns these into SPEC a.1. */
+typedef enum sch_jfail {
+    SCH_JFAIL_NONE       = 0,
+    SCH_JFAIL_UTF8       = 1, /* the bytes are not UTF-8 */
+    SCH_JFAIL_SYNTAX     = 2, /* not JSON (message in Python's words) */
+    SCH_JFAIL_SURROGATE  = 3, /* an escape left an unpaired surrogate */
+    SCH_JFAIL_TOO_DEEP   = 4, /* nesting deeper than SCH_JSON_MAX_DEPTH */
+    SCH_JFAIL_NOMEM      = 5,
+} sch_jfail_t;
+
+/* Arrays and objects nested deeper than this are refused at parse time, so
+ * no later recursion over a value can exhaust the stack. */
+#define SCH_JSON_MAX_DEPTH 256
+
+/**
+ * @brief Parses text the way Python's json.loads parses a str decoded from
+ *        UTF-8 bytes.
+ * @param msg filled with the reason on failure, e.g.
+ *        "Expecting value: line 1 column 1 (char 0)" or "'utf-8' codec can't
+ *        decode byte 0xff in position 0: invalid start byte".
+ * @returns the document, or NULL with *fail set.
+ * @remark The caller owns the document (sch_jdoc_free); values returned by
+ *         sch_jdoc_root and the accessors live as long as the document.
+ */
+SVC_WUR sch_jdoc_t *sch_json_parse(const char *text, size_t len, sch_jfail_t *fail, char *msg,
+                                   size_t msg_size);
+void                sch_jdoc_free(sch_jdoc_t *doc);
+const sch_json_t   *sch_jdoc_root(const sch_jdoc_t *doc);
+
+sch_jtype_t sch_json_type(const sch_json_t *v);
+bool        sch_json_bool(const sch_json_t *v);                /* BOOL only */
+const char *sch_json_string(const sch_json_t *v, size_t *len); /* STRING only */
+const char *sch_json_int_text(const sch_json_t *v, size_t *len); /* INT only */
+double      sch_json_number(const sch_json_t *v); /* INT or REAL as double (may be inf) */
+size_t      sch_json_size(const sch_json_t *v);   /* ARRAY/OBJECT count, else 0 */
+const sch_json_t *sch_json_at(const sch_json_t *v, size_t i);   /* ARRAY/OBJECT value i */
+const char       *sch_json_key_at(const sch_json_t *v, size_t i, size_t *len); /* OBJECT */
+const sch_json_t *sch_json_get(const sch_json_t *v, const char *key, size_t len); /* or NULL */
+bool              sch_json_truthy(const sch_json_t *v); /* Python bool(value) */
+bool              sch_json_all_finite(const sch_json_t *v); /* no NaN/inf anywhere inside */
+
+/* Python json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in
+ * order, floats in repr form (100.0, 1e-07, 1e+16), non-finite as NaN/Infinity. */
+SVC_WUR svc_err_t sch_json_dump_py(const sch_json_t *v, svc_buf_t *out);
+/* Canonical form of the score legend: sorted keys, "," and ":", raw UTF-8. */
+SVC_WUR svc_err_t sch_json_dump_canonical(const sch_json_t *v, svc_buf_t *out);
+/* json.dumps(v, ensure_ascii=False, separators=(",", ":")): the compact form
+ * of response bodies, keys in stored order. */
+SVC_WUR svc_err_t sch_json_dump_compact(const sch_json_t *v, svc_buf_t *out);
+/* A JSON string literal as Python's json.dumps(ensure_ascii=False) writes it. */
+SVC_WUR svc_err_t sch_json_write_string(svc_buf_t *out, const char *s, size_t len);
+/* A double the way Python's repr() writes it: shortest round-trip digits. */
+SVC_WUR svc_err_t sch_json_write_double(svc_buf_t *out, double d);
+
+/* "Content" as the decision3 prompt renders it: a string verbatim, any other
+ * value as sch_json_dump_py. Used for score levels, descriptions, states. */
+SVC_WUR svc_err_t sch_content_text(const sch_json_t *v, svc_buf_t *out);
+
+/* ======================================================================
+ * Requests
+ * ====================================================================== */
+
+typedef enum sch_qtype {
+    SCH_Q_CHOICE = 0,
+    SCH_Q_NOUL   = 1,
+    SCH_Q_SCORE  = 2,
+} sch_qtype_t;
+
+/* A whole-request error (SPEC b.7): the HTTP status, the code, the message. */
+typedef struct sch_error {
+    int         status;  /* 400, 404, 413, 422, 429, 500, 503 */
+    const char *code;    /* static string, e.g. "invalid_request" */
+    char       *message; /* owned, heap; freed by sch_error_fini */
+} sch_error_t;
+
+void sch_error_init(sch_error_t *err);
+void sch_error_fini(sch_error_t *err); /* frees message; safe twice */
+
+/* What the decoder must know about the served model. Pass NULL to
+ * sch_request_decode to skip every model-dependent check (`d3stream
+ * validate`): `model` is then only checked to be a string or null, and
+ * images only for their data-URL form and base64. */
+typedef struct sch_model_info {
+    const char *const *names;   /* names that select this model (SPEC a.2 4.) */
+    size_t             n_names;
+    const char        *label;   /* served id, used in messages */
+    bool               has_vision;
+    bool               reads_videos;
+    const char *const *profiles; /* enabled profiles, "exact" included */
+    size_t             n_profiles;
+} sch_model_info_t;
+
+typedef struct sch_limits {
+    size_t max_request_bytes; /* SPEC a.1, default 8,388,608 */
+} sch_limits_t;
+
+#define SCH_DEFAULT_MAX_REQUEST_BYTES 8388608u
+
+/* One option of a question, in answer order (choice: request order; noul:
+ * false then true; score: level order). */
+typedef struct sch_option {
+    const char       *key; /* choice key; "false"/"true"; score: "0".."n-1" */
+    size_t            key_len;
+    const sch_json_t *desc; /* description or level; NULL when null/absent */
+} sch_option_t;
+
+/* One question. Invalid questions keep their error here (SPEC b.6). */
+typedef struct sch_question {
+    const char       *id;
+    size_t            id_len;
+    const sch_json_t *raw_type;     /* echoed in an error answer; NULL if absent */
+    sch_qtype_t       type;         /* meaningful only when error_code is NULL */
+    bool              require_full_input;
+    const sch_json_t *instructions; /* NULL when absent: the prompt's fallback */
+    size_t            n_options;
+    const sch_option_t *options;
+    const char       *error_code;    /* NULL when valid; static string */
+    const char       *error_message; /* NULL when none */
+} sch_question_t;
+
+/* One image of a part: the bytes of its data URL after base64, with the
+ * size its header declares (pixels are decoded by engine/, issue 6). */
+typedef struct sch_image {
+    const unsigned char *bytes;
+    size_t               len;
+    const char          *format; /* "png", "jpeg" or "webp", from the bytes */
+    uint32_t             width;  /* as stored, before any EXIF orientation */
+    uint32_t             height;
+} sch_image_t;
+
+/* One state with its questions: the request itself, or one of its `states`. */
+typedef struct sch_part {
+    const char           *name; /* NULL for the request's own state */
+    size_t                name_len;
+    const sch_json_t     *state;
+    size_t                n_images;
+    const sch_image_t    *images;
+    size_t                n_videos;
+    size_t                n_questions;
+    const sch_question_t *questions;
+} sch_part_t;
+
+typedef struct sch_options {
+    bool   has_deadline;
+    double deadline_ms;
+    bool   return_meta;
+    const char *profile; /* "exact" when not given */
+} sch_options_t;
+
+typedef struct sch_request sch_request_t;
+
+/**
+ * @brief Decodes and validates a System One request body (SPEC a.1-a.11, b.7).
+ * @param model the served model, or NULL to skip model-dependent checks.
+ * @param out   on SVC_OK the request; the caller frees it with sch_request_free.
+ * @param err   on failure the whole-request error (status, code, message).
+ * @returns SVC_OK, or SVC_ERR_INVALID with *err filled. Per-question errors
+ *          are not failures: they are in the questions. When every question
+ *          of every part is invalid, the result is the 400 "no question is
+ *          valid (...)" error.
+ * @remark The body is copied; it need not outlive the request.
+ */
+SVC_WUR svc_err_t sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,
+                                     const sch_model_info_t *model, sch_request_t **out,
+                                     sch_error_t *err);
+void              sch_request_free(sch_request_t *req);
+size_t            sch_request_n_parts(const sch_request_t *req); /* 1 + number of states */
+const sch_part_t *sch_request_part(const sch_request_t *req, size_t i);
+const sch_options_t *sch_request_options(const sch_request_t *req);
+/* The `model` string the client sent, or NULL. */
+const char *sch_request_model(const sch_request_t *req, size_t *len);
+
+/* ======================================================================
+ * Answers
+ * ====================================================================== */
+
+/* The engine's outcome for one question that reached the model. */
+typedef struct sch_result {
+    const char   *error_code;    /* NULL when answered, else "max_length_exceeded", ... */
+    const char   *error_message; /* NULL when none */
+    const double *probs;         /* n_options probabilities when answered */
+} sch_result_t;
+
+typedef struct sch_meta {
+    const char *model_id;
+    const char *revision;     /* NULL writes null */
+    const char *model_sha256;
+    const char *profile;
+    const char *numerics;     /* "exact" or "approximate" */
+    const char *engine;
+    const char *accelerator;
+    const char *device;
+    double      queue_ms;
+    double      compute_ms;
+} sch_meta_t;
+
+/**
+ * @brief Writes the 200 response body (SPEC b.1-b.5, b.9).
+ * @param results results[p][q] for question q of part p; ignored for
+ *        questions that already carry a validation error.
+ * @param input_tokens input_tokens[p], the usage of part p.
+ * @param meta written when the request asked for it (NULL otherwise allowed).
+ * @returns SVC_OK, or SVC_ERR_INVALID with *err = 500 internal_error when a
+ *          number is not finite (the body is then not written).
+ */
+SVC_WUR svc_err_t sch_response_encode(const sch_request_t *req, const char *model_id,
+                                      const sch_result_t *const *results,
+                                      const size_t *input_tokens, const sch_meta_t *meta,
+                                      svc_buf_t *out, sch_error_t *err);
+
+/* {"error":{"code":...,"message":...}} */
+SVC_WUR svc_err_t sch_error_encode(const sch_error_t *err, svc_buf_t *out);
+
+/* The `d3stream validate` verdict: {"status": 400, "error": {...}} or
+ * {"status": 200, "questions": {...}} (+ "states"), see ops/ --help. */
+SVC_WUR svc_err_t sch_verdict_encode(const sch_request_t *req, const sch_error_t *err,
+                                     svc_buf_t *out);
+
+/* Fills err (status, code, printf message), replacing what it held. */
+SVC_FMT(4, 5)
+void sch_error_set(sch_error_t *err, int status, const char *code, const char *fmt, ...);
+
+#endif /* D3STREAM_SCHEMAS_H */

@@ -1,0 +1,278 @@
+/*
+ * test_ops.c -- the d3stream command itself, run as users and external
+ * checks run it: `prompt` against the golden prompts, `validate` against the
+ * contract cases, `tokenize --jsonl` against the Hugging Face golden ids.
+ * The expected outputs are made by tests/tools/ scripts, never by this code.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "svc.h"
+
+#define GOLDEN D3_SOURCE_DIR "/tests/golden"
+
+static const char *binary(void) {
+    const char *b = getenv("D3STREAM");
+    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
+    return b;
+}
+
+/* Runs a shell command, returns its exit status and stdout in out. */
+static int run(const char *cmd, svc_buf_t *out) {
+    svc_buf_init(out, (size_t)1 << 30);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen(%s) failed", cmd);
+    char   chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
+        cr_assert(svc_buf_add(out, chunk, n) == SVC_OK);
+    if (!out->data)
+        cr_assert(svc_buf_reserve(out, 0) == SVC_OK);
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *path) {
+    svc_buf_t b;
+    char      errstr[256];
+    svc_buf_init(&b, (size_t)1 << 30);
+    cr_assert(svc_buf_read_file(&b, path, errstr, sizeof errstr) == SVC_OK, "%s", errstr);
+    return svc_buf_steal(&b, NULL);
+}
+
+static bool has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Every <case>.request.json of dir through `prompt`, compared byte for byte. */
+static int check_prompt_dir(const char *pkg, const char *dir) {
+    DIR *d = opendir(dir);
+    cr_assert(d, "no golden prompts in %s (tests/tools/gen_prompt_golden.py)", dir);
+    struct dirent *de;
+    int            n = 0, bad = 0;
+    while ((de = readdir(d))) {
+        if (!has_suffix(de->d_name, ".request.json"))
+            continue;
+        char req[4096], exp[4096], cmd[8192];
+        snprintf(req, sizeof req, "%s/%s", dir, de->d_name);
+        snprintf(exp, sizeof exp, "%.*s.expected.json", (int)(strlen(req) - 13), req);
+        snprintf(cmd, sizeof cmd, "'%s' prompt --model '%s' '%s'", binary(), pkg, req);
+        svc_buf_t out;
+        run(cmd, &out);
+        char *want = slurp(exp);
+        if (strcmp(out.data, want) != 0) {
+            bad++;
+            cr_log_error("prompt mismatch: %s\n  got:  %.600s\n  want: %.600s", req, out.data,
+                         want);
+        }
+        free(want);
+        svc_buf_fini(&out);
+        n++;
+    }
+    closedir(d);
+    cr_assert(n >= 40, "only %d golden prompt cases in %s", n, dir);
+    return bad;
+}
+
+Test(ops, prompt_golden_qwen35mini) {
+    int bad = check_prompt_dir(D3_SOURCE_DIR "/tests/fixtures/qwen35-mini",
+                               GOLDEN "/prompt/qwen35mini");
+    cr_assert_eq(bad, 0, "%d golden prompts differ", bad);
+}
+
+/* The Qwen3 package: the fixture's decision config beside the fetched tokenizer. */
+static void qwen3_package(char *dir, size_t size) {
+    const char *tok = getenv("D3_QWEN3_DIR");
+    cr_assert(tok && *tok, "D3_QWEN3_DIR unset: run tests/tools/fetch_qwen3_tokenizer.sh");
+    snprintf(dir, size, "%s/qwen3-prompt-package-%d", D3_BINARY_DIR, (int)getpid());
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s' && cp '%s/tokenizer.json' '%s/tokenizer_config.json' "
+             "'" D3_SOURCE_DIR "/tests/fixtures/qwen3-prompt/decision_config.json' '%s/'",
+             dir, tok, tok, dir);
+    cr_assert(system(cmd) == 0,
+              "cannot assemble the Qwen3 package from %s (run "
+              "tests/tools/fetch_qwen3_tokenizer.sh)",
+              tok);
+}
+
+Test(ops, prompt_golden_qwen3) {
+    char pkg[4096], cmd[8300];
+    qwen3_package(pkg, sizeof pkg);
+    int bad = check_prompt_dir(pkg, GOLDEN "/prompt/qwen3");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", pkg);
+    cr_assert(system(cmd) == 0);
+    cr_assert_eq(bad, 0, "%d golden prompts differ", bad);
+}
+
+/* ------------------------------------------------------------- validate */
+
+static char *write_temp(const char *data, size_t len) {
+    char *path = strdup("/tmp/d3stream-case-XXXXXX");
+    int   fd   = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert(write(fd, data, len) == (ssize_t)len);
+    close(fd);
+    return path;
+}
+
+static int check_case(json_t *c, size_t lineno) {
+    const char   *name = json_string_value(json_object_get(c, "name"));
+    const json_t *body = json_object_get(c, "body");
+    const json_t *b64  = json_object_get(c, "body_b64");
+    char         *path;
+    if (body)
+        path = write_temp(json_string_value(body), json_string_length(body));
+    else {
+        /* Bytes that are not UTF-8 travel as base64; base64 -d makes the file. */
+        char cmd[65536];
+        path = write_temp("", 0);
+        snprintf(cmd, sizeof cmd, "printf '%%s' '%s' | base64 -d > '%s'", json_string_value(b64),
+                 path);
+        cr_assert(system(cmd) == 0, "case %zu: bad body_b64", lineno);
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' validate '%s'", binary(), path);
+    svc_buf_t out;
+    int       rc = run(cmd, &out);
+    unlink(path);
+    free(path);
+    json_error_t  jerr;
+    json_t       *got  = json_loads(out.data, JSON_ALLOW_NUL, &jerr);
+    const json_t *want = json_object_get(c, "verdict");
+    int           bad  = 0;
+    int           status = (int)json_integer_value(json_object_get(want, "status"));
+    if (!got || !json_equal(got, want) || rc != (status == 200 ? 0 : 1)) {
+        char *w = json_dumps(want, JSON_COMPACT | JSON_ENSURE_ASCII);
+        cr_log_error("contract case %zu (%s): exit %d\n  got:  %.800s\n  want: %.800s", lineno,
+                     name ? name : "?", rc, out.data, w);
+        free(w);
+        bad = 1;
+    }
+    json_decref(got);
+    svc_buf_fini(&out);
+    return bad;
+}
+
+Test(ops, validate_contract_cases) {
+    FILE *f = fopen(D3_SOURCE_DIR "/tests/contract/cases.jsonl", "r");
+    cr_assert(f, "tests/contract/cases.jsonl missing");
+    char   *line = NULL;
+    size_t  cap  = 0;
+    size_t  lineno = 0, n = 0;
+    int     bad = 0;
+    while (getline(&line, &cap, f) > 0) {
+        lineno++;
+        json_error_t jerr;
+        json_t      *c = json_loads(line, JSON_ALLOW_NUL, &jerr);
+        if (!c)
+            continue; /* blank line */
+        bad += check_case(c, lineno);
+        json_decref(c);
+        n++;
+    }
+    free(line);
+    fclose(f);
+    cr_assert(n >= 80, "only %zu contract cases", n);
+    cr_assert_eq(bad, 0, "%d of %zu contract cases differ", bad, n);
+}
+
+/* ------------------------------------------------------------- tokenize */
+
+/* Runs `tokenize --jsonl` over a golden file; compares each line's ids. */
+static void check_tokenize(const char *tokjson, const char *golden, const char *flags) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' tokenize --tokenizer '%s' --jsonl %s < '%s'", binary(),
+             tokjson, flags, golden);
+    svc_buf_t out;
+    int       rc = run(cmd, &out);
+    cr_assert_eq(rc, 0, "%s exited %d", cmd, rc);
+    FILE *f = fopen(golden, "r");
+    cr_assert(f, "missing golden file %s (tests/tools/gen_tokenizer_golden.py)", golden);
+    char  *line = NULL, *save = NULL;
+    size_t cap = 0, n = 0, bad = 0;
+    char  *got = strtok_r(out.data, "\n", &save);
+    while (getline(&line, &cap, f) > 0) {
+        json_t *g = json_loads(line, JSON_ALLOW_NUL, NULL);
+        if (!g)
+            continue;
+        json_t *o = got ? json_loads(got, 0, NULL) : NULL;
+        if (!o || !json_equal(json_object_get(o, "ids"), json_object_get(g, "ids"))) {
+            if (bad++ < 5)
+                cr_log_error("%s line %zu: got %.300s", golden, n + 1, got ? got : "(nothing)");
+        }
+        json_decref(o);
+        json_decref(g);
+        got = strtok_r(NULL, "\n", &save);
+        n++;
+    }
+    free(line);
+    fclose(f);
+    svc_buf_fini(&out);
+    cr_assert(n >= 2000, "%s has only %zu strings", golden, n);
+    cr_assert_eq(bad, 0, "%s: %zu of %zu strings differ", golden, bad, n);
+}
+
+Test(ops, tokenize_golden_qwen3) {
+    const char *tok = getenv("D3_QWEN3_DIR");
+    cr_assert(tok && *tok, "D3_QWEN3_DIR unset: run tests/tools/fetch_qwen3_tokenizer.sh");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tok);
+    check_tokenize(path, GOLDEN "/tokenizer/qwen3.upstream.jsonl", "");
+    check_tokenize(path, GOLDEN "/tokenizer/qwen3.as_is.jsonl", "--as-is");
+}
+
+Test(ops, tokenize_golden_qwen35mini) {
+    const char *tok = D3_SOURCE_DIR "/tests/fixtures/qwen35-mini/tokenizer.json";
+    check_tokenize(tok, GOLDEN "/tokenizer/qwen35mini.upstream.jsonl", "");
+    check_tokenize(tok, GOLDEN "/tokenizer/qwen35mini.as_is.jsonl", "--as-is");
+}
+
+/* ------------------------------------------------------------- the CLI */
+
+Test(ops, help_and_usage) {
+    char      cmd[4096];
+    svc_buf_t out;
+    const char *subs[] = {"prompt", "validate", "tokenize"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' %s --help", binary(), subs[i]);
+        cr_assert_eq(run(cmd, &out), 0, "%s", cmd);
+        cr_assert(strstr(out.data, "Usage: d3stream"), "%s: no usage text", cmd);
+        svc_buf_fini(&out);
+    }
+    snprintf(cmd, sizeof cmd, "'%s' no-such-command 2>/dev/null", binary());
+    cr_assert_eq(run(cmd, &out), 2);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' prompt 2>/dev/null", binary());
+    cr_assert_eq(run(cmd, &out), 2, "prompt without --model is a usage error");
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' prompt --model /nonexistent x.json 2>&1", binary());
+    cr_assert_eq(run(cmd, &out), 3);
+    cr_assert(strstr(out.data, "/nonexistent"), "the message names the package: %s", out.data);
+    svc_buf_fini(&out);
+}
+
+Test(ops, validate_stdin_and_large_body) {
+    char      cmd[4096];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "printf '[1]' | '%s' validate", binary());
+    cr_assert_eq(run(cmd, &out), 1);
+    cr_assert_str_eq(out.data, "{\"status\":400,\"error\":{\"code\":\"invalid_request\","
+                               "\"message\":\"the request body must be a JSON object\"}}\n");
+    svc_buf_fini(&out);
+    /* One byte over the limit: 413 with the configured number. */
+    snprintf(cmd, sizeof cmd, "head -c 8388609 /dev/zero | tr '\\0' ' ' | '%s' validate",
+             binary());
+    cr_assert_eq(run(cmd, &out), 1);
+    cr_assert_str_eq(out.data, "{\"status\":413,\"error\":{\"code\":\"request_too_large\","
+                               "\"message\":\"the request body exceeds 8388608 bytes\"}}\n");
+    svc_buf_fini(&out);
+}
