@@ -98,14 +98,14 @@ static svc_err_t dc_identity(const json_t *dc, const char *dir, pkg_err_t *e) {
 
 /* 255 distinct non-empty codes and 255 distinct non-negative ids (SPEC e.2). */
 static svc_err_t dc_codes(eng_package_t *pkg, const json_t *dc, pkg_err_t *e) {
-    const char   *msg   = "decision_config.json needs 255 distinct answer codes and token IDs";
+    const char   *msg = "decision_config.json needs 255 distinct answer codes and token IDs";
     const json_t *codes = json_object_get(dc, "codes");
-    const json_t *ids   = json_object_get(dc, "token_ids");
+    const json_t *ids = json_object_get(dc, "token_ids");
     if (!json_is_array(codes) || !json_is_array(ids) || json_array_size(codes) != ENG_N_CODES ||
         json_array_size(ids) != ENG_N_CODES)
         return dc_fail(e, pkg->dir, msg);
     for (size_t i = 0; i < ENG_N_CODES; i++) {
-        const json_t *c  = json_array_get(codes, i);
+        const json_t *c = json_array_get(codes, i);
         const json_t *id = json_array_get(ids, i);
         if (!json_is_string(c) || json_string_length(c) == 0 || !json_is_integer(id) ||
             json_integer_value(id) < 0 || json_integer_value(id) > INT32_MAX)
@@ -137,8 +137,8 @@ static svc_err_t dc_modes(eng_package_t *pkg, const json_t *dc, pkg_err_t *e) {
         snprintf(msg, sizeof msg, "unknown attention mode '%s'", mode ? mode : "?");
         return dc_fail(e, pkg->dir, msg);
     }
-    pkg->noncausal     = strcmp(mode, "noncausal_full_attention") == 0;
-    const char *pool   = dc_choice(dc, "pooling", "last");
+    pkg->noncausal = strcmp(mode, "noncausal_full_attention") == 0;
+    const char *pool = dc_choice(dc, "pooling", "last");
     if (!pool || strcmp(pool, "last")) {
         snprintf(msg, sizeof msg, "unsupported pooling '%s'", pool ? pool : "?");
         return dc_fail(e, pkg->dir, msg);
@@ -169,7 +169,7 @@ static svc_err_t dc_max_length(eng_package_t *pkg, const json_t *dc, pkg_err_t *
     json_t *cfg = load_object(pkg->dir, "config.json", e);
     if (!cfg)
         return SVC_ERR_FORMAT;
-    const json_t *tc  = json_object_get(cfg, "text_config");
+    const json_t *tc = json_object_get(cfg, "text_config");
     const json_t *mpe = json_object_get(tc ? tc : cfg, "max_position_embeddings");
     svc_err_t     err = SVC_OK;
     if (!json_is_integer(mpe) || json_integer_value(mpe) < 16) {
@@ -200,9 +200,9 @@ static svc_err_t read_decision_config(eng_package_t *pkg, pkg_err_t *e) {
 }
 
 static svc_err_t load_tokenizer(eng_package_t *pkg, pkg_err_t *e) {
-    char *json_path = path_join(pkg->dir, "tokenizer.json");
-    char *cfg_path  = path_join(pkg->dir, "tokenizer_config.json");
-    svc_err_t err   = SVC_ERR_NOMEM;
+    char     *json_path = path_join(pkg->dir, "tokenizer.json");
+    char     *cfg_path = path_join(pkg->dir, "tokenizer_config.json");
+    svc_err_t err = SVC_ERR_NOMEM;
     if (json_path && cfg_path)
         err = eng_tokenizer_load(json_path, file_exists(cfg_path) ? cfg_path : NULL,
                                  ENG_TOK_UPSTREAM, &pkg->tok, e->buf, e->size);
@@ -218,7 +218,7 @@ static svc_err_t check_codes(eng_package_t *pkg, pkg_err_t *e) {
     svc_err_t err = SVC_OK;
     for (size_t i = 0; i < ENG_N_CODES && !err; i++) {
         ids.n = 0;
-        err   = eng_tokenizer_encode(pkg->tok, pkg->codes[i], strlen(pkg->codes[i]), &ids);
+        err = eng_tokenizer_encode(pkg->tok, pkg->codes[i], strlen(pkg->codes[i]), &ids);
         if (!err && (ids.n != 1 || ids.v[0] != pkg->code_ids[i])) {
             svc_errf(e->buf, e->size,
                      "package \"%s\": checkpoint answer codes differ from its tokenizer (code %zu "
@@ -255,9 +255,8 @@ static svc_err_t find_model_id(eng_package_t *pkg) {
     return pkg->model_id ? SVC_OK : SVC_ERR_NOMEM;
 }
 
-svc_err_t eng_package_open(const char *dir, eng_package_t **out, char *errstr,
-                           size_t errstr_size) {
-    pkg_err_t      e   = {errstr, errstr_size};
+svc_err_t eng_package_open(const char *dir, eng_package_t **out, char *errstr, size_t errstr_size) {
+    pkg_err_t      e = {errstr, errstr_size};
     eng_package_t *pkg = calloc(1, sizeof *pkg);
     if (!pkg || !(pkg->dir = strdup(dir))) {
         free(pkg);

@@ -119,25 +119,101 @@ bool tok_is_word(uint32_t c) {
 
 /* ---- NFC ---- */
 
-svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res, size_t *res_n) {
-    /* Below U+0300 every character is NFC-stable and starts no composition
-     * (lead bytes under 0xCC); most text never reaches utf8proc. */
-    size_t i = 0;
-    while (i < n && (unsigned char)s[i] < 0xcc)
-        i++;
-    if (i == n) {
-        *res = s;
-        *res_n = n;
-        return SVC_OK;
+/* Characters that `tokenizers` 0.23's NFC tables (unicode-normalization-
+ * alignments, about Unicode 9) do not know as combining or composing while
+ * utf8proc does: upstream treats them as plain starters, so normalisation
+ * never reorders or composes across them. Found by probing every code point
+ * (alone, after "@" before U+0334, after "@\u0301", and every primary
+ * composite's NFD) against both. */
+static const uint32_t tok_nfc_opaque[][2] = {
+    {0x7fd, 0x7fd}, {0x898, 0x89f}, {0x8ca, 0x8d3}, {0x9fe, 0x9fe}, {0xc3c, 0xc3c},
+    {0xd3b, 0xd3c}, {0xeba, 0xeba}, {0x1715, 0x1715}, {0x1abf, 0x1ace}, {0x1df6, 0x1dfa},
+    {0xa82c, 0xa82c}, {0x10d24, 0x10d27}, {0x10eab, 0x10eac}, {0x10efd, 0x10eff},
+    {0x10f46, 0x10f50}, {0x10f82, 0x10f85}, {0x11070, 0x11070}, {0x1133b, 0x1133b},
+    {0x1145e, 0x1145e}, {0x11839, 0x1183a}, {0x11930, 0x11930}, {0x11935, 0x11935},
+    {0x11938, 0x11938}, {0x1193d, 0x1193e}, {0x11943, 0x11943}, {0x119e0, 0x119e0},
+    {0x11a34, 0x11a34}, {0x11a47, 0x11a47}, {0x11a99, 0x11a99}, {0x11d42, 0x11d42},
+    {0x11d44, 0x11d45}, {0x11d97, 0x11d97}, {0x11f41, 0x11f42}, {0x16ff0, 0x16ff1},
+    {0x1e08f, 0x1e08f}, {0x1e130, 0x1e136}, {0x1e2ae, 0x1e2ae}, {0x1e2ec, 0x1e2ef},
+    {0x1e4ec, 0x1e4ef},
+};
+
+static bool tok_nfc_is_opaque(uint32_t c) {
+    size_t lo = 0, hi = sizeof tok_nfc_opaque / sizeof tok_nfc_opaque[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < tok_nfc_opaque[mid][0])
+            hi = mid;
+        else if (c > tok_nfc_opaque[mid][1])
+            lo = mid + 1;
+        else
+            return true;
     }
+    return false;
+}
+
+/* Appends NFC(s) (no opaque characters inside) to out. */
+static svc_err_t tok_nfc_append(const char *s, size_t n, svc_buf_t *out) {
+    if (n == 0)
+        return SVC_OK;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t  m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     if (m < 0)
         return m == UTF8PROC_ERROR_NOMEM ? SVC_ERR_NOMEM : SVC_ERR_INVALID;
-    svc_buf_reset(out);
     svc_err_t err = svc_buf_add(out, dst, (size_t)m);
     free(dst);
+    return err;
+}
+
+/* A character that NFC leaves alone whatever surrounds it: a starter with
+ * no canonical decomposition that takes part in no composition (Hangul
+ * jamo compose by rule, so they are excluded too). */
+static bool tok_nfc_inert(uint32_t c) {
+    if (c < 0x300)
+        return true;
+    if (c >= 0x1100 && c <= 0x11ff)
+        return false;
+    const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)c);
+    bool canonical = p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0;
+    return p->combining_class == 0 && p->comb_index == UINT16_MAX && !canonical;
+}
+
+svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res, size_t *res_n) {
+    /* Most text is made of inert characters only (everything below U+0300
+     * has a lead byte under 0xCC) and never reaches utf8proc. */
+    size_t i = 0;
+    while (i < n) {
+        if ((unsigned char)s[i] < 0xcc) {
+            i++;
+            continue;
+        }
+        size_t len;
+        if (!tok_nfc_inert(tok_utf8_decode(s + i, &len)))
+            break;
+        i += len;
+    }
+    if (i == n) {
+        *res = s;
+        *res_n = n;
+        return SVC_OK;
+    }
+    svc_buf_reset(out);
+    svc_err_t err = svc_buf_reserve(out, n);
+    size_t    seg = 0;
+    for (i = 0; i < n && !err;) {
+        size_t   len;
+        uint32_t c = tok_utf8_decode(s + i, &len);
+        if (c >= 0x7fd && tok_nfc_is_opaque(c)) {
+            err = tok_nfc_append(s + seg, i - seg, out);
+            if (!err)
+                err = svc_buf_add(out, s + i, len);
+            seg = i + len;
+        }
+        i += len;
+    }
+    if (!err)
+        err = tok_nfc_append(s + seg, n - seg, out);
     if (err)
         return err;
     *res = out->data;
@@ -157,8 +233,13 @@ svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res, siz
     "\\x{3001}-\\x{10ffff}"
 #define TOK_HEX_ITEMS  "0-9A-Fa-f"
 #define TOK_NHEX_ITEMS "\\x{0}-/:-@G-`g-\\x{10ffff}"
-#define TOK_WORD_ITEMS \
-    "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200c}\\x{200d}" TOK_NEW_L_ITEMS TOK_NEW_M_ITEMS
+/* Oniguruma's \w: Alphabetic, Mark, Nd, Pc; outside a class it also takes
+ * the Latin-1 digits \u00b2 \u00b3 \u00b9 \u00bc-\u00be (both measured
+ * against tokenizers over every code point). */
+#define TOK_WORD_ITEMS                                                                             \
+    "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}" TOK_NEW_L_ITEMS TOK_NEW_M_ITEMS TOK_NEW_ND_ITEMS
+#define TOK_WORD_LATIN1 "\\x{b2}\\x{b3}\\x{b9}\\x{bc}-\\x{be}"
+#define TOK_DIGIT_ITEMS "\\p{Nd}" TOK_NEW_ND_ITEMS
 
 /* Characters Oniguruma 6.9.10 (Unicode 16, what `tokenizers` 0.23 links)
  * puts in \p{L}, \p{N} and \p{M} that PCRE2 10.42 (Unicode 14) leaves
@@ -177,6 +258,11 @@ svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res, siz
     "\\x{10d40}-\\x{10d49}\\x{116d0}-\\x{116e3}\\x{11bf0}-\\x{11bf9}\\x{11f50}-\\x{11f59}" \
     "\\x{16130}-\\x{16139}\\x{16d70}-\\x{16d79}\\x{1ccf0}-\\x{1ccf9}\\x{1d2c0}-\\x{1d2d3}" \
     "\\x{1e4f0}-\\x{1e4f9}\\x{1e5f1}-\\x{1e5fa}"
+/* The new N characters that are Nd (all but Kaktovik numerals). */
+#define TOK_NEW_ND_ITEMS                                                                           \
+    "\\x{10d40}-\\x{10d49}\\x{116d0}-\\x{116e3}\\x{11bf0}-\\x{11bf9}\\x{11f50}-\\x{11f59}"     \
+    "\\x{16130}-\\x{16139}\\x{16d70}-\\x{16d79}\\x{1ccf0}-\\x{1ccf9}\\x{1e4f0}-\\x{1e4f9}"     \
+    "\\x{1e5f1}-\\x{1e5fa}"
 #define TOK_NEW_M_ITEMS \
     "\\x{897}\\x{cf3}\\x{ece}\\x{10d69}-\\x{10d6d}\\x{10efc}-\\x{10eff}\\x{11241}" \
     "\\x{113b8}-\\x{113c0}\\x{113c2}\\x{113c5}\\x{113c7}-\\x{113ca}\\x{113cc}-\\x{113d0}" \
@@ -184,17 +270,14 @@ svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res, siz
     "\\x{11f3e}-\\x{11f42}\\x{11f5a}\\x{13440}\\x{13447}-\\x{13455}\\x{1611e}-\\x{1612f}" \
     "\\x{1e08f}\\x{1e4ec}-\\x{1e4ef}\\x{1e5ee}-\\x{1e5ef}"
 
-/* Rewrites \p{L} \pL \p{N} \pN \p{M} \pM (and \P outside classes) to
+/* Rewrites \p{L} \p{N} \p{M} (and \P outside classes) to
  * include the newer characters; returns the index after, or 0 to copy. */
 static size_t tok_rewrite_prop(const char *p, size_t n, size_t i, bool in_class, svc_buf_t *o,
                                svc_err_t *err) {
     char   kind = p[i + 1];
     char   name = 0;
     size_t end = 0;
-    if (i + 2 < n && p[i + 2] != '{') {
-        name = p[i + 2];
-        end = i + 3;
-    } else if (i + 4 < n && p[i + 2] == '{' && p[i + 4] == '}') {
+    if (i + 4 < n && p[i + 2] == '{' && p[i + 4] == '}') {
         name = p[i + 3];
         end = i + 5;
     }
@@ -239,13 +322,23 @@ static bool tok_rewrite_escape(char c, bool in_class, svc_buf_t *o, svc_err_t *e
         items = TOK_WORD_ITEMS;
         neg = true;
         break;
+    case 'd':
+        items = TOK_DIGIT_ITEMS;
+        break;
+    case 'D':
+        if (in_class)
+            return false;
+        items = TOK_DIGIT_ITEMS;
+        neg = true;
+        break;
     default:
         return false;
     }
     if (in_class)
         *err = svc_buf_adds(o, items);
     else
-        *err = svc_buf_addf(o, "[%s%s]", neg ? "^" : "", items);
+        *err = svc_buf_addf(o, "[%s%s%s]", neg ? "^" : "", items,
+                            c == 'w' || c == 'W' ? TOK_WORD_LATIN1 : "");
     return true;
 }
 

@@ -84,7 +84,6 @@ int32_t eng_tokenizer_token_id(const eng_tokenizer_t *tok, const char *content, 
 /* Number of ids (vocab + added tokens; the largest id + 1). */
 size_t eng_tokenizer_n_ids(const eng_tokenizer_t *tok);
 
-
 /* ======================================================================
  * Model package (SPEC e): decision_config.json, tokenizer, limits.
  * This slice opens what the prompt needs; weights arrive with the text
@@ -102,7 +101,8 @@ typedef struct eng_package eng_package_t;
  *        answer code encodes to exactly its token id (SPEC c.5), and takes
  *        the length limit from max_length or config.json (SPEC c.7).
  * @param errstr on failure names the file and the rule, e.g.
- *        `decision_config.json "pkg/decision_config.json": temperature must be positive and finite`.
+ *        `decision_config.json "pkg/decision_config.json": temperature must be positive and
+ * finite`.
  * @returns SVC_OK with *out; the caller frees it with eng_package_free.
  */
 SVC_WUR svc_err_t eng_package_open(const char *dir, eng_package_t **out, char *errstr,

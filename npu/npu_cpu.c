@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#define XFEATURE_XTILEDATA  18
 
 static npu_features_t g_features;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -41,16 +41,16 @@ static void probe_cpuid(npu_features_t *f) {
         f->fma = bit(c, 12);
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return;
-    bool zmm       = os_saves_zmm();
-    f->avx2        = bit(b, 5);
-    f->avx512f     = zmm && bit(b, 16);
-    f->avx512bw    = zmm && bit(b, 30);
-    f->avx512vl    = zmm && bit(b, 31);
+    bool zmm = os_saves_zmm();
+    f->avx2 = bit(b, 5);
+    f->avx512f = zmm && bit(b, 16);
+    f->avx512bw = zmm && bit(b, 30);
+    f->avx512vl = zmm && bit(b, 31);
     f->avx512_vnni = zmm && bit(c, 11);
     f->avx512_fp16 = zmm && bit(d, 23);
-    f->amx_bf16    = bit(d, 22);
-    f->amx_tile    = bit(d, 24);
-    f->amx_int8    = bit(d, 25);
+    f->amx_bf16 = bit(d, 22);
+    f->amx_tile = bit(d, 24);
+    f->amx_int8 = bit(d, 25);
     unsigned a1, b1, c1, d1;
     if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
         f->avx512_bf16 = zmm && bit(a1, 5);
@@ -78,8 +78,8 @@ static bool find_xdna(void) {
 static void probe_once(void) {
     npu_features_t *f = &g_features;
     probe_cpuid(f);
-    f->amx_usable  = f->amx_tile && request_amx();
-    f->n_cpus      = count_cpus();
+    f->amx_usable = f->amx_tile && request_amx();
+    f->n_cpus = count_cpus();
     f->xdna_device = find_xdna();
 }
 

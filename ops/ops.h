@@ -8,12 +8,13 @@
 #ifndef D3STREAM_OPS_H
 #define D3STREAM_OPS_H
 
+#include "engine.h"
 #include "svc.h"
 
 enum {
-    OPS_EXIT_OK      = 0,
+    OPS_EXIT_OK = 0,
     OPS_EXIT_VERDICT = 1,
-    OPS_EXIT_USAGE   = 2,
+    OPS_EXIT_USAGE = 2,
     OPS_EXIT_FAILURE = 3,
 };
 
@@ -21,6 +22,16 @@ int ops_cmd_tokenize(int argc, char **argv);
 int ops_cmd_prompt(int argc, char **argv);
 int ops_cmd_validate(int argc, char **argv);
 int ops_cmd_version(int argc, char **argv);
+
+/**
+ * @brief What `d3stream prompt` prints for one request body (without the
+ *        final newline), for the package opened from dir.
+ * @param out appended to; the caller owns it.
+ * @returns OPS_EXIT_OK (prompts written), OPS_EXIT_VERDICT (the whole-request
+ *          error object written) or OPS_EXIT_FAILURE (errstr says why).
+ */
+int ops_prompt_body(const eng_package_t *pkg, const char *dir, const char *body, size_t len,
+                    svc_buf_t *out, char *errstr, size_t errstr_size);
 
 /* Prints a message to stderr as "d3stream <cmd>: ..." */
 SVC_FMT(2, 3) void ops_fail(const char *cmd, const char *fmt, ...);

@@ -67,9 +67,9 @@ static const char TOKENIZE_HELP[] =
 
 static char *sibling_config(const char *tokenizer_path) {
     const char *slash = strrchr(tokenizer_path, '/');
-    size_t      dir   = slash ? (size_t)(slash - tokenizer_path) + 1 : 0;
-    size_t      n     = dir + sizeof "tokenizer_config.json";
-    char       *p     = malloc(n);
+    size_t      dir = slash ? (size_t)(slash - tokenizer_path) + 1 : 0;
+    size_t      n = dir + sizeof "tokenizer_config.json";
+    char       *p = malloc(n);
     if (!p)
         return NULL;
     snprintf(p, n, "%.*stokenizer_config.json", (int)dir, tokenizer_path);
@@ -108,9 +108,9 @@ static int tokenize_text(const eng_tokenizer_t *tok) {
 static int tokenize_line(const eng_tokenizer_t *tok, const char *line, size_t len, size_t lineno,
                          svc_buf_t *out) {
     json_error_t jerr;
-    json_t      *obj  = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
+    json_t      *obj = json_loadb(line, len, JSON_ALLOW_NUL, &jerr);
     json_t      *text = obj ? json_object_get(obj, "text") : NULL;
-    int          rc   = OPS_EXIT_FAILURE;
+    int          rc = OPS_EXIT_FAILURE;
     if (!json_is_string(text))
         ops_fail("tokenize", "stdin line %zu: expected {\"text\": \"...\"}%s%s", lineno,
                  obj ? "" : ": ", obj ? "" : jerr.text);
@@ -133,10 +133,10 @@ static int tokenize_line(const eng_tokenizer_t *tok, const char *line, size_t le
 
 static int tokenize_jsonl(const eng_tokenizer_t *tok) {
     char     *line = NULL;
-    size_t    cap  = 0;
+    size_t    cap = 0;
     ssize_t   n;
     size_t    lineno = 0;
-    int       rc     = OPS_EXIT_OK;
+    int       rc = OPS_EXIT_OK;
     svc_buf_t out;
     svc_buf_init(&out, SIZE_MAX / 2);
     while (rc == OPS_EXIT_OK && (n = getline(&line, &cap, stdin)) > 0) {
@@ -167,22 +167,34 @@ int ops_cmd_tokenize(int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case 't': tok_path = optarg; break;
-        case 'c': cfg_path = optarg; break;
-        case 'a': as_is = true; break;
-        case 'j': jsonl = true; break;
-        case 'h': fputs(TOKENIZE_HELP, stdout); return OPS_EXIT_OK;
-        default: fputs(TOKENIZE_HELP, stderr); return OPS_EXIT_USAGE;
+        case 't':
+            tok_path = optarg;
+            break;
+        case 'c':
+            cfg_path = optarg;
+            break;
+        case 'a':
+            as_is = true;
+            break;
+        case 'j':
+            jsonl = true;
+            break;
+        case 'h':
+            fputs(TOKENIZE_HELP, stdout);
+            return OPS_EXIT_OK;
+        default:
+            fputs(TOKENIZE_HELP, stderr);
+            return OPS_EXIT_USAGE;
         }
     }
     if (!tok_path || optind != argc) {
         fputs(TOKENIZE_HELP, stderr);
         return OPS_EXIT_USAGE;
     }
-    char *found = (!cfg_path && !as_is) ? sibling_config(tok_path) : NULL;
-    char  errstr[1024];
+    char            *found = (!cfg_path && !as_is) ? sibling_config(tok_path) : NULL;
+    char             errstr[1024];
     eng_tokenizer_t *tok = NULL;
-    int              rc  = OPS_EXIT_FAILURE;
+    int              rc = OPS_EXIT_FAILURE;
     if (eng_tokenizer_load(tok_path, as_is ? NULL : (cfg_path ? cfg_path : found),
                            as_is ? ENG_TOK_AS_IS : ENG_TOK_UPSTREAM, &tok, errstr, sizeof errstr))
         ops_fail("tokenize", "%s", errstr);
@@ -252,7 +264,7 @@ int ops_cmd_validate(int argc, char **argv) {
     }
     svc_buf_init(&out, SIZE_MAX / 2);
     sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req    = NULL;
+    sch_request_t *req = NULL;
     sch_error_t    err;
     sch_error_init(&err);
     bool ok = sch_request_decode(body.data, body.len, &limits, NULL, &req, &err) == SVC_OK;

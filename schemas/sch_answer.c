@@ -67,6 +67,10 @@ static svc_err_t w_error_answer(svc_buf_t *out, const sch_json_t *raw, const cha
     return err ? err : svc_buf_addc(out, '}');
 }
 
+svc_err_t sch_question_error_encode(const sch_question_t *q, svc_buf_t *out) {
+    return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message);
+}
+
 /* ---- b.2-b.4: one answer ----------------------------------------------- */
 
 /* `_confidence`: 1 - H / ln(n), clipped to [0, 1]. */
@@ -232,14 +236,10 @@ static svc_err_t w_meta(svc_buf_t *out, const sch_meta_t *m, const sch_options_t
         const char *key;
         const char *value;
     } fields[] = {
-        {"model_id", m->model_id},
-        {"revision", m->revision},
-        {"model_sha256", m->model_sha256},
-        {"profile", m->profile ? m->profile : o->profile},
-        {"numerics", m->numerics},
-        {"engine", m->engine},
-        {"accelerator", m->accelerator},
-        {"device", m->device},
+        {"model_id", m->model_id},         {"revision", m->revision},
+        {"model_sha256", m->model_sha256}, {"profile", m->profile ? m->profile : o->profile},
+        {"numerics", m->numerics},         {"engine", m->engine},
+        {"accelerator", m->accelerator},   {"device", m->device},
     };
     for (size_t i = 0; !err && i < sizeof fields / sizeof fields[0]; i++) {
         err = w_key(out, fields[i].key, i == 0);
@@ -259,8 +259,7 @@ static svc_err_t w_meta(svc_buf_t *out, const sch_meta_t *m, const sch_options_t
 
 /* `{"model":...,"answers":{...},"usage":{...}[,"meta":{...}]` (unclosed). */
 static svc_err_t w_part(svc_buf_t *out, const sch_request_t *req, size_t p, const char *model_id,
-                        const sch_result_t *results, size_t input_tokens,
-                        const sch_meta_t *meta) {
+                        const sch_result_t *results, size_t input_tokens, const sch_meta_t *meta) {
     const sch_part_t *part = &req->parts[p];
     svc_err_t         err = svc_buf_addc(out, '{');
     if (!err)

@@ -48,8 +48,8 @@ bool sch_base64_decode(const char *s, size_t n, unsigned char *out, size_t *out_
             if (v[j] < 0 || pad)
                 return false;
         }
-        uint32_t bits = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
-                        (uint32_t)v[3];
+        uint32_t bits =
+            (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
         unsigned char b[3] = {(unsigned char)(bits >> 16), (unsigned char)(bits >> 8),
                               (unsigned char)bits};
         for (int j = 0; j < 3 - pad; j++) {
@@ -97,8 +97,8 @@ static uint32_t crc32_png(const unsigned char *p, size_t n) {
 static bool png_is_cid(const unsigned char *t) {
     for (int i = 0; i < 4; i++) {
         unsigned char c = t[i];
-        bool word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_';
+        bool          word =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
         if (!word)
             return false;
     }

@@ -20,26 +20,23 @@ typedef struct sch_part_own {
 } sch_part_own_t;
 
 struct sch_request {
-    char          *text; /* owned copy of the body; the document reads it */
-    sch_jdoc_t    *doc;  /* owns every sch_json_t below */
-    size_t         n_parts;
-    sch_part_t    *parts; /* n_parts, owned */
-    sch_part_own_t *own;  /* n_parts, owned */
-    bool           has_states; /* a `states` key was given, even {} */
-    sch_options_t  options;
-    const char    *model; /* into doc, or NULL */
-    size_t         model_len;
-    char         **strs; /* heap strings the request owns (messages) */
-    size_t         n_strs;
-    size_t         cap_strs;
+    char           *text; /* owned copy of the body; the document reads it */
+    sch_jdoc_t     *doc;  /* owns every sch_json_t below */
+    size_t          n_parts;
+    sch_part_t     *parts;      /* n_parts, owned */
+    sch_part_own_t *own;        /* n_parts, owned */
+    bool            has_states; /* a `states` key was given, even {} */
+    sch_options_t   options;
+    const char     *model; /* into doc, or NULL */
+    size_t          model_len;
+    char          **strs; /* heap strings the request owns (messages) */
+    size_t          n_strs;
+    size_t          cap_strs;
 };
 
 /* Takes ownership of s (heap) and keeps it until sch_request_free; frees s
  * and returns NULL when the list cannot grow. */
 char *sch_req_keep(sch_request_t *req, char *s);
-
-/* Formats a message into a heap string the request keeps (NULL on NOMEM). */
-SVC_FMT(2, 3) char *sch_req_printf(sch_request_t *req, const char *fmt, ...);
 
 /* ---- questions (sch_question.c) --------------------------------------- */
 
@@ -66,12 +63,12 @@ SVC_WUR svc_err_t sch_state_has_placeholder(const sch_json_t *state, bool *found
 
 /* ---- images (sch_image.c) --------------------------------------------- */
 
-#define SCH_IMAGE_MAX_BYTES      8000000u
-#define SCH_IMAGE_MAX_B64        10666668u /* 4 * ceil(8,000,000 / 3) */
-#define SCH_IMAGE_MAX_PIXELS     16000000u
-#define SCH_IMAGE_MAX_ASPECT     200
-#define SCH_VIDEO_MAX_BYTES      32000000u
-#define SCH_VIDEO_MAX_B64        42666668u /* 4 * ceil(32,000,000 / 3) */
+#define SCH_IMAGE_MAX_BYTES  8000000u
+#define SCH_IMAGE_MAX_B64    10666668u /* 4 * ceil(8,000,000 / 3) */
+#define SCH_IMAGE_MAX_PIXELS 16000000u
+#define SCH_IMAGE_MAX_ASPECT 200
+#define SCH_VIDEO_MAX_BYTES  32000000u
+#define SCH_VIDEO_MAX_B64    42666668u /* 4 * ceil(32,000,000 / 3) */
 
 /**
  * @brief Decodes one image data URL (SPEC a.10) into img.

@@ -1,8 +1,10 @@
 /*
  * sch_json.c -- JSON values with the semantics of Python 3.11's json module
- * (SPEC a.1, b.2, b.3, c.4): the reader mirrors `json.loads(body.decode())`
- * (the C scanner of Modules/_json.c, error texts included), the writers
- * mirror `json.dumps(..., ensure_ascii=False)` and `repr(float)`.
+ * (SPEC a.1, b.2, b.3, c.4): the reader, which mirrors
+ * `json.loads(body.decode())` (the C scanner of Modules/_json.c, error texts
+ * included), its arena and the accessors. The writers, which mirror
+ * `json.dumps(..., ensure_ascii=False)` and `repr(float)`, are in
+ * sch_json_write.c.
  *
  * The reader is iterative: containers are tracked in a fixed array of
  * SCH_JSON_MAX_DEPTH frames and their members wait on a heap stack until the
@@ -10,8 +12,8 @@
  * recurses on input, so hostile nesting costs no stack. The writers recurse,
  * but only over parsed values, whose depth the reader bounds.
  *
- * Assumes LC_NUMERIC is "C" (the process never calls setlocale): strtod and
- * "%e" are used for doubles.
+ * Assumes LC_NUMERIC is "C" (the process never calls setlocale): strtod is
+ * used for doubles.
  */
 #include "sch_json_int.h"
 
@@ -144,16 +146,19 @@ static bool utf8_check(const unsigned char *s, size_t len, char *msg, size_t msg
  * Reader state and errors
  * --------------------------------------------------------------------- */
 
-/* A member waiting for its container to close. */
-typedef struct jmember {
-    sch_json_t v;
-    sch_jstr_t key; /* objects only */
-} jmember_t;
+/* A growable stack of n items of `size` bytes: members waiting for their
+ * container to close (values, and keys for objects). */
+typedef struct jstack {
+    void  *items;
+    size_t n;
+    size_t cap;
+} jstack_t;
 
 typedef struct jframe {
     bool       is_object;
-    size_t     base; /* first member on the stack */
-    sch_jstr_t key;  /* the key whose value is being read */
+    size_t     base_val; /* first member value on p->vals */
+    size_t     base_key; /* first member key on p->keys */
+    sch_jstr_t key;      /* the key whose value is being read */
 } jframe_t;
 
 typedef struct jparser {
@@ -163,9 +168,8 @@ typedef struct jparser {
     sch_jdoc_t          *doc;
     size_t               pool_used;
     size_t               pool_cap;
-    jmember_t           *members;
-    size_t               n_members;
-    size_t               cap_members;
+    jstack_t             vals;    /* sch_json_t */
+    jstack_t             keys;    /* sch_jstr_t */
     uint32_t            *scratch; /* object closing: 3 * n indexes */
     size_t               cap_scratch;
     jframe_t             frames[SCH_JSON_MAX_DEPTH];
@@ -377,12 +381,8 @@ static jstep_t scan_string(jparser_t *p, sch_jstr_t *str) {
  * Numbers and literals (_match_number_unicode, scan_once_unicode)
  * --------------------------------------------------------------------- */
 
-static bool is_digit(unsigned char c) {
-    return c >= '0' && c <= '9';
-}
-
 static size_t skip_digits(const jparser_t *p, size_t i) {
-    while (i < p->len && is_digit(p->s[i]))
+    while (i < p->len && sch_json_is_digit(p->s[i]))
         i++;
     return i;
 }
@@ -393,11 +393,11 @@ static size_t match_number(const jparser_t *p, bool *is_real) {
     size_t i = p->pos;
     if (i < p->len && p->s[i] == '-')
         i++;
-    if (i >= p->len || !is_digit(p->s[i]))
+    if (i >= p->len || !sch_json_is_digit(p->s[i]))
         return p->pos;
     i = p->s[i] == '0' ? i + 1 : skip_digits(p, i);
     *is_real = false;
-    if (i + 1 < p->len && p->s[i] == '.' && is_digit(p->s[i + 1])) {
+    if (i + 1 < p->len && p->s[i] == '.' && sch_json_is_digit(p->s[i + 1])) {
         i = skip_digits(p, i + 1);
         *is_real = true;
     }
@@ -405,7 +405,7 @@ static size_t match_number(const jparser_t *p, bool *is_real) {
         size_t e = i + 1;
         if (e < p->len && (p->s[e] == '+' || p->s[e] == '-'))
             e++;
-        if (e < p->len && is_digit(p->s[e])) {
+        if (e < p->len && sch_json_is_digit(p->s[e])) {
             i = skip_digits(p, e);
             *is_real = true;
         }
@@ -487,21 +487,27 @@ static bool scan_literal(jparser_t *p, sch_json_t *v) {
  * Containers
  * --------------------------------------------------------------------- */
 
-static bool members_push(jparser_t *p, const sch_json_t *v, sch_jstr_t key) {
-    if (p->n_members == p->cap_members) {
-        size_t cap = p->cap_members ? p->cap_members * 2 : 64;
-        if (cap > SIZE_MAX / sizeof(jmember_t))
+static bool stack_push(jstack_t *st, const void *item, size_t size) {
+    if (st->n == st->cap) {
+        size_t cap = st->cap ? st->cap * 2 : 64;
+        if (cap > SIZE_MAX / size)
             return false;
-        jmember_t *m = realloc(p->members, cap * sizeof *m);
-        if (!m)
+        void *items = realloc(st->items, cap * size);
+        if (!items)
             return false;
-        p->members = m;
-        p->cap_members = cap;
+        st->items = items;
+        st->cap = cap;
     }
-    p->members[p->n_members].v = *v;
-    p->members[p->n_members].key = key;
-    p->n_members++;
+    memcpy((char *)st->items + st->n * size, item, size);
+    st->n++;
     return true;
+}
+
+static bool members_push(jparser_t *p, const sch_json_t *v) {
+    const jframe_t *f = &p->frames[p->depth - 1];
+    if (f->is_object && !stack_push(&p->keys, &f->key, sizeof f->key))
+        return false;
+    return stack_push(&p->vals, v, sizeof *v);
 }
 
 /* Byte order of UTF-8 is code point order, which is how Python sorts str. */
@@ -515,7 +521,7 @@ static int key_cmp(const sch_jstr_t *a, const sch_jstr_t *b) {
 
 /* Stable bottom-up merge sort of member indexes by key: O(n log n) whatever
  * the keys, so hostile objects cannot make closing them quadratic. */
-static void sort_by_key(const jmember_t *m, uint32_t *idx, uint32_t *tmp, size_t n) {
+static void sort_by_key(const sch_jstr_t *keys, uint32_t *idx, uint32_t *tmp, size_t n) {
     for (size_t w = 1; w < n; w *= 2) {
         for (size_t lo = 0; lo < n; lo += 2 * w) {
             size_t mid = lo + w < n ? lo + w : n;
@@ -524,7 +530,7 @@ static void sort_by_key(const jmember_t *m, uint32_t *idx, uint32_t *tmp, size_t
             size_t b = mid;
             size_t k = lo;
             while (a < mid && b < hi)
-                tmp[k++] = key_cmp(&m[idx[b]].key, &m[idx[a]].key) < 0 ? idx[b++] : idx[a++];
+                tmp[k++] = key_cmp(&keys[idx[b]], &keys[idx[a]]) < 0 ? idx[b++] : idx[a++];
             while (a < mid)
                 tmp[k++] = idx[a++];
             while (b < hi)
@@ -547,15 +553,15 @@ static bool scratch_reserve(jparser_t *p, size_t n) {
     return true;
 }
 
-/* Python dict semantics for n members m[0..n): a repeated key keeps its
- * first position and takes its last value. Fills the object's keys, items
- * and sorted index in the arena. */
-static bool build_object(jparser_t *p, const jmember_t *m, size_t n, sch_json_t *v) {
+/* Python dict semantics for n members (mk[i], mv[i]): a repeated key keeps
+ * its first position and takes its last value. Fills the object's items,
+ * keys and sorted index in the arena. */
+static bool build_object(jparser_t *p, const sch_jstr_t *mk, const sch_json_t *mv, size_t n,
+                         sch_json_t *v) {
     v->type = SCH_JSON_OBJECT;
+    v->n = 0;
     v->u.c.items = NULL;
     v->u.c.keys = NULL;
-    v->u.c.sorted = NULL;
-    v->u.c.n = 0;
     if (n == 0)
         return true;
     if (n > UINT32_MAX || !scratch_reserve(p, 3 * n))
@@ -567,67 +573,67 @@ static bool build_object(jparser_t *p, const jmember_t *m, size_t n, sch_json_t 
         idx[i] = (uint32_t)i;
         last[i] = UINT32_MAX;
     }
-    sort_by_key(m, idx, tmp, n);
+    sort_by_key(mk, idx, tmp, n);
     size_t n_keys = 0;
     for (size_t g = 0; g < n; n_keys++) {
         size_t e = g + 1;
-        while (e < n && key_cmp(&m[idx[g]].key, &m[idx[e]].key) == 0)
+        while (e < n && key_cmp(&mk[idx[g]], &mk[idx[e]]) == 0)
             e++;
         last[idx[g]] = idx[e - 1]; /* stable sort: idx[g] is the first */
         idx[n_keys] = idx[g];      /* groups in key order, by first member */
         g = e;
     }
     sch_json_t *items = arena_alloc(p->doc, n_keys * sizeof *items);
-    sch_jstr_t *keys = arena_alloc(p->doc, n_keys * sizeof *keys);
-    uint32_t   *sorted = arena_alloc(p->doc, n_keys * sizeof *sorted);
-    if (!items || !keys || !sorted)
+    sch_jstr_t *keys = arena_alloc(p->doc, n_keys * (sizeof *keys + sizeof(uint32_t)));
+    if (!items || !keys)
         return false;
+    uint32_t *sorted = (uint32_t *)(void *)(keys + n_keys); /* sch_json_sorted */
     uint32_t *out_pos = tmp;
     size_t    j = 0;
     for (size_t i = 0; i < n; i++) {
         if (last[i] == UINT32_MAX)
             continue;
-        keys[j] = m[i].key;
-        items[j] = m[last[i]].v;
+        keys[j] = mk[i];
+        items[j] = mv[last[i]];
         out_pos[i] = (uint32_t)j++;
     }
     for (size_t g = 0; g < n_keys; g++)
         sorted[g] = out_pos[idx[g]];
     v->u.c.items = items;
     v->u.c.keys = keys;
-    v->u.c.sorted = sorted;
-    v->u.c.n = n_keys;
+    v->n = (uint32_t)n_keys;
     return true;
 }
 
-static bool build_array(jparser_t *p, const jmember_t *m, size_t n, sch_json_t *v) {
+static bool build_array(jparser_t *p, const sch_json_t *mv, size_t n, sch_json_t *v) {
     sch_json_t *items = NULL;
     if (n) {
-        if (n > SIZE_MAX / sizeof *items)
+        if (n > UINT32_MAX)
             return false;
         items = arena_alloc(p->doc, n * sizeof *items);
         if (!items)
             return false;
+        memcpy(items, mv, n * sizeof *items);
     }
-    for (size_t i = 0; i < n; i++)
-        items[i] = m[i].v;
     v->type = SCH_JSON_ARRAY;
+    v->n = (uint32_t)n;
     v->u.c.items = items;
     v->u.c.keys = NULL;
-    v->u.c.sorted = NULL;
-    v->u.c.n = n;
     return true;
 }
 
 /* Pops the innermost container (its closing bracket is at p->pos). */
 static jstep_t close_container(jparser_t *p, sch_json_t *v) {
-    jframe_t        *f = &p->frames[--p->depth];
-    size_t           n = p->n_members - f->base;
-    const jmember_t *m = n ? p->members + f->base : NULL; /* members is NULL until used */
-    bool             ok = f->is_object ? build_object(p, m, n, v) : build_array(p, m, n, v);
+    jframe_t         *f = &p->frames[--p->depth];
+    size_t            n = p->vals.n - f->base_val;
+    const sch_json_t *mv = n ? (const sch_json_t *)p->vals.items + f->base_val : NULL;
+    const sch_jstr_t *mk =
+        n && f->is_object ? (const sch_jstr_t *)p->keys.items + f->base_key : NULL;
+    bool ok = f->is_object ? build_object(p, mk, mv, n, v) : build_array(p, mv, n, v);
     if (!ok)
         return fail_nomem(p);
-    p->n_members = f->base;
+    p->vals.n = f->base_val;
+    p->keys.n = f->base_key;
     p->pos++;
     return J_DONE;
 }
@@ -655,7 +661,8 @@ static jstep_t open_container(jparser_t *p, sch_json_t *v) {
         return fail_with(p, SCH_JFAIL_TOO_DEEP, "nesting deeper than 256 levels");
     jframe_t *f = &p->frames[p->depth++];
     f->is_object = is_object;
-    f->base = p->n_members;
+    f->base_val = p->vals.n;
+    f->base_key = p->keys.n;
     f->key.p = NULL;
     f->key.len = 0;
     p->pos++;
@@ -701,8 +708,7 @@ static bool parse_document(jparser_t *p) {
         sch_json_t v;
         jstep_t    step = scan_value(p, &v);
         while (step == J_DONE && p->depth > 0) {
-            jframe_t *f = &p->frames[p->depth - 1];
-            if (!members_push(p, &v, f->key))
+            if (!members_push(p, &v))
                 return fail_nomem(p);
             step = after_member(p, &v);
         }
@@ -747,7 +753,8 @@ sch_jdoc_t *sch_json_parse(const char *text, size_t len, sch_jfail_t *fail, char
     bool ok = p.doc && p.doc->pool && parse_document(&p);
     if (!ok && (!p.doc || !p.doc->pool))
         fail_nomem(&p);
-    free(p.members);
+    free(p.vals.items);
+    free(p.keys.items);
     free(p.scratch);
     *fail = ok ? SCH_JFAIL_NONE : p.fail;
     if (!ok) {
@@ -796,16 +803,16 @@ static bool is_container(const sch_json_t *v) {
 }
 
 size_t sch_json_size(const sch_json_t *v) {
-    return is_container(v) ? v->u.c.n : 0;
+    return is_container(v) ? v->n : 0;
 }
 
 const sch_json_t *sch_json_at(const sch_json_t *v, size_t i) {
-    SVC_ASSERT(is_container(v) && i < v->u.c.n);
+    SVC_ASSERT(is_container(v) && i < v->n);
     return &v->u.c.items[i];
 }
 
 const char *sch_json_key_at(const sch_json_t *v, size_t i, size_t *len) {
-    SVC_ASSERT(v->type == SCH_JSON_OBJECT && i < v->u.c.n);
+    SVC_ASSERT(v->type == SCH_JSON_OBJECT && i < v->n);
     if (len)
         *len = v->u.c.keys[i].len;
     return v->u.c.keys[i].p;
@@ -816,7 +823,7 @@ const sch_json_t *sch_json_get(const sch_json_t *v, const char *key, size_t len)
         return NULL;
     const sch_jstr_t  want = {key, len};
     const sch_jstr_t *keys = v->u.c.keys;
-    size_t            n = v->u.c.n;
+    size_t            n = v->n;
     if (n <= JSON_LINEAR_KEYS) {
         for (size_t i = 0; i < n; i++) {
             if (keys[i].len == len && (len == 0 || memcmp(keys[i].p, key, len) == 0))
@@ -824,26 +831,20 @@ const sch_json_t *sch_json_get(const sch_json_t *v, const char *key, size_t len)
         }
         return NULL;
     }
-    size_t lo = 0;
-    size_t hi = n;
+    const uint32_t *sorted = sch_json_sorted(v);
+    size_t          lo = 0;
+    size_t          hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        int    c = key_cmp(&keys[v->u.c.sorted[mid]], &want);
+        int    c = key_cmp(&keys[sorted[mid]], &want);
         if (c == 0)
-            return &v->u.c.items[v->u.c.sorted[mid]];
+            return &v->u.c.items[sorted[mid]];
         if (c < 0)
             lo = mid + 1;
         else
             hi = mid;
     }
     return NULL;
-}
-
-/* An integer is zero when all its digits are: "0" or "-0" (JSON has no
- * leading zeros). */
-static bool int_is_zero(const sch_json_t *v) {
-    const char *t = v->u.s.p;
-    return strcmp(t, "0") == 0 || strcmp(t, "-0") == 0;
 }
 
 bool sch_json_truthy(const sch_json_t *v) {
@@ -853,14 +854,14 @@ bool sch_json_truthy(const sch_json_t *v) {
     case SCH_JSON_BOOL:
         return v->u.b;
     case SCH_JSON_INT:
-        return !int_is_zero(v);
+        return !sch_json_int_is_zero(v);
     case SCH_JSON_REAL:
         return v->u.d != 0.0; /* NaN != 0: truthy, as in Python */
     case SCH_JSON_STRING:
         return v->u.s.len > 0;
     case SCH_JSON_ARRAY:
     case SCH_JSON_OBJECT:
-        return v->u.c.n > 0;
+        return v->n > 0;
     }
     return false;
 }
@@ -870,237 +871,9 @@ bool sch_json_all_finite(const sch_json_t *v) {
         return isfinite(v->u.d);
     if (!is_container(v))
         return true;
-    for (size_t i = 0; i < v->u.c.n; i++) {
+    for (size_t i = 0; i < v->n; i++) {
         if (!sch_json_all_finite(&v->u.c.items[i]))
             return false;
     }
     return true;
-}
-
-/* ---------------------------------------------------------------------
- * Writers
- * --------------------------------------------------------------------- */
-
-svc_err_t sch_json_write_string(svc_buf_t *out, const char *s, size_t len) {
-    svc_err_t err = svc_buf_addc(out, '"');
-    if (len == 0)
-        return err ? err : svc_buf_addc(out, '"');
-    size_t run = 0; /* start of the bytes not yet written */
-    for (size_t i = 0; i < len && !err; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        err = svc_buf_add(out, s + run, i - run);
-        run = i + 1;
-        const char *esc = c == '"'    ? "\\\""
-                          : c == '\\' ? "\\\\"
-                          : c == '\n' ? "\\n"
-                          : c == '\r' ? "\\r"
-                          : c == '\t' ? "\\t"
-                          : c == '\b' ? "\\b"
-                          : c == '\f' ? "\\f"
-                                      : NULL;
-        if (err)
-            break;
-        if (esc)
-            err = svc_buf_adds(out, esc);
-        else
-            err = svc_buf_addf(out, "\\u%04x", c);
-    }
-    if (!err)
-        err = svc_buf_add(out, s + run, len - run);
-    if (!err)
-        err = svc_buf_addc(out, '"');
-    return err;
-}
-
-/* Decimal digits d[0..n) with the point after decpt digits: the value is
- * 0.d1d2...dn x 10^decpt, the shape of dtoa's output. */
-typedef struct jdigits {
-    char d[24];
-    int  n;
-    int  decpt;
-} jdigits_t;
-
-/* The double the digits read back as ("DDDe-X" needs no radix point). */
-static double digits_value(const jdigits_t *g) {
-    char buf[48];
-    snprintf(buf, sizeof buf, "%.*se%d", g->n, g->d, g->decpt - g->n);
-    return strtod(buf, NULL);
-}
-
-/* The digits of x (> 0, finite) rounded to `prec` significant digits. */
-static void digits_rounded(double x, int prec, jdigits_t *g) {
-    char buf[48];
-    snprintf(buf, sizeof buf, "%.*e", prec - 1, x);
-    g->n = 0;
-    const char *c = buf;
-    for (; *c && *c != 'e'; c++) {
-        if (is_digit((unsigned char)*c))
-            g->d[g->n++] = *c;
-    }
-    g->decpt = (int)strtol(c + 1, NULL, 10) + 1;
-}
-
-/* Moves the last digit one step up or down; false when that changes the
- * number of digits (that neighbour was a candidate at a shorter length). */
-static bool digits_step(jdigits_t *g, int dir) {
-    int i = g->n - 1;
-    while (i >= 0 && g->d[i] == (dir > 0 ? '9' : '0'))
-        g->d[i--] = dir > 0 ? '0' : '9';
-    if (i < 0 || (i == 0 && dir < 0 && g->d[0] == '1'))
-        return false;
-    g->d[i] = (char)(g->d[i] + dir);
-    return true;
-}
-
-/* Shortest digits that read back as x, and the nearest to x among those:
- * what Python's repr (dtoa mode 0) prints. The correctly rounded candidate
- * of each length is nearest; when it misses, the neighbour on the other
- * side of x can still hit, because the rounding interval of a power of two
- * is wider above than below. */
-static void digits_shortest(double x, jdigits_t *g) {
-    for (int prec = 1; prec <= 17; prec++) {
-        digits_rounded(x, prec, g);
-        double back = digits_value(g);
-        if (back == x)
-            break;
-        jdigits_t alt = *g;
-        if (digits_step(&alt, back < x ? 1 : -1) && digits_value(&alt) == x) {
-            *g = alt;
-            break;
-        }
-    }
-    while (g->n > 1 && g->d[g->n - 1] == '0')
-        g->n--;
-}
-
-static svc_err_t add_zeros(svc_buf_t *out, int n) {
-    svc_err_t err = SVC_OK;
-    for (int i = 0; i < n && !err; i++)
-        err = svc_buf_addc(out, '0');
-    return err;
-}
-
-/* float_repr_style 'short': fixed notation for -4 < decpt <= 16, else
- * d.ddde+XX; a fixed integral value keeps ".0". */
-static svc_err_t write_digits(svc_buf_t *out, const jdigits_t *g) {
-    svc_err_t err = SVC_OK;
-    if (g->decpt <= -4 || g->decpt > 16) {
-        err = svc_buf_add(out, g->d, 1);
-        if (!err && g->n > 1)
-            err = svc_buf_addf(out, ".%.*s", g->n - 1, g->d + 1);
-        if (!err)
-            err = svc_buf_addf(out, "e%c%02d", g->decpt - 1 < 0 ? '-' : '+', abs(g->decpt - 1));
-        return err;
-    }
-    if (g->decpt <= 0) {
-        err = svc_buf_adds(out, "0.");
-        if (!err)
-            err = add_zeros(out, -g->decpt);
-        return err ? err : svc_buf_add(out, g->d, (size_t)g->n);
-    }
-    if (g->decpt >= g->n) {
-        err = svc_buf_add(out, g->d, (size_t)g->n);
-        if (!err)
-            err = add_zeros(out, g->decpt - g->n);
-        return err ? err : svc_buf_adds(out, ".0");
-    }
-    return svc_buf_addf(out, "%.*s.%.*s", g->decpt, g->d, g->n - g->decpt, g->d + g->decpt);
-}
-
-svc_err_t sch_json_write_double(svc_buf_t *out, double d) {
-    if (isnan(d))
-        return svc_buf_adds(out, "NaN");
-    if (isinf(d))
-        return svc_buf_adds(out, d < 0 ? "-Infinity" : "Infinity");
-    svc_err_t err = signbit(d) ? svc_buf_addc(out, '-') : SVC_OK;
-    if (err)
-        return err;
-    if (d == 0.0)
-        return svc_buf_adds(out, "0.0");
-    jdigits_t g;
-    digits_shortest(fabs(d), &g);
-    return write_digits(out, &g);
-}
-
-/* Separators of one dump style: json.dumps' defaults, or the canonical
- * compact form with sorted keys. */
-typedef struct jstyle {
-    const char *item_sep;
-    const char *key_sep;
-    bool        sort_keys;
-} jstyle_t;
-
-static svc_err_t dump_value(const sch_json_t *v, const jstyle_t *st, svc_buf_t *out);
-
-static svc_err_t dump_scalar(const sch_json_t *v, svc_buf_t *out) {
-    switch (v->type) {
-    case SCH_JSON_NULL:
-        return svc_buf_adds(out, "null");
-    case SCH_JSON_BOOL:
-        return svc_buf_adds(out, v->u.b ? "true" : "false");
-    case SCH_JSON_INT:
-        /* Python's int("-0") is 0. */
-        return svc_buf_adds(out, int_is_zero(v) ? "0" : v->u.s.p);
-    case SCH_JSON_REAL:
-        return sch_json_write_double(out, v->u.d);
-    case SCH_JSON_STRING:
-        return sch_json_write_string(out, v->u.s.p, v->u.s.len);
-    default:
-        return SVC_ERR_INTERNAL;
-    }
-}
-
-static svc_err_t dump_array(const sch_json_t *v, const jstyle_t *st, svc_buf_t *out) {
-    svc_err_t err = svc_buf_addc(out, '[');
-    for (size_t i = 0; i < v->u.c.n && !err; i++) {
-        if (i)
-            err = svc_buf_adds(out, st->item_sep);
-        if (!err)
-            err = dump_value(&v->u.c.items[i], st, out);
-    }
-    return err ? err : svc_buf_addc(out, ']');
-}
-
-static svc_err_t dump_object(const sch_json_t *v, const jstyle_t *st, svc_buf_t *out) {
-    svc_err_t err = svc_buf_addc(out, '{');
-    for (size_t i = 0; i < v->u.c.n && !err; i++) {
-        size_t            k = st->sort_keys ? v->u.c.sorted[i] : i;
-        const sch_jstr_t *key = &v->u.c.keys[k];
-        if (i)
-            err = svc_buf_adds(out, st->item_sep);
-        if (!err)
-            err = sch_json_write_string(out, key->p, key->len);
-        if (!err)
-            err = svc_buf_adds(out, st->key_sep);
-        if (!err)
-            err = dump_value(&v->u.c.items[k], st, out);
-    }
-    return err ? err : svc_buf_addc(out, '}');
-}
-
-/* Recursion is bounded by SCH_JSON_MAX_DEPTH, enforced by the reader. */
-static svc_err_t dump_value(const sch_json_t *v, const jstyle_t *st, svc_buf_t *out) {
-    if (v->type == SCH_JSON_ARRAY)
-        return dump_array(v, st, out);
-    if (v->type == SCH_JSON_OBJECT)
-        return dump_object(v, st, out);
-    return dump_scalar(v, out);
-}
-
-svc_err_t sch_json_dump_py(const sch_json_t *v, svc_buf_t *out) {
-    static const jstyle_t py = {", ", ": ", false};
-    return dump_value(v, &py, out);
-}
-
-svc_err_t sch_json_dump_canonical(const sch_json_t *v, svc_buf_t *out) {
-    static const jstyle_t canonical = {",", ":", true};
-    return dump_value(v, &canonical, out);
-}
-
-svc_err_t sch_content_text(const sch_json_t *v, svc_buf_t *out) {
-    if (v->type == SCH_JSON_STRING)
-        return svc_buf_add(out, v->u.s.p, v->u.s.len);
-    return sch_json_dump_py(v, out);
 }

@@ -121,8 +121,8 @@ static bool key_set_add(key_set_t *set, const sch_option_t *o) {
 }
 
 /* One entry of `choices` into *o; *ok false when the question failed. */
-static svc_err_t listed_entry(sch_request_t *req, sch_question_t *q, const sch_json_t *e,
-                              bool noul, key_set_t *set, sch_option_t *o, bool *ok) {
+static svc_err_t listed_entry(sch_request_t *req, sch_question_t *q, const sch_json_t *e, bool noul,
+                              key_set_t *set, sch_option_t *o, bool *ok) {
     *ok = false;
     const sch_json_t *key = NULL;
     bool              shape = sch_json_type(e) == SCH_JSON_OBJECT;
@@ -198,8 +198,8 @@ static svc_err_t object_options(const sch_json_t *obj, sch_option_t **opts, size
 
 /* `named_options`: count, then each name and description in order. Takes
  * ownership of opts (kept by q on success, freed otherwise). */
-static svc_err_t named_options(sch_request_t *req, sch_question_t *q, sch_option_t *opts,
-                               size_t n, bool is_mapping) {
+static svc_err_t named_options(sch_request_t *req, sch_question_t *q, sch_option_t *opts, size_t n,
+                               bool is_mapping) {
     svc_err_t err = SVC_OK;
     bool      ok = true;
     if (!is_mapping || n < MIN_OPTIONS || n > MAX_OPTIONS) {
@@ -388,8 +388,7 @@ static svc_err_t check_full_input(sch_request_t *req, sch_question_t *q, const s
 }
 
 static bool field_allowed(sch_qtype_t type, const char *k, size_t n) {
-    static const char *const common[] = {"type", "instructions", "criteria",
-                                         "require_full_input"};
+    static const char *const common[] = {"type", "instructions", "criteria", "require_full_input"};
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
         if (sch_str_is(k, n, common[i]))
             return true;
@@ -444,8 +443,8 @@ svc_err_t sch_question_read(sch_request_t *req, const sch_json_t *v, sch_questio
      * `instructions` takes the released packages' fallback sentence. */
     q->instructions = sch_json_get(v, "instructions", strlen("instructions"));
     if (q->instructions) {
-        err = check_content(req, q, q->instructions, false, "instructions",
-                            strlen("instructions"), &ok);
+        err = check_content(req, q, q->instructions, false, "instructions", strlen("instructions"),
+                            &ok);
         if (err || !ok)
             return err;
     }

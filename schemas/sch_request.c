@@ -89,22 +89,6 @@ char *sch_req_keep(sch_request_t *req, char *s) {
     return s;
 }
 
-char *sch_req_printf(sch_request_t *req, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return NULL;
-    char *s = malloc((size_t)n + 1);
-    if (!s)
-        return NULL;
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return sch_req_keep(req, s);
-}
-
 /* ---- accessors --------------------------------------------------------- */
 
 void sch_request_free(sch_request_t *req) {
@@ -226,7 +210,7 @@ static svc_err_t check_states(const sch_json_t *states, sch_error_t *err) {
 /* ---- a.2: top-level fields and model ----------------------------------- */
 
 static bool top_field(const char *k, size_t n) {
-    static const char *const fields[] = {"model",  "state",  "questions", "images",
+    static const char *const fields[] = {"model",  "state",   "questions", "images",
                                          "videos", "options", "states"};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (sch_str_is(k, n, fields[i]))
@@ -295,7 +279,8 @@ static bool option_field(const char *k, size_t n) {
 static svc_err_t check_deadline(sch_request_t *req, const sch_json_t *v, sch_error_t *err) {
     sch_jtype_t t = sch_json_type(v);
     if (t == SCH_JSON_INT && !isfinite(sch_json_number(v)))
-        return refuse(err, 500, "internal_error", "OverflowError: int too large to convert to float");
+        return refuse(err, 500, "internal_error",
+                      "OverflowError: int too large to convert to float");
     double d = (t == SCH_JSON_INT || t == SCH_JSON_REAL) ? sch_json_number(v) : NAN;
     if (!isfinite(d) || d <= 0)
         return refuse(err, 400, "invalid_request", "options.deadline_ms must be a positive number");
@@ -510,8 +495,9 @@ static svc_err_t read_questions(sch_request_t *req, size_t p, const sch_json_t *
         if (!e && media && !q[i].error_code && token) {
             free((void *)q[i].options);
             q[i].options = NULL;
-            e = sch_question_fail(req, &q[i], "the state or question contains a literal image "
-                                              "or video placeholder token");
+            e = sch_question_fail(req, &q[i],
+                                  "the state or question contains a literal image "
+                                  "or video placeholder token");
         }
     }
     return e ? out_of_memory(err) : SVC_OK;
@@ -557,8 +543,8 @@ static svc_err_t check_any_valid(const sch_request_t *req, sch_error_t *err) {
             if (!e)
                 e = svc_buf_add(&msg, q->id, q->id_len);
             if (!e)
-                e = svc_buf_addf(&msg, ": %s", q->error_message ? q->error_message
-                                                                : "invalid_question");
+                e = svc_buf_addf(&msg, ": %s",
+                                 q->error_message ? q->error_message : "invalid_question");
         }
     }
     if (!e)
@@ -588,8 +574,7 @@ static void part_source(const sch_json_t *body, part_src_t *src) {
     src->videos = sch_json_get(body, "videos", 6);
 }
 
-static svc_err_t decode_root(sch_request_t *req, const sch_model_info_t *model,
-                             sch_error_t *err) {
+static svc_err_t decode_root(sch_request_t *req, const sch_model_info_t *model, sch_error_t *err) {
     const sch_json_t *root = sch_jdoc_root(req->doc);
     const sch_json_t *states = NULL;
     if (sch_json_type(root) == SCH_JSON_OBJECT)
@@ -619,8 +604,7 @@ static svc_err_t decode_root(sch_request_t *req, const sch_model_info_t *model,
 }
 
 svc_err_t sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,
-                             const sch_model_info_t *model, sch_request_t **out,
-                             sch_error_t *err) {
+                             const sch_model_info_t *model, sch_request_t **out, sch_error_t *err) {
     *out = NULL;
     sch_request_t *req = calloc(1, sizeof *req);
     if (!req)

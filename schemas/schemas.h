@@ -39,12 +39,12 @@
  * ====================================================================== */
 
 typedef enum sch_jtype {
-    SCH_JSON_NULL   = 0,
-    SCH_JSON_BOOL   = 1,
-    SCH_JSON_INT    = 2, /* an integer of any size, kept as written */
-    SCH_JSON_REAL   = 3, /* a double; may be NaN or +-inf (Python accepts them) */
+    SCH_JSON_NULL = 0,
+    SCH_JSON_BOOL = 1,
+    SCH_JSON_INT = 2,    /* an integer of any size, kept as written */
+    SCH_JSON_REAL = 3,   /* a double; may be NaN or +-inf (Python accepts them) */
     SCH_JSON_STRING = 4, /* UTF-8, may contain NUL */
-    SCH_JSON_ARRAY  = 5,
+    SCH_JSON_ARRAY = 5,
     SCH_JSON_OBJECT = 6, /* keys unique, in first-seen order */
 } sch_jtype_t;
 
@@ -53,12 +53,12 @@ typedef struct sch_jdoc sch_jdoc_t; /* owns every value of one parse */
 
 /* Why a parse failed; the request decoder turns these into SPEC a.1. */
 typedef enum sch_jfail {
-    SCH_JFAIL_NONE       = 0,
-    SCH_JFAIL_UTF8       = 1, /* the bytes are not UTF-8 */
-    SCH_JFAIL_SYNTAX     = 2, /* not JSON (message in Python's words) */
-    SCH_JFAIL_SURROGATE  = 3, /* an escape left an unpaired surrogate */
-    SCH_JFAIL_TOO_DEEP   = 4, /* nesting deeper than SCH_JSON_MAX_DEPTH */
-    SCH_JFAIL_NOMEM      = 5,
+    SCH_JFAIL_NONE = 0,
+    SCH_JFAIL_UTF8 = 1,      /* the bytes are not UTF-8 */
+    SCH_JFAIL_SYNTAX = 2,    /* not JSON (message in Python's words) */
+    SCH_JFAIL_SURROGATE = 3, /* an escape left an unpaired surrogate */
+    SCH_JFAIL_TOO_DEEP = 4,  /* nesting deeper than SCH_JSON_MAX_DEPTH */
+    SCH_JFAIL_NOMEM = 5,
 } sch_jfail_t;
 
 /* Arrays and objects nested deeper than this are refused at parse time, so
@@ -80,16 +80,16 @@ SVC_WUR sch_jdoc_t *sch_json_parse(const char *text, size_t len, sch_jfail_t *fa
 void                sch_jdoc_free(sch_jdoc_t *doc);
 const sch_json_t   *sch_jdoc_root(const sch_jdoc_t *doc);
 
-sch_jtype_t sch_json_type(const sch_json_t *v);
-bool        sch_json_bool(const sch_json_t *v);                /* BOOL only */
-const char *sch_json_string(const sch_json_t *v, size_t *len); /* STRING only */
-const char *sch_json_int_text(const sch_json_t *v, size_t *len); /* INT only */
-double      sch_json_number(const sch_json_t *v); /* INT or REAL as double (may be inf) */
-size_t      sch_json_size(const sch_json_t *v);   /* ARRAY/OBJECT count, else 0 */
-const sch_json_t *sch_json_at(const sch_json_t *v, size_t i);   /* ARRAY/OBJECT value i */
-const char       *sch_json_key_at(const sch_json_t *v, size_t i, size_t *len); /* OBJECT */
+sch_jtype_t       sch_json_type(const sch_json_t *v);
+bool              sch_json_bool(const sch_json_t *v);                  /* BOOL only */
+const char       *sch_json_string(const sch_json_t *v, size_t *len);   /* STRING only */
+const char       *sch_json_int_text(const sch_json_t *v, size_t *len); /* INT only */
+double            sch_json_number(const sch_json_t *v); /* INT or REAL as double (may be inf) */
+size_t            sch_json_size(const sch_json_t *v);   /* ARRAY/OBJECT count, else 0 */
+const sch_json_t *sch_json_at(const sch_json_t *v, size_t i); /* ARRAY/OBJECT value i */
+const char       *sch_json_key_at(const sch_json_t *v, size_t i, size_t *len);    /* OBJECT */
 const sch_json_t *sch_json_get(const sch_json_t *v, const char *key, size_t len); /* or NULL */
-bool              sch_json_truthy(const sch_json_t *v); /* Python bool(value) */
+bool              sch_json_truthy(const sch_json_t *v);     /* Python bool(value) */
 bool              sch_json_all_finite(const sch_json_t *v); /* no NaN/inf anywhere inside */
 
 /* Python json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in
@@ -115,8 +115,8 @@ SVC_WUR svc_err_t sch_content_text(const sch_json_t *v, svc_buf_t *out);
 
 typedef enum sch_qtype {
     SCH_Q_CHOICE = 0,
-    SCH_Q_NOUL   = 1,
-    SCH_Q_SCORE  = 2,
+    SCH_Q_NOUL = 1,
+    SCH_Q_SCORE = 2,
 } sch_qtype_t;
 
 /* A whole-request error (SPEC b.7): the HTTP status, the code, the message. */
@@ -131,12 +131,14 @@ void sch_error_fini(sch_error_t *err); /* frees message; safe twice */
 
 /* What the decoder must know about the served model. Pass NULL to
  * sch_request_decode to skip every model-dependent check (`d3stream
- * validate`): `model` is then only checked to be a string or null, and
- * images only for their data-URL form and base64. */
+ * validate`): `model` is then only checked to be a string or null, any
+ * `profile` string is accepted, images are checked in full (data URL,
+ * base64, format and size from the header) as if a vision tower existed,
+ * and a non-empty `videos` is refused as "model d3stream reads no videos". */
 typedef struct sch_model_info {
-    const char *const *names;   /* names that select this model (SPEC a.2 4.) */
+    const char *const *names; /* names that select this model (SPEC a.2 4.) */
     size_t             n_names;
-    const char        *label;   /* served id, used in messages */
+    const char        *label; /* served id, used in messages */
     bool               has_vision;
     bool               reads_videos;
     const char *const *profiles; /* enabled profiles, "exact" included */
@@ -159,16 +161,16 @@ typedef struct sch_option {
 
 /* One question. Invalid questions keep their error here (SPEC b.6). */
 typedef struct sch_question {
-    const char       *id;
-    size_t            id_len;
-    const sch_json_t *raw_type;     /* echoed in an error answer; NULL if absent */
-    sch_qtype_t       type;         /* meaningful only when error_code is NULL */
-    bool              require_full_input;
-    const sch_json_t *instructions; /* NULL when absent: the prompt's fallback */
-    size_t            n_options;
+    const char         *id;
+    size_t              id_len;
+    const sch_json_t   *raw_type; /* echoed in an error answer; NULL if absent */
+    sch_qtype_t         type;     /* meaningful only when error_code is NULL */
+    bool                require_full_input;
+    const sch_json_t   *instructions; /* NULL when absent: the prompt's fallback */
+    size_t              n_options;
     const sch_option_t *options;
-    const char       *error_code;    /* NULL when valid; static string */
-    const char       *error_message; /* NULL when none */
+    const char         *error_code;    /* NULL when valid; static string */
+    const char         *error_message; /* NULL when none */
 } sch_question_t;
 
 /* One image of a part: the bytes of its data URL after base64, with the
@@ -194,9 +196,9 @@ typedef struct sch_part {
 } sch_part_t;
 
 typedef struct sch_options {
-    bool   has_deadline;
-    double deadline_ms;
-    bool   return_meta;
+    bool        has_deadline;
+    double      deadline_ms;
+    bool        return_meta;
     const char *profile; /* "exact" when not given */
 } sch_options_t;
 
@@ -213,12 +215,12 @@ typedef struct sch_request sch_request_t;
  *          valid (...)" error.
  * @remark The body is copied; it need not outlive the request.
  */
-SVC_WUR svc_err_t sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,
-                                     const sch_model_info_t *model, sch_request_t **out,
-                                     sch_error_t *err);
-void              sch_request_free(sch_request_t *req);
-size_t            sch_request_n_parts(const sch_request_t *req); /* 1 + number of states */
-const sch_part_t *sch_request_part(const sch_request_t *req, size_t i);
+SVC_WUR svc_err_t    sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,
+                                        const sch_model_info_t *model, sch_request_t **out,
+                                        sch_error_t *err);
+void                 sch_request_free(sch_request_t *req);
+size_t               sch_request_n_parts(const sch_request_t *req); /* 1 + number of states */
+const sch_part_t    *sch_request_part(const sch_request_t *req, size_t i);
 const sch_options_t *sch_request_options(const sch_request_t *req);
 /* The `model` string the client sent, or NULL. */
 const char *sch_request_model(const sch_request_t *req, size_t *len);
@@ -236,10 +238,10 @@ typedef struct sch_result {
 
 typedef struct sch_meta {
     const char *model_id;
-    const char *revision;     /* NULL writes null */
+    const char *revision; /* NULL writes null */
     const char *model_sha256;
     const char *profile;
-    const char *numerics;     /* "exact" or "approximate" */
+    const char *numerics; /* "exact" or "approximate" */
     const char *engine;
     const char *accelerator;
     const char *device;
@@ -260,6 +262,16 @@ SVC_WUR svc_err_t sch_response_encode(const sch_request_t *req, const char *mode
                                       const sch_result_t *const *results,
                                       const size_t *input_tokens, const sch_meta_t *meta,
                                       svc_buf_t *out, sch_error_t *err);
+
+/* A question's own error as its answer, {"type":<raw>,"error":...[,"message":...]}
+ * (SPEC b.6). SVC_ERR_INVALID when the echoed type is not finite. */
+SVC_WUR svc_err_t sch_question_error_encode(const sch_question_t *q, svc_buf_t *out);
+
+/* The max_length_exceeded message (SPEC b.6): printf with the prompt's
+ * length and the limit, both size_t. */
+#define SCH_MSG_MAX_LENGTH                                                                         \
+    "the question prompt has %zu tokens, over the maximum context length of %zu tokens; "          \
+    "nothing was truncated"
 
 /* {"error":{"code":...,"message":...}} */
 SVC_WUR svc_err_t sch_error_encode(const sch_error_t *err, svc_buf_t *out);

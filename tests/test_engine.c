@@ -57,8 +57,8 @@ static const char *package_with(const char *key, const char *value) {
     snprintf(g_dir, sizeof g_dir, "/tmp/d3stream-pkg-XXXXXX");
     cr_assert(mkdtemp(g_dir));
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", MINI,
-             MINI, g_dir);
+    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", MINI, MINI,
+             g_dir);
     cr_assert(system(cmd) == 0);
     json_t *dc = json_load_file(MINI "/decision_config.json", 0, NULL);
     cr_assert(dc, "fixture decision_config.json missing");
@@ -130,7 +130,7 @@ ParameterizedTestParameters(engine, decision_config_rules) {
 
 ParameterizedTest(const dc_case_t *c, engine, decision_config_rules) {
     const char    *value = c->value[0] ? c->value : NULL;
-    const char    *dir   = package_with(c->key, value);
+    const char    *dir = package_with(c->key, value);
     eng_package_t *pkg = NULL;
     char           errstr[1024] = "";
     svc_err_t      err = eng_package_open(dir, &pkg, errstr, sizeof errstr);
@@ -142,9 +142,9 @@ ParameterizedTest(const dc_case_t *c, engine, decision_config_rules) {
 }
 
 Test(engine, codes_must_match_the_tokenizer) {
-    json_t *dc  = json_load_file(MINI "/decision_config.json", 0, NULL);
+    json_t *dc = json_load_file(MINI "/decision_config.json", 0, NULL);
     json_t *ids = json_deep_copy(json_object_get(dc, "token_ids"));
-    json_t *a   = json_integer(json_integer_value(json_array_get(ids, 0)));
+    json_t *a = json_integer(json_integer_value(json_array_get(ids, 0)));
     json_array_set(ids, 0, json_array_get(ids, 1));
     json_array_set_new(ids, 1, a);
     char *text = json_dumps(ids, JSON_COMPACT);
@@ -169,7 +169,7 @@ Test(engine, max_length_from_config_json) {
     fclose(f);
     eng_package_t *pkg = NULL;
     char           errstr[1024] = "";
-    svc_err_t      err          = eng_package_open(dir, &pkg, errstr, sizeof errstr);
+    svc_err_t      err = eng_package_open(dir, &pkg, errstr, sizeof errstr);
     remove_package();
     cr_assert_eq(err, SVC_OK, "%s", errstr);
     cr_expect_eq(eng_package_max_length(pkg), 262144);

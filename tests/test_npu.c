@@ -17,7 +17,7 @@ static bool cpuinfo_has(const char *flag) {
     while (!found && fgets(line, sizeof line, f)) {
         if (strncmp(line, "flags", 5) != 0)
             continue;
-        char  *save = NULL;
+        char *save = NULL;
         for (char *tok = strtok_r(line, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save))
             if (strcmp(tok, flag) == 0)
                 found = true;

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ops.h"
 #include "svc.h"
 
 #define GOLDEN D3_SOURCE_DIR "/tests/golden"
@@ -52,8 +53,44 @@ static bool has_suffix(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Every <case>.request.json of dir through `prompt`, compared byte for byte. */
-static int check_prompt_dir(const char *pkg, const char *dir) {
+/* One case through the command itself, as a user runs it. */
+static bool prompt_cli_matches(const char *pkg, const char *req, const char *want) {
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "'%s' prompt --model '%s' '%s'", binary(), pkg, req);
+    svc_buf_t out;
+    run(cmd, &out);
+    bool same = strcmp(out.data, want) == 0;
+    if (!same)
+        cr_log_error("d3stream prompt %s\n  got:  %.600s\n  want: %.600s", req, out.data, want);
+    svc_buf_fini(&out);
+    return same;
+}
+
+/* One case in-process (the same function the command calls): loading a real
+ * tokenizer once per case would dominate the sanitizer run. */
+static bool prompt_matches(const eng_package_t *pkg, const char *dir, const char *req,
+                           const char *want) {
+    char     *body = slurp(req);
+    svc_buf_t out;
+    char      errstr[512] = "";
+    svc_buf_init(&out, (size_t)1 << 30);
+    int rc = ops_prompt_body(pkg, dir, body, strlen(body), &out, errstr, sizeof errstr);
+    cr_assert(rc != OPS_EXIT_FAILURE, "%s: %s", req, errstr);
+    cr_assert(svc_buf_addc(&out, '\n') == SVC_OK);
+    bool same = strcmp(out.data, want) == 0;
+    if (!same)
+        cr_log_error("prompt mismatch: %s\n  got:  %.600s\n  want: %.600s", req, out.data, want);
+    svc_buf_fini(&out);
+    free(body);
+    return same;
+}
+
+/* Every <case>.request.json of dir, compared byte for byte with its
+ * <case>.expected.json; the first few also through the command. */
+static int check_prompt_dir(const char *pkg_dir, const char *dir) {
+    eng_package_t *pkg = NULL;
+    char           errstr[1024];
+    cr_assert_eq(eng_package_open(pkg_dir, &pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
     DIR *d = opendir(dir);
     cr_assert(d, "no golden prompts in %s (tests/tools/gen_prompt_golden.py)", dir);
     struct dirent *de;
@@ -61,30 +98,25 @@ static int check_prompt_dir(const char *pkg, const char *dir) {
     while ((de = readdir(d))) {
         if (!has_suffix(de->d_name, ".request.json"))
             continue;
-        char req[4096], exp[4096], cmd[8192];
+        char req[4096], exp[4096];
         snprintf(req, sizeof req, "%s/%s", dir, de->d_name);
         snprintf(exp, sizeof exp, "%.*s.expected.json", (int)(strlen(req) - 13), req);
-        snprintf(cmd, sizeof cmd, "'%s' prompt --model '%s' '%s'", binary(), pkg, req);
-        svc_buf_t out;
-        run(cmd, &out);
         char *want = slurp(exp);
-        if (strcmp(out.data, want) != 0) {
-            bad++;
-            cr_log_error("prompt mismatch: %s\n  got:  %.600s\n  want: %.600s", req, out.data,
-                         want);
-        }
+        bad += !prompt_matches(pkg, pkg_dir, req, want);
+        if (n < 3)
+            bad += !prompt_cli_matches(pkg_dir, req, want);
         free(want);
-        svc_buf_fini(&out);
         n++;
     }
     closedir(d);
+    eng_package_free(pkg);
     cr_assert(n >= 40, "only %d golden prompt cases in %s", n, dir);
     return bad;
 }
 
 Test(ops, prompt_golden_qwen35mini) {
-    int bad = check_prompt_dir(D3_SOURCE_DIR "/tests/fixtures/qwen35-mini",
-                               GOLDEN "/prompt/qwen35mini");
+    int bad =
+        check_prompt_dir(D3_SOURCE_DIR "/tests/fixtures/qwen35-mini", GOLDEN "/prompt/qwen35mini");
     cr_assert_eq(bad, 0, "%d golden prompts differ", bad);
 }
 
@@ -117,7 +149,7 @@ Test(ops, prompt_golden_qwen3) {
 
 static char *write_temp(const char *data, size_t len) {
     char *path = strdup("/tmp/d3stream-case-XXXXXX");
-    int   fd   = mkstemp(path);
+    int   fd = mkstemp(path);
     cr_assert(fd >= 0);
     cr_assert(write(fd, data, len) == (ssize_t)len);
     close(fd);
@@ -127,7 +159,7 @@ static char *write_temp(const char *data, size_t len) {
 static int check_case(json_t *c, size_t lineno) {
     const char   *name = json_string_value(json_object_get(c, "name"));
     const json_t *body = json_object_get(c, "body");
-    const json_t *b64  = json_object_get(c, "body_b64");
+    const json_t *b64 = json_object_get(c, "body_b64");
     char         *path;
     if (body)
         path = write_temp(json_string_value(body), json_string_length(body));
@@ -146,9 +178,9 @@ static int check_case(json_t *c, size_t lineno) {
     unlink(path);
     free(path);
     json_error_t  jerr;
-    json_t       *got  = json_loads(out.data, JSON_ALLOW_NUL, &jerr);
+    json_t       *got = json_loads(out.data, JSON_ALLOW_NUL, &jerr);
     const json_t *want = json_object_get(c, "verdict");
-    int           bad  = 0;
+    int           bad = 0;
     int           status = (int)json_integer_value(json_object_get(want, "status"));
     if (!got || !json_equal(got, want) || rc != (status == 200 ? 0 : 1)) {
         char *w = json_dumps(want, JSON_COMPACT | JSON_ENSURE_ASCII);
@@ -165,10 +197,10 @@ static int check_case(json_t *c, size_t lineno) {
 Test(ops, validate_contract_cases) {
     FILE *f = fopen(D3_SOURCE_DIR "/tests/contract/cases.jsonl", "r");
     cr_assert(f, "tests/contract/cases.jsonl missing");
-    char   *line = NULL;
-    size_t  cap  = 0;
-    size_t  lineno = 0, n = 0;
-    int     bad = 0;
+    char  *line = NULL;
+    size_t cap = 0;
+    size_t lineno = 0, n = 0;
+    int    bad = 0;
     while (getline(&line, &cap, f) > 0) {
         lineno++;
         json_error_t jerr;
@@ -190,8 +222,8 @@ Test(ops, validate_contract_cases) {
 /* Runs `tokenize --jsonl` over a golden file; compares each line's ids. */
 static void check_tokenize(const char *tokjson, const char *golden, const char *flags) {
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' tokenize --tokenizer '%s' --jsonl %s < '%s'", binary(),
-             tokjson, flags, golden);
+    snprintf(cmd, sizeof cmd, "'%s' tokenize --tokenizer '%s' --jsonl %s < '%s'", binary(), tokjson,
+             flags, golden);
     svc_buf_t out;
     int       rc = run(cmd, &out);
     cr_assert_eq(rc, 0, "%s exited %d", cmd, rc);
@@ -239,8 +271,8 @@ Test(ops, tokenize_golden_qwen35mini) {
 /* ------------------------------------------------------------- the CLI */
 
 Test(ops, help_and_usage) {
-    char      cmd[4096];
-    svc_buf_t out;
+    char        cmd[4096];
+    svc_buf_t   out;
     const char *subs[] = {"prompt", "validate", "tokenize"};
     for (size_t i = 0; i < 3; i++) {
         snprintf(cmd, sizeof cmd, "'%s' %s --help", binary(), subs[i]);
@@ -269,8 +301,7 @@ Test(ops, validate_stdin_and_large_body) {
                                "\"message\":\"the request body must be a JSON object\"}}\n");
     svc_buf_fini(&out);
     /* One byte over the limit: 413 with the configured number. */
-    snprintf(cmd, sizeof cmd, "head -c 8388609 /dev/zero | tr '\\0' ' ' | '%s' validate",
-             binary());
+    snprintf(cmd, sizeof cmd, "head -c 8388609 /dev/zero | tr '\\0' ' ' | '%s' validate", binary());
     cr_assert_eq(run(cmd, &out), 1);
     cr_assert_str_eq(out.data, "{\"status\":413,\"error\":{\"code\":\"request_too_large\","
                                "\"message\":\"the request body exceeds 8388608 bytes\"}}\n");
