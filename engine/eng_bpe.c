@@ -396,8 +396,8 @@ static size_t tok_word_symbols(const tok_bpe_t *bpe, const char *w, size_t n, st
         i += len;
         if (id < 0)
             continue;
-        sym[ns] = (struct tok_sym){.id = id, .prev = (int32_t)ns - 1, .next = (int32_t)ns + 1,
-                                   .alive = 1};
+        sym[ns] = (struct tok_sym){
+            .id = id, .prev = (int32_t)ns - 1, .next = (int32_t)ns + 1, .alive = 1};
         ns++;
     }
     if (ns)
@@ -432,8 +432,8 @@ static void tok_push_pair(const tok_bpe_t *bpe, const struct tok_sym *sym, size_
         return;
     const tok_merge_slot_t *m = tok_merge_find(bpe, sym[pos].id, sym[next].id);
     if (m)
-        tok_heap_push(heap, nh, (struct tok_merge){.rank = m->rank, .pos = (uint32_t)pos,
-                                                   .id = m->id});
+        tok_heap_push(heap, nh,
+                      (struct tok_merge){.rank = m->rank, .pos = (uint32_t)pos, .id = m->id});
 }
 
 static void tok_merge_all(const tok_bpe_t *bpe, struct tok_sym *sym, size_t ns,
@@ -505,7 +505,6 @@ svc_err_t tok_bpe_encode(const tok_bpe_t *bpe, const char *w, size_t n, eng_ids_
  * Loading model.* of tokenizer.json
  * ====================================================================== */
 
-
 static svc_err_t tok_check_model_options(const tok_src_t *src, const json_t *m, bool *ignore) {
     const json_t *type = json_object_get(m, "type");
     if (type && (!json_is_string(type) || strcmp(json_string_value(type), "BPE") != 0))
@@ -558,8 +557,8 @@ static svc_err_t tok_load_vocab(tok_bpe_t *bpe, const tok_src_t *src, const json
         int32_t clash;
         err = tok_bpe_add_token(bpe, key, strlen(key), (int32_t)id, &clash);
         if (err) {
-            err = tok_fail(src, err, "model.vocab[\"%s\"]: cannot add (duplicate or no memory)",
-                           key);
+            err =
+                tok_fail(src, err, "model.vocab[\"%s\"]: cannot add (duplicate or no memory)", key);
             break;
         }
     }
@@ -605,8 +604,8 @@ static svc_err_t tok_load_merges(tok_bpe_t *bpe, const tok_src_t *src, const jso
         const char *a, *b;
         size_t      an, bn;
         if (!tok_merge_parts(e, &a, &an, &b, &bn))
-            return tok_fail(src, SVC_ERR_FORMAT, "model.merges[%zu] is not \"a b\" or [\"a\", \"b\"]",
-                            i);
+            return tok_fail(src, SVC_ERR_FORMAT,
+                            "model.merges[%zu] is not \"a b\" or [\"a\", \"b\"]", i);
         int       bad = -1;
         svc_err_t err = tok_bpe_add_merge(bpe, a, an, b, bn, (uint32_t)i, &bad);
         if (err == SVC_ERR_INVALID && bad < 2)
@@ -632,4 +631,3 @@ svc_err_t tok_bpe_load(tok_bpe_t *bpe, const tok_src_t *src, const json_t *root)
         err = tok_load_merges(bpe, src, json_object_get(m, "merges"));
     return err;
 }
-

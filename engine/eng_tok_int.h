@@ -63,7 +63,7 @@ typedef struct tok_merge_slot {
 typedef struct tok_cache tok_cache_t;
 
 typedef struct tok_bpe {
-    tok_smap_t        vocab;      /* token (as in the file) -> id */
+    tok_smap_t        vocab; /* token (as in the file) -> id */
     size_t            n_ids; /* largest vocab id + 1 */
     tok_merge_slot_t *merges;
     size_t            merge_mask;
@@ -119,8 +119,7 @@ bool tok_is_word(uint32_t c);
 
 /* NFC of s: *res is s itself when s is already NFC-stable by a quick scan,
  * else out->data (replaced), valid until out changes. */
-SVC_WUR svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res,
-                          size_t *res_n);
+SVC_WUR svc_err_t tok_nfc(const char *s, size_t n, svc_buf_t *out, const char **res, size_t *res_n);
 
 typedef enum tok_split_behavior {
     TOK_SPLIT_REMOVED = 0,
@@ -173,7 +172,6 @@ SVC_WUR svc_err_t tok_split(const tok_step_t *st, pcre2_match_data *md, const ch
                             tok_ranges_t *r);
 /* GPT-2 byte-to-unicode mapping of s, appended to out. */
 SVC_WUR svc_err_t tok_byte_level_map(const char *s, size_t n, svc_buf_t *out);
-
 
 /* ======================================================================
  * The tokenizer, added tokens and their tries
@@ -228,7 +226,7 @@ typedef struct tok_asplits {
     size_t        cap;
 } tok_asplits_t;
 
-void              tok_trie_init(tok_trie_t *t);
+void tok_trie_init(tok_trie_t *t);
 /* Adds pattern s -> token (index into tok->added). */
 SVC_WUR svc_err_t tok_trie_add(tok_trie_t *t, const char *s, size_t n, int32_t token);
 /* AddedVocabulary::find_matches: splits s into text pieces (id -1) and

@@ -11,8 +11,8 @@
  *   3. pre-tokenizer steps (Split, ByteLevel) cut the pieces further;
  *   4. BPE turns each piece into ids.
  *
- * Loading lives in eng_tok_load.c-style helpers below; the JSON is read with
- * jansson and every refusal names the file and the entry.
+ * The JSON is read with jansson; every refusal names the file and the entry
+ * (model.* is read in eng_bpe.c, the added-token tries live in eng_pretok.c).
  */
 #include "eng_tok_int.h"
 
@@ -234,7 +234,7 @@ void eng_tokenizer_free(eng_tokenizer_t *tok) {
 }
 
 /* ======================================================================
- * Building (called by the loader in eng_tok_load section below)
+ * Building (called by the loader below)
  * ====================================================================== */
 
 /* The id upstream's AddedVocabulary::add_tokens gives a new token. */
@@ -338,8 +338,8 @@ static svc_err_t tok_read_json(const tok_src_t *src, json_t **out) {
 }
 
 /* An optional boolean: absent or null gives def; another type fails. */
-svc_err_t tok_get_bool(const tok_src_t *src, const json_t *obj, const char *key,
-                              const char *where, bool def, bool *out) {
+svc_err_t tok_get_bool(const tok_src_t *src, const json_t *obj, const char *key, const char *where,
+                       bool def, bool *out) {
     const json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         *out = def;
@@ -350,7 +350,6 @@ svc_err_t tok_get_bool(const tok_src_t *src, const json_t *obj, const char *key,
     *out = json_is_true(v);
     return SVC_OK;
 }
-
 
 /* ---- normalizer and pre-tokenizer ---- */
 
@@ -410,8 +409,8 @@ static svc_err_t tok_load_split(eng_tokenizer_t *tok, const tok_src_t *src, cons
     const json_t      *lit = json_object_get(pat, "String");
     const json_t      *s = rx ? rx : lit;
     if (!json_is_string(s))
-        return tok_fail(src, SVC_ERR_FORMAT, "%s.pattern is not {\"Regex\": ...} or {\"String\": ...}",
-                        where);
+        return tok_fail(src, SVC_ERR_FORMAT,
+                        "%s.pattern is not {\"Regex\": ...} or {\"String\": ...}", where);
     const char *bh = json_string_value(json_object_get(p, "behavior"));
     tok_step_t  st = {.kind = TOK_STEP_SPLIT, .behavior = 99};
     for (int i = 0; bh && i < 5; i++)
@@ -422,8 +421,8 @@ static svc_err_t tok_load_split(eng_tokenizer_t *tok, const tok_src_t *src, cons
                         bh ? bh : "(missing)");
     svc_err_t err = tok_get_bool(src, p, "invert", where, false, &st.invert);
     if (!err)
-        err = tok_compile(src, json_string_value(s), json_string_length(s), s == lit, where,
-                          &st.re);
+        err =
+            tok_compile(src, json_string_value(s), json_string_length(s), s == lit, where, &st.re);
     return err ? err : tok_add_step(tok, src, st, where);
 }
 
@@ -504,9 +503,10 @@ static svc_err_t tok_add_checked(eng_tokenizer_t *tok, const tok_src_t *src, tok
                             at->content, (long long)want, tok->added[i].content);
     int32_t id = tok_next_added_id(tok, at->content, at->n);
     if (id != want)
-        return tok_fail(src, SVC_ERR_FORMAT,
-                        "%s \"%s\" has id %lld but would get id %d (ids must follow the vocabulary)",
-                        where, at->content, (long long)want, (int)id);
+        return tok_fail(
+            src, SVC_ERR_FORMAT,
+            "%s \"%s\" has id %lld but would get id %d (ids must follow the vocabulary)", where,
+            at->content, (long long)want, (int)id);
     if (tok_add_token(tok, at, id))
         return tok_fail(src, SVC_ERR_NOMEM, "out of memory");
     return SVC_OK;
@@ -525,8 +525,7 @@ static svc_err_t tok_load_added(eng_tokenizer_t *tok, const tok_src_t *src, cons
         const json_t *c = json_object_get(e, "content");
         const json_t *id = json_object_get(e, "id");
         if (!json_is_string(c) || !json_is_integer(id) || json_integer_value(id) < 0)
-            return tok_fail(src, SVC_ERR_FORMAT, "%s needs a string content and an id >= 0",
-                            where);
+            return tok_fail(src, SVC_ERR_FORMAT, "%s needs a string content and an id >= 0", where);
         tok_added_t at = {.content = (char *)json_string_value(c), .n = json_string_length(c)};
         svc_err_t   err = tok_read_flags(src, e, where, false, &at);
         if (err)
@@ -566,8 +565,8 @@ static svc_err_t tok_config_added(eng_tokenizer_t *tok, const tok_src_t *src, co
         char     *end = NULL;
         long long id = strtoll(key, &end, 10);
         if (!*key || *end || id < 0 || id >= TOK_MAX_ID) {
-            err = tok_fail(src, SVC_ERR_FORMAT, "added_tokens_decoder[\"%s\"]: the key is not an id",
-                           key);
+            err = tok_fail(src, SVC_ERR_FORMAT,
+                           "added_tokens_decoder[\"%s\"]: the key is not an id", key);
             break;
         }
         ids[k++] = id;

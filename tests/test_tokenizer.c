@@ -140,8 +140,8 @@ static size_t run_golden(const char *dir, const char *golden, eng_tok_mode_t mod
     snprintf(jp, sizeof jp, "%s/tokenizer.json", dir);
     snprintf(cp, sizeof cp, "%s/tokenizer_config.json", dir);
     eng_tokenizer_t *tok = NULL;
-    svc_err_t        rc = eng_tokenizer_load(jp, mode == ENG_TOK_UPSTREAM ? cp : NULL, mode, &tok,
-                                             err, sizeof err);
+    svc_err_t        rc =
+        eng_tokenizer_load(jp, mode == ENG_TOK_UPSTREAM ? cp : NULL, mode, &tok, err, sizeof err);
     cr_assert_eq(rc, SVC_OK, "%s: load failed: %s", golden, err);
     FILE *f = fopen(golden, "r");
     cr_assert_not_null(f);
@@ -189,8 +189,9 @@ static void golden(const char *name, const char *mode_name, eng_tok_mode_t mode)
     const char *dir = NULL;
     if (strcmp(name, "qwen3") == 0) {
         dir = qwen3_dir();
-        cr_assert_not_null(dir, "the Qwen3 tokenizer is missing (D3_QWEN3_DIR=\"%s\"): run "
-                                "tests/tools/fetch_qwen3_tokenizer.sh",
+        cr_assert_not_null(dir,
+                           "the Qwen3 tokenizer is missing (D3_QWEN3_DIR=\"%s\"): run "
+                           "tests/tools/fetch_qwen3_tokenizer.sh",
                            getenv("D3_QWEN3_DIR") ? getenv("D3_QWEN3_DIR") : "");
     } else {
         dir = D3_SOURCE_DIR "/tests/fixtures/qwen35-mini";
@@ -202,9 +203,8 @@ static void golden(const char *name, const char *mode_name, eng_tok_mode_t mode)
 }
 
 Test(tokenizer, qwen3_tokenizer_present) {
-    cr_assert_not_null(qwen3_dir(),
-                       "the Qwen3 tokenizer is missing (D3_QWEN3_DIR): run "
-                       "tests/tools/fetch_qwen3_tokenizer.sh");
+    cr_assert_not_null(qwen3_dir(), "the Qwen3 tokenizer is missing (D3_QWEN3_DIR): run "
+                                    "tests/tools/fetch_qwen3_tokenizer.sh");
 }
 
 Test(tokenizer, golden_qwen3_upstream, .timeout = 120) {
@@ -264,10 +264,10 @@ Test(tokenizer, ignore_merges) {
 Test(tokenizer, nfc_normalizer) {
     const char *v = "{\"a\":0,\"b\":1,\" \":2,\"x\":3,\"\\u00e9\":4,\"e\":5}";
     char       *j1 = tok_json(v, "[]", "[]", "{\"type\": \"NFC\"}", "null", "");
-    char       *j2 = tok_json(v, "[]", "[]",
-                              "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}",
-                              "null", "");
-    char       *j3 = tok_json(v, "[]", "[]", "null", "null", "");
+    char       *j2 =
+        tok_json(v, "[]", "[]", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}",
+                 "null", "");
+    char            *j3 = tok_json(v, "[]", "[]", "null", "null", "");
     eng_tokenizer_t *t1 = load_ok(j1, NULL, ENG_TOK_AS_IS);
     eng_tokenizer_t *t2 = load_ok(j2, NULL, ENG_TOK_AS_IS);
     eng_tokenizer_t *t3 = load_ok(j3, NULL, ENG_TOK_AS_IS);
@@ -294,8 +294,8 @@ static eng_tokenizer_t *added_tok(const char *added, const char *norm) {
 }
 
 Test(tokenizer, added_lstrip_rstrip) {
-    eng_tokenizer_t *lr = added_tok("[" AT(6, "<m>", ", \"lstrip\": true, \"rstrip\": true") "]",
-                                    "null");
+    eng_tokenizer_t *lr =
+        added_tok("[" AT(6, "<m>", ", \"lstrip\": true, \"rstrip\": true") "]", "null");
     eng_tokenizer_t *l = added_tok("[" AT(6, "<m>", ", \"lstrip\": true") "]", "null");
     EXPECT(lr, "a  <m>  b", 0, 6, 1);
     EXPECT(l, "a  <m>  b", 0, 6, 2, 2, 1);
@@ -317,8 +317,8 @@ Test(tokenizer, added_normalized) {
     char *j1 = tok_json(V_NORM, "[]",
                         "[" AT(5, "\\u00e9", ", \"normalized\": true, \"special\": false") "]",
                         "{\"type\": \"NFC\"}", "null", "");
-    char *j2 = tok_json(V_NORM, "[]", "[" AT(5, "\\u00e9", "") "]", "{\"type\": \"NFC\"}", "null",
-                        "");
+    char *j2 =
+        tok_json(V_NORM, "[]", "[" AT(5, "\\u00e9", "") "]", "{\"type\": \"NFC\"}", "null", "");
     eng_tokenizer_t *t1 = load_ok(j1, NULL, ENG_TOK_AS_IS);
     eng_tokenizer_t *t2 = load_ok(j2, NULL, ENG_TOK_AS_IS);
     EXPECT(t1, "e\xcc\x81 \xc3\xa9", 5, 2, 5);
@@ -393,11 +393,11 @@ Test(tokenizer, split_behaviors) {
 }
 
 Test(tokenizer, split_regex_and_sequence) {
-    char *j = tok_json(V_SPLIT, M_SPLIT, "[]", "null",
-                       "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\","
-                       " \"pattern\": {\"Regex\": \"-+\"}, \"behavior\": \"Isolated\","
-                       " \"invert\": false}]}",
-                       "");
+    char            *j = tok_json(V_SPLIT, M_SPLIT, "[]", "null",
+                                  "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\","
+                                             " \"pattern\": {\"Regex\": \"-+\"}, \"behavior\": \"Isolated\","
+                                             " \"invert\": false}]}",
+                                  "");
     eng_tokenizer_t *t = load_ok(j, NULL, ENG_TOK_AS_IS);
     EXPECT(t, "a-b--ab-", 0, 2, 1, 5, 7, 2);
     eng_tokenizer_free(t);
@@ -405,15 +405,15 @@ Test(tokenizer, split_regex_and_sequence) {
 }
 
 Test(tokenizer, byte_level_prefix_and_regex) {
-    const char *v = "{\"\\u0120\":0,\"a\":1,\"b\":2,\"\\u0120a\":3}";
-    char       *j1 = tok_json(v, "[\"\\u0120 a\"]", "[]", "null",
-                              "{\"type\": \"ByteLevel\", \"add_prefix_space\": true,"
-                              " \"trim_offsets\": false, \"use_regex\": true}",
-                              "");
-    char       *j2 = tok_json(v, "[\"\\u0120 a\"]", "[]", "null",
-                              "{\"type\": \"ByteLevel\", \"add_prefix_space\": false,"
-                              " \"trim_offsets\": false, \"use_regex\": true}",
-                              "");
+    const char      *v = "{\"\\u0120\":0,\"a\":1,\"b\":2,\"\\u0120a\":3}";
+    char            *j1 = tok_json(v, "[\"\\u0120 a\"]", "[]", "null",
+                                   "{\"type\": \"ByteLevel\", \"add_prefix_space\": true,"
+                                              " \"trim_offsets\": false, \"use_regex\": true}",
+                                   "");
+    char            *j2 = tok_json(v, "[\"\\u0120 a\"]", "[]", "null",
+                                   "{\"type\": \"ByteLevel\", \"add_prefix_space\": false,"
+                                              " \"trim_offsets\": false, \"use_regex\": true}",
+                                   "");
     eng_tokenizer_t *t1 = load_ok(j1, NULL, ENG_TOK_AS_IS);
     eng_tokenizer_t *t2 = load_ok(j2, NULL, ENG_TOK_AS_IS);
     EXPECT(t1, "a a", 3, 3);
@@ -447,10 +447,10 @@ static char *config_json(const char *cls, const char *extra, const char *decoder
 
 Test(tokenizer, upstream_config_tokens) {
     /* The file's own pre-tokenizer (Metaspace) is ignored in UPSTREAM mode. */
-    char *j = tok_json(V_UP, "[\"\\u0120 a\"]", "[" AT(6, "<|e|>", "") "]", "null",
-                       "{\"type\": \"Metaspace\"}", "");
-    char *c = config_json("Qwen2TokenizerFast", "\"pad_token\": \"<|e|>\",",
-                          DEC(6, "<|e|>") ", " DEC(8, "<|z|>") ", " DEC(7, "<|y|>"));
+    char            *j = tok_json(V_UP, "[\"\\u0120 a\"]", "[" AT(6, "<|e|>", "") "]", "null",
+                                  "{\"type\": \"Metaspace\"}", "");
+    char            *c = config_json("Qwen2TokenizerFast", "\"pad_token\": \"<|e|>\",",
+                                     DEC(6, "<|e|>") ", " DEC(8, "<|z|>") ", " DEC(7, "<|y|>"));
     eng_tokenizer_t *t = load_ok(j, c, ENG_TOK_UPSTREAM);
     EXPECT(t, "a a<|y|>b<|z|> <|e|>", 1, 3, 7, 2, 8, 0, 6);
     cr_assert_eq(eng_tokenizer_n_ids(t), 9);
@@ -523,11 +523,12 @@ Test(tokenizer, bad_files) {
         {"[]", "[]", "null", "null", "\"byte_fallback\": true,", "model.byte_fallback"},
         {"[]", "[]", "null", "null", "\"continuing_subword_prefix\": \"##\",",
          "model.continuing_subword_prefix"},
-        {"[]", "[]", "null", "null", "\"ignore_merges\": 1,", "model.ignore_merges is not a boolean"},
+        {"[]", "[]", "null", "null", "\"ignore_merges\": 1,",
+         "model.ignore_merges is not a boolean"},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        char *j = tok_json(v, rows[i].merges, rows[i].added, rows[i].norm, rows[i].pre,
-                           rows[i].extra);
+        char *j =
+            tok_json(v, rows[i].merges, rows[i].added, rows[i].norm, rows[i].pre, rows[i].extra);
         const char *e = load_err(j, NULL, ENG_TOK_AS_IS, NULL);
         cr_assert(strstr(e, "tokenizer.json \"/tmp/d3tok."), "row %zu: %s", i, e);
         cr_assert(strstr(e, rows[i].needle), "row %zu: %s", i, e);
@@ -563,8 +564,8 @@ Test(tokenizer, bad_vocab_and_json) {
     }
     char             err[512] = "";
     eng_tokenizer_t *tok = NULL;
-    svc_err_t        rc = eng_tokenizer_load("/nonexistent/tokenizer.json", NULL, ENG_TOK_AS_IS,
-                                             &tok, err, sizeof err);
+    svc_err_t rc = eng_tokenizer_load("/nonexistent/tokenizer.json", NULL, ENG_TOK_AS_IS, &tok, err,
+                                      sizeof err);
     cr_assert_eq(rc, SVC_ERR_IO);
     cr_assert_null(tok);
     cr_assert(strstr(err, "tokenizer.json \"/nonexistent/tokenizer.json\": open() failed"), "%s",

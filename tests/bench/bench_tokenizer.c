@@ -14,18 +14,27 @@
 #include <time.h>
 
 static const char *prose[] = {
-    "The",    " quick",   " brown",  " fox",   " jumps",     " over",    " the",      " lazy",
-    " dog",   ".",        " It's",   " what",  " they'll",   " never",   " expect",   ",",
-    " and",   " we're",   " ready",  " for",   " tokenization", " benchmarks", " in",  " 2025",
-    "!",      "\n",       " Semantic", " routing", " decisions", " require", " careful", " reading",
+    "The",         " quick",   " brown",   " fox",     " jumps", " over",     " the",
+    " lazy",       " dog",     ".",        " It's",    " what",  " they'll",  " never",
+    " expect",     ",",        " and",     " we're",   " ready", " for",      " tokenization",
+    " benchmarks", " in",      " 2025",    "!",        "\n",     " Semantic", " routing",
+    " decisions",  " require", " careful", " reading",
 };
 static const char *code[] = {
-    "int",  " main", "(void)", " {", "\n    ", "return", " 0;", "\n}", "\n", "for (size_t i = 0;",
-    " i < n;", " i++)", " x->y", " += ", "0x7f", ";", "  // comment", "#include <stdio.h>",
+    "int",          " main",
+    "(void)",       " {",
+    "\n    ",       "return",
+    " 0;",          "\n}",
+    "\n",           "for (size_t i = 0;",
+    " i < n;",      " i++)",
+    " x->y",        " += ",
+    "0x7f",         ";",
+    "  // comment", "#include <stdio.h>",
 };
-static const char *cjk[] = {"你好", "世界", "，", "这是", "一个", "测试", "。", "日本語", "の",
-                            "テキスト", "한국어", "문장", "입니다", "\n"};
-static const char *emoji[] = {"😀", "👍🏽", "👨‍👩‍👧‍👦", "🇫🇷", "❤️", " ", "🎉🎉", "✨"};
+static const char *cjk[] = {"你好",   "世界", "，",       "这是",   "一个", "测试",   "。",
+                            "日本語", "の",   "テキスト", "한국어", "문장", "입니다", "\n"};
+static const char *emoji[] = {"😀",  "👍🏽", "👨‍👩‍👧‍👦", "🇫🇷", "❤️", " ",
+                              "🎉🎉", "✨"};
 static const char *special[] = {"<|im_start|>", "<|im_end|>", "user\n", "assistant\n"};
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
