@@ -35,4 +35,174 @@ const npu_features_t *npu_probe(void);
 /* Writes "avx512f avx512_vnni amx_int8 ..." (the features present). */
 SVC_WUR svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out);
 
+/* ------------------------------------------------------------------------
+ * Reference kernels (npu_ref.c, npu_ref_delta.c)
+ *
+ * Scalar fp32 kernels for the Qwen3.5 text tower, written for clarity and
+ * accuracy, not speed: the fast paths (AVX-512, AMX, XDNA) are checked
+ * against them. The math follows Hugging Face transformers
+ * models/qwen3_5/modeling_qwen3_5.py; each function names the function it
+ * reproduces.
+ *
+ * Conventions:
+ *  - Tensors are fp32, row-major and contiguous. "x is (T, H, D)" means T
+ *    tokens, each H heads of D floats: x[(t * H + h) * D + d].
+ *  - Every kernel takes a whole block of T tokens; T may be 0 (no-op).
+ *  - Reductions accumulate in double, so a reference result is within a
+ *    few fp32 ulps of the exact value; fast kernels need looser tolerances.
+ *  - Arguments are not validated beyond SVC_ASSERT on invariants (a wrong
+ *    shape is a bug in the caller). Kernels that need scratch memory
+ *    malloc it once per call and return SVC_ERR_NOMEM if that fails;
+ *    the others return void.
+ *  - Outputs must not alias inputs unless the function says they may.
+ *  - Thread-safety: all are reentrant (no global state).
+ * ------------------------------------------------------------------------ */
+
+/* bf16 <-> fp32. bf16 is the top 16 bits of an IEEE fp32. To bf16 rounds to
+ * nearest even, as torch's .to(torch.bfloat16); NaN stays a (quiet) NaN. */
+static inline float npu_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float    f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+uint16_t npu_f32_to_bf16(float f);
+
+/* RMSNorm over the last dimension (Qwen3_5RMSNorm).
+ * x is (T, D), w is (D), out is (T, D); out may equal x.
+ * out = x / sqrt(mean(x^2) + eps) * (one_plus_w ? 1 + w : w).
+ * Qwen3.5's decoder norms (input_layernorm, post_attention_layernorm, the
+ * final norm, q_norm, k_norm) store w zero-centred: pass one_plus_w = true.
+ * For q_norm/k_norm pass T = tokens * heads and D = head_dim. */
+void npu_rmsnorm_ref(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
+                     bool one_plus_w);
+
+/* Gated RMSNorm, the Gated DeltaNet output norm (Qwen3_5RMSNormGated).
+ * x, z are (T, D), w is (D), out is (T, D); out may equal x or z.
+ * out = x / sqrt(mean(x^2) + eps) * w * silu(z), with the PLAIN weight w
+ * (transformers initialises it to ones, not zeros). T = tokens * value
+ * heads, D = linear_value_head_dim. */
+void npu_rmsnorm_gated_ref(const float *x, const float *z, const float *w, size_t T, size_t D,
+                           float eps, float *out);
+
+/* out = x w^T (nn.Linear without bias), double accumulation.
+ * x is (T, K), w is (N, K) (torch's Linear.weight layout), out is (T, N). */
+void npu_matmul_ref(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
+
+/* The same with w stored as bf16 rows: w is (N, K) uint16_t bf16 bits. */
+void npu_matmul_bf16_ref(const float *x, const uint16_t *w, size_t T, size_t K, size_t N,
+                         float *out);
+
+/* Rotary position embedding, in place, HF rotate_half convention with
+ * partial rotation (apply_rotary_pos_emb in modeling_qwen3_5.py).
+ * x is (T, H, head_dim), pos is (T).
+ * Only the first rot_dim (even, <= head_dim) values of each head rotate;
+ * with half = rot_dim / 2, for i < half:
+ *   inv_freq[i] = theta^(-2i / rot_dim), a = pos * inv_freq[i],
+ *   x[i]        = x[i] cos a - x[i + half] sin a,
+ *   x[i + half] = x[i + half] cos a + x[i] sin a.
+ * Qwen3.5: head_dim 256, partial_rotary_factor 0.25 -> rot_dim 64. */
+void npu_rope_ref(float *x, const int32_t *pos, size_t T, size_t H, size_t head_dim, size_t rot_dim,
+                  float theta);
+
+/* Multimodal rope (Qwen3_5TextRotaryEmbedding), in place.
+ * x is (T, H, head_dim), pos3 is (T, 3): per token the temporal, height
+ * and width position ids (for text all three are equal, and the result is
+ * exactly npu_rope_ref). section[3] is mrope_section (Qwen3.5: 11, 11, 10;
+ * the sum must be rot_dim / 2). Frequency i (< rot_dim / 2) takes its
+ * angle from one of the three position ids:
+ *  - interleaved (Qwen3.5, recomposition_frequencies): i % 3 == 1 and
+ *    i < 3 * section[1] -> height; i % 3 == 2 and i < 3 * section[2] ->
+ *    width; otherwise temporal.
+ *  - not interleaved (Qwen2-VL layout): the first section[0] frequencies
+ *    temporal, the next section[1] height, the rest width.
+ * The rotation itself is as in npu_rope_ref. */
+void npu_mrope_ref(float *x, const int32_t *pos3, size_t T, size_t H, size_t head_dim,
+                   size_t rot_dim, float theta, const int section[3], bool interleaved);
+
+/* Multi-head attention with grouped KV heads (eager_attention_forward +
+ * repeat_kv), softmax(q k^T / sqrt(head_dim)) v, computed with an online
+ * softmax over blocks of keys: no Tq x Tk matrix, scratch O(head_dim).
+ * q is (Tq, n_heads, head_dim); k, v are (Tk, n_kv_heads, head_dim);
+ * out is (Tq, n_heads, head_dim). Query head h uses KV head
+ * h / (n_heads / n_kv_heads) (repeat_kv is repeat_interleave).
+ * Tq <= Tk: the queries are the LAST Tq of the Tk positions (a shared
+ * prefix already in k, v). causal: query i sees key j iff
+ * j <= i + (Tk - Tq). key_mask (Tk) or NULL: key j takes part iff
+ * key_mask[j] != 0 (padding). A query that sees no key gets zeros.
+ * Qwen3.5's gated attention multiplies out by sigmoid(gate) afterwards;
+ * that is the caller's. Returns SVC_ERR_NOMEM if scratch cannot be had. */
+SVC_WUR svc_err_t npu_attention_ref(const float *q, const float *k, const float *v, size_t Tq,
+                                    size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                    bool causal, const uint8_t *key_mask, float *out);
+
+/* The same by the textbook formula (a full Tq x Tk score matrix per head).
+ * Tests only: memory O(Tq * Tk). */
+SVC_WUR svc_err_t npu_attention_naive(const float *q, const float *k, const float *v, size_t Tq,
+                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                      bool causal, const uint8_t *key_mask, float *out);
+
+/* Depthwise causal conv over time, then SiLU: the Gated DeltaNet's conv1d
+ * (causal_conv1d_fn: F.conv1d with groups = channels, padding K - 1, the
+ * first T outputs kept; Qwen3.5 has bias=False, so there is no bias).
+ * x is (T, C), w is (C, K) (conv1d.weight (C, 1, K) squeezed), out is
+ * (T, C):  out[t][c] = silu(sum_i w[c][i] * x[t - (K - 1) + i][c]).
+ * state_in is (K - 1, C) or NULL: the K - 1 inputs before x[0] (oldest
+ * first; NULL = zeros, a fresh sequence). state_out is (K - 1, C) or NULL:
+ * receives the last K - 1 inputs of the history + x, for the next block;
+ * it may equal state_in. Qwen3.5: K = linear_conv_kernel_dim = 4,
+ * C = 2 * key_dim + value_dim (q, k, v channels in that order). */
+void npu_conv1d_causal_silu_ref(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                const float *state_in, float *state_out, float *out);
+
+/* L2 normalisation per row (l2norm in modeling_qwen3_5.py, as FLA):
+ * out = x / sqrt(sum(x^2) + eps). Note eps is added to the SUM of squares
+ * (not max(norm, eps)); transformers uses eps = 1e-6.
+ * x, out are (T, D); out may equal x. For q or k of the Gated DeltaNet pass
+ * T = tokens * linear_num_key_heads, D = linear_key_head_dim. */
+void npu_l2norm_ref(const float *x, size_t T, size_t D, float eps, float *out);
+
+/* The MLP activation (Qwen3_5MLP): out = silu(gate) * up.
+ * gate, up, out are (T, F); out may equal gate or up. */
+void npu_silu_mul_ref(const float *gate, const float *up, size_t T, size_t F, float *out);
+
+/* Gated delta rule, token by token: the oracle, as transformers'
+ * torch_recurrent_gated_delta_rule. Per value head h, with state S (dk, dv):
+ *   S     = S * exp(g[t][h])
+ *   delta = beta[t][h] * (v[t][h] - k^T S)
+ *   S     = S + k delta^T
+ *   out   = (q / sqrt(dk))^T S
+ * q, k are (T, n_k_heads, dk) and must ALREADY be L2-normalised
+ * (npu_l2norm_ref, eps 1e-6: Qwen3.5 calls the kernel with
+ * use_qk_l2norm_in_kernel=True); the 1/sqrt(dk) query scale is applied
+ * here. v is (T, n_v_heads, dv); g (log decay, <= 0) and beta (in (0, 1))
+ * are (T, n_v_heads), already computed by the caller
+ * (g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)).
+ * Grouped value heads: n_v_heads is a multiple of n_k_heads and value head
+ * h reads q/k head h / (n_v_heads / n_k_heads) (repeat_interleave).
+ * state_in is (n_v_heads, dk, dv) or NULL (zeros); state_out is
+ * (n_v_heads, dk, dv) or NULL; it may equal state_in. out is
+ * (T, n_v_heads, dv). The state is carried in double inside the call. */
+SVC_WUR svc_err_t npu_delta_rule_recurrent_ref(const float *q, const float *k, const float *v,
+                                               const float *g, const float *beta, size_t T,
+                                               size_t n_k_heads, size_t n_v_heads, size_t dk,
+                                               size_t dv, const float *state_in, float *state_out,
+                                               float *out);
+
+/* Chunk size of npu_delta_rule_chunked_ref (torch_chunk_gated_delta_rule's
+ * default, which Qwen3.5 uses). */
+#define NPU_DELTA_CHUNK 64
+
+/* The same result computed in chunks of NPU_DELTA_CHUNK tokens in matrix
+ * form, as torch_chunk_gated_delta_rule (UT transform by forward
+ * substitution inside a chunk, one state update per chunk). Same arguments
+ * and contract as npu_delta_rule_recurrent_ref; agrees with it to ~1e-5
+ * relative (intermediates in double). This is the structure the fast
+ * kernels follow for prefill. */
+SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, const float *v,
+                                             const float *g, const float *beta, size_t T,
+                                             size_t n_k_heads, size_t n_v_heads, size_t dk,
+                                             size_t dv, const float *state_in, float *state_out,
+                                             float *out);
+
 #endif /* D3STREAM_NPU_H */
