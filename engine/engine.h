@@ -153,4 +153,78 @@ size_t eng_image_tokens(uint32_t width, uint32_t height);
 /* The fallback question text when a question has no instructions. */
 #define ENG_PROMPT_FALLBACK_INSTRUCTIONS "Choose the best matching option."
 
+/* ======================================================================
+ * Text tower (issue 3): the Qwen3.5 text tower in fp32 on the reference
+ * kernels (npu_*_ref), and the code readout (SPEC d.4-d.7).
+ *
+ * Usage:
+ *
+ *     eng_model_t *m = NULL;
+ *     if (eng_model_load(dir, &m, errstr, sizeof errstr))
+ *         die(errstr);
+ *     float *h = malloc(eng_model_hidden_size(m) * sizeof *h);
+ *     eng_model_forward(m, ids, T, noncausal, h, NULL, NULL, errstr, sizeof errstr);
+ *     eng_readout_probs(m, h, n_options, temperature, probs);
+ *     eng_model_free(m);
+ *
+ * Thread-safety: a loaded model is immutable; forward passes may run
+ * concurrently (each allocates its own activations).
+ * ====================================================================== */
+
+typedef struct eng_model eng_model_t;
+
+/**
+ * @brief Loads the text tower of an upstream package directory:
+ *        config.json (text_config), model.safetensors (text tensors under
+ *        "model.language_model." or "language_model."; vision tensors are
+ *        ignored) and readout.safetensors (`weight` [255, hidden_size]).
+ *        Every tensor is checked (presence, dtype BF16/F16/F32, shape) and
+ *        converted to fp32 once; no file stays mapped afterwards.
+ * @param errstr on failure one line naming the file and the key or tensor,
+ *        e.g. `model.safetensors "d/model.safetensors": tensor
+ *        "model.language_model.norm.weight": shape [65], expected [64]`.
+ * @returns SVC_OK with *out (free with eng_model_free); SVC_ERR_IO,
+ *          SVC_ERR_FORMAT, SVC_ERR_UNSUPPORTED, SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr,
+                                 size_t errstr_size);
+/* Frees everything the model owns. NULL is a no-op. */
+void eng_model_free(eng_model_t *m);
+
+size_t eng_model_hidden_size(const eng_model_t *m);
+
+/* Called by eng_model_forward after the embeddings (layer -1) and after each
+ * decoder layer 0..L-1 with the residual stream state, (T, hidden), valid
+ * only during the call. */
+typedef void (*eng_trace_fn)(int layer, const float *state, size_t T, size_t hidden, void *user);
+
+/**
+ * @brief One forward pass of the text tower over ids[0..T-1] at positions
+ *        0..T-1 (a single unpadded row, SPEC d.2).
+ * @param noncausal SPEC d.3 noncausal_full_attention: the full-attention
+ *        layers see every token; the linear-attention layers stay causal.
+ * @param final_last hidden_size floats: the final-norm output at T-1.
+ * @param trace optional (NULL); see eng_trace_fn.
+ * @returns SVC_OK; SVC_ERR_INVALID (T == 0, an id outside the vocabulary)
+ *          or SVC_ERR_NOMEM, with errstr.
+ * @remark Memory O(T * the widest projection); never T x T.
+ */
+SVC_WUR svc_err_t eng_model_forward(const eng_model_t *m, const int32_t *ids, size_t T,
+                                    bool noncausal, float *final_last, eng_trace_fn trace,
+                                    void *user, char *errstr, size_t errstr_size);
+
+/* The 255 readout logits, fp32 (SPEC d.5 float32 path): logits[i] =
+ * hidden . W_i. hidden is hidden_size floats. */
+void eng_readout_logits(const eng_model_t *m, const float *hidden, float logits[ENG_N_CODES]);
+
+/**
+ * @brief Option probabilities (SPEC d.5-d.7, b.2): logits, rows >= n_options
+ *        set to -inf, divided by temperature, softmax over all 255, the
+ *        first n_options kept and renormalised in double.
+ * @returns SVC_OK; SVC_ERR_INVALID when n_options is not in 1..255 or the
+ *          temperature is not positive and finite.
+ */
+SVC_WUR svc_err_t eng_readout_probs(const eng_model_t *m, const float *hidden, size_t n_options,
+                                    double temperature, double *probs);
+
 #endif /* D3STREAM_ENGINE_H */

@@ -1,0 +1,507 @@
+/*
+ * eng_model.c -- loads the Qwen3.5 text tower of an upstream package
+ * (SPEC e.1, e.6): config.json text_config, model.safetensors, and the
+ * code readout (readout.safetensors, SPEC d.5), and computes the readout
+ * probabilities (SPEC d.5-d.7, b.2).
+ *
+ * Weights are checked against the config (presence, dtype, shape) and
+ * converted to fp32 once here ("repack at load"), so the forward pass never
+ * looks at a file and the mappings are closed before eng_model_load
+ * returns. Messages name the file and the key or tensor at fault.
+ */
+#include "eng_model_int.h"
+#include "eng_st_int.h"
+
+#include <jansson.h>
+#include <math.h>
+
+/* ---------------------------------------------------------------------
+ * config.json
+ * --------------------------------------------------------------------- */
+
+#define CFG "config.json"
+
+typedef struct cfg_ctx {
+    const char *path;
+    char       *errstr;
+    size_t      errstr_size;
+} cfg_ctx_t;
+
+SVC_FMT(2, 3) static svc_err_t cfg_fail(const cfg_ctx_t *c, const char *fmt, ...) {
+    char    msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    svc_errf(c->errstr, c->errstr_size, CFG " \"%s\": %s", c->path, msg);
+    return SVC_ERR_FORMAT;
+}
+
+/* text_config.<key>: a positive integer (a count or a width). */
+static svc_err_t cfg_size(const cfg_ctx_t *c, const json_t *tc, const char *key, size_t *out) {
+    const json_t *v = json_object_get(tc, key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 24))
+        return cfg_fail(c, "text_config.%s must be a positive integer", key);
+    *out = (size_t)json_integer_value(v);
+    return SVC_OK;
+}
+
+/* A positive finite number, looked up in rope_parameters, then in
+ * text_config itself (older configs keep rope_theta at the top). */
+static svc_err_t cfg_rope_num(const cfg_ctx_t *c, const json_t *tc, const char *key, double dflt,
+                              double *out) {
+    const json_t *rp = json_object_get(tc, "rope_parameters");
+    const json_t *v = json_is_object(rp) ? json_object_get(rp, key) : NULL;
+    if (!v)
+        v = json_object_get(tc, key);
+    if (!v && dflt > 0) {
+        *out = dflt;
+        return SVC_OK;
+    }
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+        return cfg_fail(c, "text_config.rope_parameters.%s must be a positive number", key);
+    *out = json_number_value(v);
+    return SVC_OK;
+}
+
+static svc_err_t cfg_layer_types(const cfg_ctx_t *c, const json_t *tc, eng_model_cfg_t *cfg) {
+    const json_t *lt = json_object_get(tc, "layer_types");
+    if (!json_is_array(lt) || json_array_size(lt) != cfg->n_layers)
+        return cfg_fail(c,
+                        "text_config.layer_types must be an array of num_hidden_layers (%zu) "
+                        "strings",
+                        cfg->n_layers);
+    cfg->kinds = calloc(cfg->n_layers, sizeof *cfg->kinds);
+    if (!cfg->kinds)
+        return SVC_ERR_NOMEM;
+    for (size_t i = 0; i < cfg->n_layers; i++) {
+        const char *s = json_string_value(json_array_get(lt, i));
+        if (s && strcmp(s, "linear_attention") == 0)
+            cfg->kinds[i] = ENG_LAYER_LINEAR;
+        else if (s && strcmp(s, "full_attention") == 0)
+            cfg->kinds[i] = ENG_LAYER_FULL;
+        else
+            return cfg_fail(c,
+                            "text_config.layer_types[%zu] is '%s', expected linear_attention "
+                            "or full_attention",
+                            i, s ? s : "(not a string)");
+    }
+    return SVC_OK;
+}
+
+/* rope: rotary dim = head_dim * partial_rotary_factor; mrope_section (if
+ * given) must cover exactly rot_dim / 2 frequencies. */
+static svc_err_t cfg_rope(const cfg_ctx_t *c, const json_t *tc, eng_model_cfg_t *cfg) {
+    double theta, prf;
+    if (cfg_rope_num(c, tc, "rope_theta", 0, &theta) ||
+        cfg_rope_num(c, tc, "partial_rotary_factor", 1.0, &prf))
+        return SVC_ERR_FORMAT;
+    double rd = (double)cfg->head_dim * prf;
+    if (prf > 1.0 || rd != floor(rd) || ((size_t)rd % 2) != 0 || rd < 2)
+        return cfg_fail(c,
+                        "text_config.rope_parameters.partial_rotary_factor %g gives no even "
+                        "rotary dimension of head_dim %zu",
+                        prf, cfg->head_dim);
+    cfg->theta = (float)theta;
+    cfg->rot_dim = (size_t)rd;
+    const json_t *rp = json_object_get(tc, "rope_parameters");
+    const json_t *sec = json_is_object(rp) ? json_object_get(rp, "mrope_section") : NULL;
+    const json_t *il = json_is_object(rp) ? json_object_get(rp, "mrope_interleaved") : NULL;
+    cfg->section[0] = (int)(cfg->rot_dim / 2);
+    cfg->section[1] = cfg->section[2] = 0;
+    cfg->interleaved = il ? json_is_true(il) : false;
+    if (!sec)
+        return SVC_OK;
+    long sum = 0;
+    for (size_t i = 0; i < 3 && json_is_array(sec); i++) {
+        const json_t *v = json_array_get(sec, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 4096)
+            break;
+        cfg->section[i] = (int)json_integer_value(v);
+        sum += cfg->section[i];
+        if (i == 2 && json_array_size(sec) == 3 && sum == (long)(cfg->rot_dim / 2))
+            return SVC_OK;
+    }
+    return cfg_fail(c,
+                    "text_config.rope_parameters.mrope_section must be 3 integers summing to "
+                    "rotary dim / 2 = %zu",
+                    cfg->rot_dim / 2);
+}
+
+static svc_err_t cfg_sizes(const cfg_ctx_t *c, const json_t *tc, eng_model_cfg_t *cfg) {
+    if (cfg_size(c, tc, "hidden_size", &cfg->hidden) ||
+        cfg_size(c, tc, "num_hidden_layers", &cfg->n_layers) ||
+        cfg_size(c, tc, "intermediate_size", &cfg->inter) ||
+        cfg_size(c, tc, "vocab_size", &cfg->vocab) ||
+        cfg_size(c, tc, "num_attention_heads", &cfg->n_heads) ||
+        cfg_size(c, tc, "num_key_value_heads", &cfg->n_kv) ||
+        cfg_size(c, tc, "head_dim", &cfg->head_dim) ||
+        cfg_size(c, tc, "linear_num_key_heads", &cfg->lin_nk) ||
+        cfg_size(c, tc, "linear_num_value_heads", &cfg->lin_nv) ||
+        cfg_size(c, tc, "linear_key_head_dim", &cfg->lin_dk) ||
+        cfg_size(c, tc, "linear_value_head_dim", &cfg->lin_dv) ||
+        cfg_size(c, tc, "linear_conv_kernel_dim", &cfg->conv_k))
+        return SVC_ERR_FORMAT;
+    if (cfg->n_heads % cfg->n_kv)
+        return cfg_fail(c,
+                        "text_config.num_attention_heads (%zu) must be a multiple of "
+                        "num_key_value_heads (%zu)",
+                        cfg->n_heads, cfg->n_kv);
+    if (cfg->lin_nv % cfg->lin_nk)
+        return cfg_fail(c,
+                        "text_config.linear_num_value_heads (%zu) must be a multiple of "
+                        "linear_num_key_heads (%zu)",
+                        cfg->lin_nv, cfg->lin_nk);
+    return SVC_OK;
+}
+
+static svc_err_t cfg_parse(const json_t *root, const cfg_ctx_t *c, eng_model_cfg_t *cfg) {
+    const json_t *tc = json_object_get(root, "text_config");
+    if (!json_is_object(tc))
+        return cfg_fail(c, "text_config is missing or not an object");
+    svc_err_t err = cfg_sizes(c, tc, cfg);
+    if (err)
+        return err;
+    const json_t *eps = json_object_get(tc, "rms_norm_eps");
+    if (!json_is_number(eps) || !(json_number_value(eps) > 0) || json_number_value(eps) > 1)
+        return cfg_fail(c, "text_config.rms_norm_eps must be a number in (0, 1]");
+    cfg->eps = (float)json_number_value(eps);
+    const json_t *gate = json_object_get(tc, "attn_output_gate");
+    if (gate && !json_is_boolean(gate))
+        return cfg_fail(c, "text_config.attn_output_gate must be true or false");
+    cfg->attn_gate = gate ? json_is_true(gate) : true; /* Qwen3.5's default */
+    if ((err = cfg_rope(c, tc, cfg)))
+        return err;
+    return cfg_layer_types(c, tc, cfg);
+}
+
+static char *path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char  *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static svc_err_t load_config(const char *dir, eng_model_cfg_t *cfg, char *errstr, size_t n) {
+    char *path = path_join(dir, CFG);
+    if (!path)
+        return SVC_ERR_NOMEM;
+    cfg_ctx_t    c = {path, errstr, n};
+    json_error_t jerr;
+    json_t      *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    svc_err_t    err = SVC_OK;
+    if (!root) {
+        svc_errf(errstr, n, CFG " \"%s\": %s (line %d, column %d)", path, jerr.text, jerr.line,
+                 jerr.column);
+        err = SVC_ERR_FORMAT;
+    } else if (!json_is_object(root))
+        err = cfg_fail(&c, "the top level is not a JSON object");
+    else
+        err = cfg_parse(root, &c, cfg);
+    json_decref(root);
+    free(path);
+    return err;
+}
+
+/* ---------------------------------------------------------------------
+ * model.safetensors / readout.safetensors
+ * --------------------------------------------------------------------- */
+
+typedef struct ld {
+    eng_st_t   *st;
+    const char *file; /* "model.safetensors" */
+    const char *prefix;
+    char       *errstr;
+    size_t      errstr_size;
+} ld_t;
+
+SVC_FMT(3, 4) static svc_err_t ld_fail(const ld_t *ld, svc_err_t err, const char *fmt, ...) {
+    char    msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    svc_errf(ld->errstr, ld->errstr_size, "%s \"%s\": %s", ld->file, eng_st_path(ld->st), msg);
+    return err;
+}
+
+static void shape_str(char *buf, size_t n, size_t rank, const uint64_t *dims) {
+    size_t used = 0;
+    used += (size_t)snprintf(buf, n, "[");
+    for (size_t i = 0; i < rank && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%llu", i ? ", " : "",
+                                 (unsigned long long)dims[i]);
+    if (used < n)
+        snprintf(buf + used, n - used, "]");
+}
+
+/* Finds prefix+suffix, checks dtype and shape, and converts it to a new
+ * fp32 array in *dst (owned by the caller). dims has rank entries. */
+static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
+                         float **dst) {
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
+    const eng_st_tensor_t *t = eng_st_find(ld->st, name);
+    if (!t)
+        return ld_fail(ld, SVC_ERR_FORMAT, "tensor \"%s\" is missing", name);
+    if (t->dtype != ENG_DT_BF16 && t->dtype != ENG_DT_F16 && t->dtype != ENG_DT_F32)
+        return ld_fail(ld, SVC_ERR_UNSUPPORTED,
+                       "tensor \"%s\": dtype %s, expected BF16, F16 or F32", name,
+                       eng_dtype_name(t->dtype));
+    bool same = t->rank == rank;
+    for (size_t i = 0; same && i < rank; i++)
+        same = t->shape[i] == dims[i];
+    if (!same) {
+        char got[128], want[128];
+        shape_str(got, sizeof got, t->rank, t->shape);
+        shape_str(want, sizeof want, rank, dims);
+        return ld_fail(ld, SVC_ERR_FORMAT, "tensor \"%s\": shape %s, expected %s", name, got, want);
+    }
+    float *w = malloc((size_t)eng_st_numel(t) * sizeof *w);
+    if (!w)
+        return ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+    svc_err_t err = eng_st_to_f32(t, w);
+    SVC_ASSERT(err == SVC_OK); /* dtype checked above */
+    *dst = w;
+    return SVC_OK;
+}
+
+/* Shorthands: a vector (n), a matrix (r, c). */
+static svc_err_t ld_vec(const ld_t *ld, const char *suffix, size_t n, float **dst) {
+    uint64_t d[1] = {n};
+    return ld_take(ld, suffix, 1, d, dst);
+}
+
+static svc_err_t ld_mat(const ld_t *ld, const char *suffix, size_t r, size_t c, float **dst) {
+    uint64_t d[2] = {r, c};
+    return ld_take(ld, suffix, 2, d, dst);
+}
+
+static svc_err_t ld_layer_name(char *buf, size_t n, size_t i, const char *rest) {
+    int k = snprintf(buf, n, "layers.%zu.%s", i, rest);
+    return (k < 0 || (size_t)k >= n) ? SVC_ERR_INTERNAL : SVC_OK;
+}
+
+/* One layer's tensor: "layers.<i>.<rest>". */
+static svc_err_t ld_lvec(const ld_t *ld, size_t i, const char *rest, size_t n, float **dst) {
+    char      s[200];
+    svc_err_t err = ld_layer_name(s, sizeof s, i, rest);
+    return err ? err : ld_vec(ld, s, n, dst);
+}
+
+static svc_err_t ld_lmat(const ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
+                         float **dst) {
+    char      s[200];
+    svc_err_t err = ld_layer_name(s, sizeof s, i, rest);
+    return err ? err : ld_mat(ld, s, r, c, dst);
+}
+
+static svc_err_t ld_linear(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
+    size_t    H = c->hidden, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
+    size_t    C = eng_lin_conv_dim(c);
+    char      s[200];
+    uint64_t  conv[3] = {C, 1, c->conv_k};
+    svc_err_t err;
+    if ((err = ld_lmat(ld, i, "linear_attn.in_proj_qkv.weight", 2 * kd + vd, H, &l->in_qkv)) ||
+        (err = ld_lmat(ld, i, "linear_attn.in_proj_z.weight", vd, H, &l->in_z)) ||
+        (err = ld_lmat(ld, i, "linear_attn.in_proj_b.weight", c->lin_nv, H, &l->in_b)) ||
+        (err = ld_lmat(ld, i, "linear_attn.in_proj_a.weight", c->lin_nv, H, &l->in_a)) ||
+        (err = ld_lvec(ld, i, "linear_attn.dt_bias", c->lin_nv, &l->dt_bias)) ||
+        (err = ld_lvec(ld, i, "linear_attn.A_log", c->lin_nv, &l->a_log)) ||
+        (err = ld_lvec(ld, i, "linear_attn.norm.weight", c->lin_dv, &l->lin_norm)) ||
+        (err = ld_lmat(ld, i, "linear_attn.out_proj.weight", H, vd, &l->out_proj)) ||
+        (err = ld_layer_name(s, sizeof s, i, "linear_attn.conv1d.weight")))
+        return err;
+    return ld_take(ld, s, 3, conv, &l->conv);
+}
+
+static svc_err_t ld_full(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
+    size_t    H = c->hidden, hd = c->head_dim, kvd = c->n_kv * hd;
+    svc_err_t err;
+    if ((err = ld_lmat(ld, i, "self_attn.q_proj.weight", eng_q_rows(c), H, &l->q_proj)) ||
+        (err = ld_lmat(ld, i, "self_attn.k_proj.weight", kvd, H, &l->k_proj)) ||
+        (err = ld_lmat(ld, i, "self_attn.v_proj.weight", kvd, H, &l->v_proj)) ||
+        (err = ld_lmat(ld, i, "self_attn.o_proj.weight", H, c->n_heads * hd, &l->o_proj)) ||
+        (err = ld_lvec(ld, i, "self_attn.q_norm.weight", hd, &l->q_norm)) ||
+        (err = ld_lvec(ld, i, "self_attn.k_norm.weight", hd, &l->k_norm)))
+        return err;
+    return SVC_OK;
+}
+
+static svc_err_t ld_layer(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
+    size_t    H = c->hidden, I = c->inter;
+    svc_err_t err;
+    l->kind = c->kinds[i];
+    if ((err = ld_lvec(ld, i, "input_layernorm.weight", H, &l->in_norm)) ||
+        (err = ld_lvec(ld, i, "post_attention_layernorm.weight", H, &l->post_norm)) ||
+        (err = ld_lmat(ld, i, "mlp.gate_proj.weight", I, H, &l->mlp_gate)) ||
+        (err = ld_lmat(ld, i, "mlp.up_proj.weight", I, H, &l->mlp_up)) ||
+        (err = ld_lmat(ld, i, "mlp.down_proj.weight", H, I, &l->mlp_down)))
+        return err;
+    return l->kind == ENG_LAYER_LINEAR ? ld_linear(ld, c, i, l) : ld_full(ld, c, i, l);
+}
+
+static bool starts_with(const char *s, const char *p) {
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* SPEC e.6: one text prefix, every tensor in a known module. */
+static svc_err_t ld_prefix(ld_t *ld) {
+    static const char *const text[] = {"model.language_model.", "language_model."};
+    static const char *const vision[] = {"model.visual.", "visual."};
+    const char              *found = NULL;
+    for (size_t i = 0; i < eng_st_count(ld->st); i++) {
+        const char *name = eng_st_at(ld->st, i)->name;
+        const char *p = starts_with(name, text[0])   ? text[0]
+                        : starts_with(name, text[1]) ? text[1]
+                                                     : NULL;
+        if (!p && (starts_with(name, vision[0]) || starts_with(name, vision[1])))
+            continue;
+        if (!p)
+            return ld_fail(ld, SVC_ERR_FORMAT, "checkpoint tensor '%s' belongs to no known module",
+                           name);
+        if (found && found != p)
+            return ld_fail(ld, SVC_ERR_FORMAT, "tensors use both text prefixes '%s' and '%s'",
+                           found, p);
+        found = p;
+    }
+    if (!found)
+        return ld_fail(ld, SVC_ERR_FORMAT, "no text tower tensors (prefix '%s' or '%s')", text[0],
+                       text[1]);
+    ld->prefix = found;
+    return SVC_OK;
+}
+
+static svc_err_t load_weights(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+    char *path = path_join(dir, "model.safetensors");
+    if (!path)
+        return SVC_ERR_NOMEM;
+    ld_t      ld = {NULL, "model.safetensors", "", errstr, n};
+    svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
+    free(path);
+    if (err)
+        return err;
+    const eng_model_cfg_t *c = &m->cfg;
+    m->layers = calloc(c->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        err = SVC_ERR_NOMEM;
+    if (!err)
+        err = ld_prefix(&ld);
+    if (!err)
+        err = ld_mat(&ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
+    for (size_t i = 0; !err && i < c->n_layers; i++)
+        err = ld_layer(&ld, c, i, &m->layers[i]);
+    if (!err)
+        err = ld_vec(&ld, "norm.weight", c->hidden, &m->final_norm);
+    eng_st_close(ld.st);
+    return err;
+}
+
+/* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5). */
+static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+    char *path = path_join(dir, "readout.safetensors");
+    if (!path)
+        return SVC_ERR_NOMEM;
+    ld_t      ld = {NULL, "readout.safetensors", "", errstr, n};
+    svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
+    free(path);
+    if (err)
+        return err;
+    if (eng_st_count(ld.st) != 1 || !eng_st_find(ld.st, "weight"))
+        err = ld_fail(&ld, SVC_ERR_FORMAT, "must hold exactly one tensor \"weight\" (has %zu)",
+                      eng_st_count(ld.st));
+    else
+        err = ld_mat(&ld, "weight", ENG_N_CODES, m->cfg.hidden, &m->readout);
+    eng_st_close(ld.st);
+    return err;
+}
+
+svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr, size_t errstr_size) {
+    *out = NULL;
+    if (errstr_size)
+        errstr[0] = '\0';
+    eng_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return SVC_ERR_NOMEM;
+    svc_err_t err = load_config(dir, &m->cfg, errstr, errstr_size);
+    if (!err)
+        err = load_weights(dir, m, errstr, errstr_size);
+    if (!err)
+        err = load_readout(dir, m, errstr, errstr_size);
+    if (err) {
+        if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
+            svc_errf(errstr, errstr_size, "out of memory loading \"%s\"", dir);
+        eng_model_free(m);
+        return err;
+    }
+    *out = m;
+    return SVC_OK;
+}
+
+static void layer_free(eng_layer_t *l) {
+    float *all[] = {l->in_norm, l->post_norm, l->mlp_gate, l->mlp_up,   l->mlp_down,
+                    l->in_qkv,  l->in_z,      l->in_b,     l->in_a,     l->conv,
+                    l->dt_bias, l->a_log,     l->lin_norm, l->out_proj, l->q_proj,
+                    l->k_proj,  l->v_proj,    l->o_proj,   l->q_norm,   l->k_norm};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+void eng_model_free(eng_model_t *m) {
+    if (!m)
+        return;
+    for (size_t i = 0; m->layers && i < m->cfg.n_layers; i++)
+        layer_free(&m->layers[i]);
+    free(m->layers);
+    free(m->cfg.kinds);
+    free(m->embed);
+    free(m->final_norm);
+    free(m->readout);
+    free(m);
+}
+
+size_t eng_model_hidden_size(const eng_model_t *m) {
+    return m->cfg.hidden;
+}
+
+/* ---------------------------------------------------------------------
+ * Readout (SPEC d.5-d.7, b.2)
+ * --------------------------------------------------------------------- */
+
+void eng_readout_logits(const eng_model_t *m, const float *hidden, float logits[ENG_N_CODES]) {
+    size_t H = m->cfg.hidden;
+    for (size_t i = 0; i < ENG_N_CODES; i++) {
+        const float *w = m->readout + i * H;
+        double       acc = 0;
+        for (size_t d = 0; d < H; d++)
+            acc += (double)hidden[d] * w[d];
+        logits[i] = (float)acc; /* the fp32 path rounds the logits to fp32 */
+    }
+}
+
+svc_err_t eng_readout_probs(const eng_model_t *m, const float *hidden, size_t n_options,
+                            double temperature, double *probs) {
+    if (n_options < 1 || n_options > ENG_N_CODES || !(temperature > 0) || !isfinite(temperature))
+        return SVC_ERR_INVALID;
+    float logits[ENG_N_CODES];
+    eng_readout_logits(m, hidden, logits);
+    /* Rows >= n are -inf: their exp is 0, so the softmax over 255 is one over
+     * the first n; its denominator, then the host renormalisation. */
+    double zmax = -INFINITY;
+    for (size_t i = 0; i < n_options; i++)
+        zmax = fmax(zmax, (double)logits[i] / temperature);
+    double sum = 0;
+    for (size_t i = 0; i < n_options; i++) {
+        probs[i] = exp((double)logits[i] / temperature - zmax);
+        sum += probs[i];
+    }
+    for (size_t i = 0; i < n_options; i++)
+        probs[i] /= sum;
+    double renorm = 0;
+    for (size_t i = 0; i < n_options; i++)
+        renorm += probs[i];
+    for (size_t i = 0; i < n_options; i++)
+        probs[i] /= renorm;
+    return SVC_OK;
+}

@@ -1,0 +1,92 @@
+/*
+ * eng_model_int.h -- private: the loaded Qwen3.5 text tower (eng_model.c
+ * loads it, eng_forward.c runs it).
+ *
+ * Every weight is an owned, contiguous fp32 array in the torch layout of
+ * the checkpoint (nn.Linear weights are (out, in)); eng_model_free frees
+ * them all. Shapes are given next to each field.
+ */
+#ifndef D3STREAM_ENG_MODEL_INT_H
+#define D3STREAM_ENG_MODEL_INT_H
+
+#include "engine.h"
+
+typedef enum eng_layer_kind {
+    ENG_LAYER_LINEAR = 0, /* "linear_attention": Gated DeltaNet */
+    ENG_LAYER_FULL = 1,   /* "full_attention": gated softmax attention */
+} eng_layer_kind_t;
+
+/* text_config of config.json, plus what follows from it. */
+typedef struct eng_model_cfg {
+    size_t hidden;   /* hidden_size, H */
+    size_t n_layers; /* num_hidden_layers, L */
+    size_t inter;    /* intermediate_size, I */
+    size_t vocab;    /* vocab_size */
+    /* full attention */
+    size_t n_heads;  /* num_attention_heads */
+    size_t n_kv;     /* num_key_value_heads */
+    size_t head_dim; /* head_dim */
+    size_t rot_dim;  /* head_dim * partial_rotary_factor (even) */
+    float  theta;    /* rope_theta */
+    int    section[3];
+    bool   interleaved; /* mrope_interleaved */
+    bool   attn_gate;   /* attn_output_gate (default true): q_proj is 2x wide */
+    /* Gated DeltaNet */
+    size_t            lin_nk, lin_nv; /* linear_num_key_heads, linear_num_value_heads */
+    size_t            lin_dk, lin_dv; /* linear_key_head_dim, linear_value_head_dim */
+    size_t            conv_k;         /* linear_conv_kernel_dim */
+    float             eps;            /* rms_norm_eps */
+    eng_layer_kind_t *kinds;          /* (L), owned */
+} eng_model_cfg_t;
+
+/* Derived widths of the Gated DeltaNet: key_dim = nk * dk, value_dim =
+ * nv * dv, conv channels = 2 * key_dim + value_dim (q, k, v in order). */
+static inline size_t eng_lin_key_dim(const eng_model_cfg_t *c) {
+    return c->lin_nk * c->lin_dk;
+}
+static inline size_t eng_lin_value_dim(const eng_model_cfg_t *c) {
+    return c->lin_nv * c->lin_dv;
+}
+static inline size_t eng_lin_conv_dim(const eng_model_cfg_t *c) {
+    return 2 * eng_lin_key_dim(c) + eng_lin_value_dim(c);
+}
+/* Rows of q_proj: n_heads * head_dim, doubled with the output gate. */
+static inline size_t eng_q_rows(const eng_model_cfg_t *c) {
+    return c->n_heads * c->head_dim * (c->attn_gate ? 2 : 1);
+}
+
+typedef struct eng_layer {
+    eng_layer_kind_t kind;
+    float           *in_norm;   /* input_layernorm (H), (1 + w) */
+    float           *post_norm; /* post_attention_layernorm (H), (1 + w) */
+    float           *mlp_gate;  /* (I, H) */
+    float           *mlp_up;    /* (I, H) */
+    float           *mlp_down;  /* (H, I) */
+    /* linear_attention */
+    float *in_qkv;   /* (2 * key_dim + value_dim, H) */
+    float *in_z;     /* (value_dim, H) */
+    float *in_b;     /* (nv, H) */
+    float *in_a;     /* (nv, H) */
+    float *conv;     /* (conv channels, K), conv1d.weight (C, 1, K) squeezed */
+    float *dt_bias;  /* (nv) */
+    float *a_log;    /* (nv) */
+    float *lin_norm; /* (dv), plain w (gated norm) */
+    float *out_proj; /* (H, value_dim) */
+    /* full_attention */
+    float *q_proj; /* (eng_q_rows, H): per head [query(hd), gate(hd)] when gated */
+    float *k_proj; /* (n_kv * hd, H) */
+    float *v_proj; /* (n_kv * hd, H) */
+    float *o_proj; /* (H, n_heads * hd) */
+    float *q_norm; /* (hd), (1 + w) */
+    float *k_norm; /* (hd), (1 + w) */
+} eng_layer_t;
+
+struct eng_model {
+    eng_model_cfg_t cfg;
+    float          *embed;      /* (vocab, H) */
+    float          *final_norm; /* (H), (1 + w) */
+    eng_layer_t    *layers;     /* (L) */
+    float          *readout;    /* (255, H) */
+};
+
+#endif /* D3STREAM_ENG_MODEL_INT_H */
