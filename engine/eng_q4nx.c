@@ -1,0 +1,580 @@
+/*
+ * eng_q4nx.c -- model.q4nx reader: name map, geometry checks, generation
+ * detection and HF-convention tensors (eng_q4nx_int.h; Q4NX.md §1, §2, §8).
+ *
+ * The file is untrusted: eng_st_open has already checked every offset and
+ * byte count, and open() adds the tile geometry. The logical shape of a
+ * packed tensor is not in the file (rows and columns are padded, §3.2), so
+ * eng_q4nx_tensor_f32 takes it from the caller and checks it against the
+ * tile grid before decoding anything.
+ */
+#include "eng_q4nx_int.h"
+
+#include <math.h>
+
+#define HF_PREFIX    "model.language_model."
+#define HF_PREFIX2   "language_model."
+#define Q_PREFIX     "model.layers."
+#define HF_L_PREFIX  "layers."
+#define HD_FALLBACK  256 /* §2.2: h = 256 when no q_norm tells us */
+#define NAME_MAX_LEN 256
+
+struct eng_q4nx {
+    eng_st_t         *st;
+    eng_q4nx_info_t  *info; /* eng_st order (by name) */
+    size_t            n;
+    eng_q4nx_gen_t    gen;
+    eng_q4nx_raster_t q8_raster;
+    eng_q4nx_raster_t q41_raster;
+};
+
+/* ---------------------------------------------------------------------
+ * Names (§2.3-§2.5)
+ * --------------------------------------------------------------------- */
+
+typedef struct name_map {
+    const char      *q4nx; /* after "model.layers.{i}." for layer tensors */
+    const char      *hf;   /* after "model.language_model.layers.{i}." */
+    eng_q4nx_xform_t xf;
+} name_map_t;
+
+static const name_map_t LAYER_MAP[] = {
+    {"input_layernorm.weight", "input_layernorm.weight", ENG_Q4NX_X_PLUS1},
+    {"post_attention_layernorm.weight", "post_attention_layernorm.weight", ENG_Q4NX_X_PLUS1},
+    {"linear_attn.qkv_proj.weight", "linear_attn.in_proj_qkv.weight", ENG_Q4NX_X_NONE},
+    /* the DeltaNet z projection, despite the self_attn. name (§2.4) */
+    {"self_attn.gate_proj.weight", "linear_attn.in_proj_z.weight", ENG_Q4NX_X_NONE},
+    {"linear_attn.ssm_out_proj.weight", "linear_attn.out_proj.weight", ENG_Q4NX_X_NONE},
+    {"linear_attn.ssm_alpha_proj.weight", "linear_attn.in_proj_a.weight", ENG_Q4NX_X_ROW_DUP},
+    {"linear_attn.ssm_beta_proj.weight", "linear_attn.in_proj_b.weight", ENG_Q4NX_X_ROW_DUP},
+    {"linear_attn.ssm_conv1d.weight", "linear_attn.conv1d.weight", ENG_Q4NX_X_CONV_T},
+    {"linear_attn.ssm_norm.weight", "linear_attn.norm.weight", ENG_Q4NX_X_NONE}, /* no +1 */
+    {"linear_attn.ssm_a", "linear_attn.A_log", ENG_Q4NX_X_NEG_EXP},
+    {"linear_attn.ssm_dt.bias", "linear_attn.dt_bias", ENG_Q4NX_X_NONE},
+    {"mlp.gate_proj.weight", "mlp.gate_proj.weight", ENG_Q4NX_X_NONE},
+    {"mlp.up_proj.weight", "mlp.up_proj.weight", ENG_Q4NX_X_NONE},
+    {"mlp.down_proj.weight", "mlp.down_proj.weight", ENG_Q4NX_X_NONE},
+    {"self_attn.q_proj.weight", "self_attn.q_proj.weight", ENG_Q4NX_X_Q_REGROUP},
+    {"self_attn.k_proj.weight", "self_attn.k_proj.weight", ENG_Q4NX_X_NONE},
+    {"self_attn.v_proj.weight", "self_attn.v_proj.weight", ENG_Q4NX_X_NONE},
+    {"self_attn.o_proj.weight", "self_attn.o_proj.weight", ENG_Q4NX_X_NONE},
+    {"self_attn.q_norm.weight", "self_attn.q_norm.weight", ENG_Q4NX_X_PLUS1},
+    {"self_attn.k_norm.weight", "self_attn.k_norm.weight", ENG_Q4NX_X_PLUS1},
+};
+
+/* Full names; the HF side is relative to HF_PREFIX except lm_head. */
+static const name_map_t GLOBAL_MAP[] = {
+    {"model.embed_tokens.weight", "embed_tokens.weight", ENG_Q4NX_X_NONE},
+    {"model.norm.weight", "norm.weight", ENG_Q4NX_X_PLUS1},
+    {"lm_head.weight", "lm_head.weight", ENG_Q4NX_X_NONE},
+};
+
+#define N_LAYER_MAP  (sizeof LAYER_MAP / sizeof LAYER_MAP[0])
+#define N_GLOBAL_MAP (sizeof GLOBAL_MAP / sizeof GLOBAL_MAP[0])
+
+static bool has_prefix(const char *s, const char *p) {
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* "<digits>." at s: the layer number (no sign, no leading zeros), and the
+ * rest after the dot. false when s does not start that way. */
+static bool parse_layer(const char *s, size_t *layer, const char **rest) {
+    size_t v = 0, i = 0;
+    for (; s[i] >= '0' && s[i] <= '9'; i++) {
+        if (i >= 6 || (i == 1 && s[0] == '0'))
+            return false;
+        v = v * 10 + (size_t)(s[i] - '0');
+    }
+    if (i == 0 || s[i] != '.')
+        return false;
+    *layer = v;
+    *rest = s + i + 1;
+    return true;
+}
+
+static svc_err_t emit(char *buf, size_t n, const char *a, size_t layer, bool with_layer,
+                      const char *b) {
+    int k = with_layer ? snprintf(buf, n, "%s%zu.%s", a, layer, b) : snprintf(buf, n, "%s%s", a, b);
+    return (k < 0 || (size_t)k >= n) ? SVC_ERR_INVALID : SVC_OK;
+}
+
+svc_err_t eng_q4nx_name_to_hf(const char *q4nx_name, char *hf, size_t hf_size,
+                              eng_q4nx_xform_t *xform) {
+    for (size_t i = 0; i < N_GLOBAL_MAP; i++)
+        if (strcmp(q4nx_name, GLOBAL_MAP[i].q4nx) == 0) {
+            *xform = GLOBAL_MAP[i].xf;
+            bool lm = strcmp(GLOBAL_MAP[i].hf, "lm_head.weight") == 0;
+            return emit(hf, hf_size, lm ? "" : HF_PREFIX, 0, false, GLOBAL_MAP[i].hf);
+        }
+    size_t      layer;
+    const char *rest;
+    if (!has_prefix(q4nx_name, Q_PREFIX) ||
+        !parse_layer(q4nx_name + strlen(Q_PREFIX), &layer, &rest))
+        return SVC_ERR_INVALID;
+    for (size_t i = 0; i < N_LAYER_MAP; i++)
+        if (strcmp(rest, LAYER_MAP[i].q4nx) == 0) {
+            *xform = LAYER_MAP[i].xf;
+            return emit(hf, hf_size, HF_PREFIX HF_L_PREFIX, layer, true, LAYER_MAP[i].hf);
+        }
+    return SVC_ERR_INVALID;
+}
+
+/* The HF name relative to HF_PREFIX ("lm_head.weight" stays as is). */
+static const char *hf_suffix(const char *hf_name) {
+    if (has_prefix(hf_name, HF_PREFIX))
+        return hf_name + strlen(HF_PREFIX);
+    if (has_prefix(hf_name, HF_PREFIX2))
+        return hf_name + strlen(HF_PREFIX2);
+    return hf_name;
+}
+
+svc_err_t eng_q4nx_name_from_hf(const char *hf_name, char *q4nx, size_t q4nx_size,
+                                eng_q4nx_xform_t *xform) {
+    const char *s = hf_suffix(hf_name);
+    for (size_t i = 0; i < N_GLOBAL_MAP; i++)
+        if (strcmp(s, GLOBAL_MAP[i].hf) == 0) {
+            *xform = GLOBAL_MAP[i].xf;
+            return emit(q4nx, q4nx_size, "", 0, false, GLOBAL_MAP[i].q4nx);
+        }
+    size_t      layer;
+    const char *rest;
+    if (!has_prefix(s, HF_L_PREFIX) || !parse_layer(s + strlen(HF_L_PREFIX), &layer, &rest))
+        return SVC_ERR_INVALID;
+    for (size_t i = 0; i < N_LAYER_MAP; i++)
+        if (strcmp(rest, LAYER_MAP[i].hf) == 0) {
+            *xform = LAYER_MAP[i].xf;
+            return emit(q4nx, q4nx_size, Q_PREFIX, layer, true, LAYER_MAP[i].q4nx);
+        }
+    return SVC_ERR_INVALID;
+}
+
+/* ---------------------------------------------------------------------
+ * Open: kinds and geometry (§1, §8 step 2)
+ * --------------------------------------------------------------------- */
+
+SVC_FMT(4, 5)
+static svc_err_t q_fail(const eng_st_t *st, char *errstr, size_t n, const char *fmt, ...) {
+    char    msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    svc_errf(errstr, n, "q4nx \"%s\": %s", eng_st_path(st), msg);
+    return SVC_ERR_FORMAT;
+}
+
+static bool all_zero(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* A 5120-byte tile is legacy Q8 when its second scale copy repeats the first
+ * and its tail is padding (§4.5). Only the first tile is looked at, so the
+ * listing stays cheap; decoding decides by the logical K instead. */
+static eng_q4nx_kind_t kind_5120(const uint8_t *tile) {
+    if (!all_zero(tile, 256) && memcmp(tile, tile + 256, 256) == 0 && all_zero(tile + 4608, 512))
+        return ENG_Q4NX_Q8_LEGACY;
+    return ENG_Q4NX_Q4_1;
+}
+
+static svc_err_t classify(const eng_st_t *st, const eng_st_tensor_t *t, eng_q4nx_kind_t *kind,
+                          char *errstr, size_t n) {
+    switch (t->dtype) {
+    case ENG_DT_BF16:
+        *kind = ENG_Q4NX_BF16;
+        return SVC_OK;
+    case ENG_DT_F32:
+        *kind = ENG_Q4NX_F32;
+        return SVC_OK;
+    case ENG_DT_F16:
+        *kind = ENG_Q4NX_F16;
+        return SVC_OK;
+    case ENG_DT_I8:
+        break;
+    default:
+        return q_fail(st, errstr, n,
+                      "tensor \"%s\": dtype %s, expected I8, BF16 or F32 (Q4NX.md §1)", t->name,
+                      eng_dtype_name(t->dtype));
+    }
+    /* §8 step 2 also mentions 2-D I8 tensors without saying how their tile
+     * count is known [unconfirmed]: refused rather than guessed. */
+    if (t->rank != 3)
+        return q_fail(st, errstr, n,
+                      "tensor \"%s\": packed I8 tensor of rank %u, expected [R/32, K/256, B] "
+                      "(Q4NX.md §1)",
+                      t->name, t->rank);
+    uint64_t P = t->shape[0], Q = t->shape[1], B = t->shape[2];
+    if (B == ENG_Q4NX_B_Q4_K)
+        *kind = ENG_Q4NX_Q4_K;
+    else if (B == ENG_Q4NX_B_Q8)
+        *kind = ENG_Q4NX_Q8;
+    else if (B == ENG_Q4NX_B_Q4_1)
+        *kind = (P && Q) ? kind_5120(t->data) : ENG_Q4NX_Q4_1;
+    else
+        return q_fail(st, errstr, n,
+                      "tensor \"%s\": tile size %llu bytes, expected 4736 (Q4_K), 5120 (Q4_1 or "
+                      "legacy Q8) or 8704 (Q8) (Q4NX.md §1)",
+                      t->name, (unsigned long long)B);
+    if (!P || !Q)
+        return q_fail(st, errstr, n, "tensor \"%s\": shape [%llu, %llu, %llu] holds no tile",
+                      t->name, (unsigned long long)P, (unsigned long long)Q, (unsigned long long)B);
+    if (t->nbytes / B != P * Q || t->nbytes % B) /* eng_st checked numel; be explicit */
+        return q_fail(st, errstr, n, "tensor \"%s\": %zu bytes, expected %llu tiles x %llu",
+                      t->name, t->nbytes, (unsigned long long)(P * Q), (unsigned long long)B);
+    return SVC_OK;
+}
+
+static svc_err_t build_info(eng_q4nx_t *q, char *errstr, size_t n) {
+    q->n = eng_st_count(q->st);
+    q->info = calloc(q->n ? q->n : 1, sizeof *q->info);
+    if (!q->info) {
+        (void)q_fail(q->st, errstr, n, "out of memory for %zu tensors", q->n);
+        return SVC_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < q->n; i++) {
+        eng_q4nx_info_t *in = &q->info[i];
+        in->st = eng_st_at(q->st, i);
+        in->name = in->st->name;
+        svc_err_t err = classify(q->st, in->st, &in->kind, errstr, n);
+        if (err)
+            return err;
+        char hf[NAME_MAX_LEN];
+        if (eng_q4nx_name_to_hf(in->name, hf, sizeof hf, &in->xform) == SVC_OK) {
+            in->hf_name = strdup(hf);
+            if (!in->hf_name) {
+                (void)q_fail(q->st, errstr, n, "out of memory");
+                return SVC_ERR_NOMEM;
+            }
+        }
+    }
+    return SVC_OK;
+}
+
+static const eng_q4nx_info_t *find_q(const eng_q4nx_t *q, const char *name) {
+    const eng_st_tensor_t *t = eng_st_find(q->st, name);
+    return t ? &q->info[t - eng_st_at(q->st, 0)] : NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * Generation and raster (§8 step 3)
+ * --------------------------------------------------------------------- */
+
+/* Sum of |decoded - twin| over the twin's rows under one raster. */
+static double probe_err(const eng_q4nx_info_t *a, const float *twin, size_t r, size_t k,
+                        eng_q4nx_raster_t ra, float *buf) {
+    eng_q4nx_decode_ref(ENG_Q4NX_Q8, ra, a->st->data, a->st->shape[0], a->st->shape[1], r, k, buf);
+    double e = 0;
+    for (size_t i = 0; i < r * k; i++)
+        e += fabs((double)buf[i] - (double)twin[i]);
+    return e;
+}
+
+/* Rows 16-31 duplicate rows 0-15: which raster shows that in every tile. */
+static int probe_dup(const eng_q4nx_info_t *a) {
+    const uint8_t *d = a->st->data;
+    size_t         nt = a->st->nbytes / ENG_Q4NX_B_Q8;
+    bool           okA = true, okB = true;
+    for (size_t t = 0; t < nt; t++) {
+        const uint8_t *c = d + t * ENG_Q4NX_B_Q8 + 512;
+        okA = okA && memcmp(c, c + 4096, 4096) == 0;
+        for (size_t kt = 0; okB && kt < ENG_Q4NX_COLS; kt++)
+            okB = memcmp(c + kt * 32, c + kt * 32 + 16, 16) == 0;
+    }
+    return okA == okB ? -1 : okA ? ENG_Q4NX_RASTER_A : ENG_Q4NX_RASTER_B;
+}
+
+/* The alpha probe: decode a Q8 alpha/beta under both rasters and keep the
+ * one that matches its BF16 twin; without a twin, the duplicate-row test. */
+static int probe_raster(const eng_q4nx_t *q) {
+    for (size_t i = 0; i < q->n; i++) {
+        const eng_q4nx_info_t *a = &q->info[i];
+        if (a->xform != ENG_Q4NX_X_ROW_DUP || a->kind != ENG_Q4NX_Q8)
+            continue;
+        char   twin_name[NAME_MAX_LEN];
+        size_t len = strlen(a->name) - strlen(".weight");
+        if (snprintf(twin_name, sizeof twin_name, "%.*s.bf16.weight", (int)len, a->name) >=
+            (int)sizeof twin_name)
+            continue;
+        const eng_q4nx_info_t *tw = find_q(q, twin_name);
+        if (!tw || tw->kind != ENG_Q4NX_BF16 || tw->st->rank != 2 || !tw->st->shape[0] ||
+            tw->st->shape[0] > a->st->shape[0] * ENG_Q4NX_ROWS ||
+            (tw->st->shape[1] + ENG_Q4NX_COLS - 1) / ENG_Q4NX_COLS != a->st->shape[1])
+            return probe_dup(a);
+        size_t r = tw->st->shape[0], k = tw->st->shape[1];
+        float *twin = malloc(r * k * sizeof *twin), *buf = malloc(r * k * sizeof *buf);
+        int    verdict = -1;
+        if (twin && buf && eng_st_to_f32(tw->st, twin) == SVC_OK) {
+            double eA = probe_err(a, twin, r, k, ENG_Q4NX_RASTER_A, buf);
+            double eB = probe_err(a, twin, r, k, ENG_Q4NX_RASTER_B, buf);
+            verdict = eA < eB ? ENG_Q4NX_RASTER_A : eB < eA ? ENG_Q4NX_RASTER_B : -1;
+        }
+        free(twin);
+        free(buf);
+        return verdict;
+    }
+    return -1;
+}
+
+static void detect(eng_q4nx_t *q) {
+    bool any_q4k = false;
+    for (size_t i = 0; i < q->n; i++)
+        any_q4k = any_q4k || q->info[i].kind == ENG_Q4NX_Q4_K;
+    q->gen = (any_q4k || !eng_st_find(q->st, "model.embed_tokens.weight")) ? ENG_Q4NX_GEN_B
+                                                                           : ENG_Q4NX_GEN_A;
+    /* Q4_1 in a Gen-B file would be raster B per the converter only [unconfirmed, §3.2]. */
+    q->q41_raster = q->gen == ENG_Q4NX_GEN_B ? ENG_Q4NX_RASTER_B : ENG_Q4NX_RASTER_A;
+    int probe = probe_raster(q); /* §4.4: settles the Gen-B Q8 raster question */
+    q->q8_raster = probe >= 0 ? (eng_q4nx_raster_t)probe : q->q41_raster;
+}
+
+svc_err_t eng_q4nx_open(const char *path, eng_q4nx_t **out, char *errstr, size_t errstr_size) {
+    *out = NULL;
+    eng_q4nx_t *q = calloc(1, sizeof *q);
+    if (!q) {
+        svc_errf(errstr, errstr_size, "q4nx \"%s\": out of memory", path);
+        return SVC_ERR_NOMEM;
+    }
+    svc_err_t err = eng_st_open(path, &q->st, errstr, errstr_size);
+    if (!err)
+        err = build_info(q, errstr, errstr_size);
+    if (err) {
+        eng_q4nx_close(q);
+        return err;
+    }
+    detect(q);
+    *out = q;
+    return SVC_OK;
+}
+
+void eng_q4nx_close(eng_q4nx_t *q) {
+    if (!q)
+        return;
+    for (size_t i = 0; q->info && i < q->n; i++)
+        free((char *)q->info[i].hf_name);
+    free(q->info);
+    eng_st_close(q->st);
+    free(q);
+}
+
+eng_q4nx_gen_t eng_q4nx_generation(const eng_q4nx_t *q) {
+    return q->gen;
+}
+
+eng_q4nx_raster_t eng_q4nx_q8_raster(const eng_q4nx_t *q) {
+    return q->q8_raster;
+}
+
+size_t eng_q4nx_count(const eng_q4nx_t *q) {
+    return q->n;
+}
+
+const eng_q4nx_info_t *eng_q4nx_at(const eng_q4nx_t *q, size_t i) {
+    return i < q->n ? &q->info[i] : NULL;
+}
+
+/* Where an HF tensor is stored, following the tied embedding (Gen-B, §8
+ * step 5) and the alpha/beta BF16 copies when the packed one is absent. */
+static const eng_q4nx_info_t *resolve(const eng_q4nx_t *q, const char *hf_name,
+                                      eng_q4nx_xform_t *xf) {
+    char qn[NAME_MAX_LEN];
+    if (eng_q4nx_name_from_hf(hf_name, qn, sizeof qn, xf))
+        return NULL;
+    const eng_q4nx_info_t *in = find_q(q, qn);
+    if (!in && strcmp(qn, "model.embed_tokens.weight") == 0) {
+        *xf = ENG_Q4NX_X_TIED;
+        return find_q(q, "lm_head.weight");
+    }
+    if (!in && *xf == ENG_Q4NX_X_ROW_DUP) {
+        size_t len = strlen(qn) - strlen(".weight");
+        char   tw[NAME_MAX_LEN + 16];
+        snprintf(tw, sizeof tw, "%.*s.bf16.weight", (int)len, qn);
+        *xf = ENG_Q4NX_X_NONE;
+        return find_q(q, tw);
+    }
+    return in;
+}
+
+const eng_q4nx_info_t *eng_q4nx_find_hf(const eng_q4nx_t *q, const char *hf_name) {
+    eng_q4nx_xform_t xf;
+    return resolve(q, hf_name, &xf);
+}
+
+/* ---------------------------------------------------------------------
+ * HF-convention tensors (§8 step 4)
+ * --------------------------------------------------------------------- */
+
+typedef struct rd {
+    const eng_q4nx_t      *q;
+    const char            *hf;
+    const eng_q4nx_info_t *in;
+    char                  *errstr;
+    size_t                 errstr_size;
+} rd_t;
+
+SVC_FMT(3, 4) static svc_err_t rd_fail(const rd_t *r, svc_err_t err, const char *fmt, ...) {
+    char    msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    svc_errf(r->errstr, r->errstr_size, "q4nx \"%s\": tensor \"%s\" (HF \"%s\"): %s",
+             eng_st_path(r->q->st), r->in ? r->in->name : "?", r->hf, msg);
+    return err;
+}
+
+static void dims_str(char *buf, size_t n, size_t rank, const uint64_t *d) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (size_t i = 0; i < rank && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%llu", i ? ", " : "",
+                                 (unsigned long long)d[i]);
+    if (used < n)
+        snprintf(buf + used, n - used, "]");
+}
+
+static uint64_t ceil_div(uint64_t a, uint64_t b) {
+    return (a + b - 1) / b;
+}
+
+/* Which 5120-byte reading fits the logical K (§4.5): an exact K/128 tile
+ * count means legacy Q8, then the padded Q4_1 grid, then padded legacy. */
+static eng_q4nx_kind_t kind_for_k(eng_q4nx_kind_t kind, uint64_t Q, uint64_t K) {
+    if (kind != ENG_Q4NX_Q4_1 && kind != ENG_Q4NX_Q8_LEGACY)
+        return kind;
+    if (Q * ENG_Q4NX_COLS_LEGACY == K)
+        return ENG_Q4NX_Q8_LEGACY;
+    if (ceil_div(K, ENG_Q4NX_COLS) == Q)
+        return ENG_Q4NX_Q4_1;
+    return ENG_Q4NX_Q8_LEGACY;
+}
+
+/* Head size of layer <i> for the q_proj regroup: its q_norm's length. */
+static size_t head_dim_of(const eng_q4nx_t *q, const char *qname) {
+    size_t      layer;
+    const char *rest;
+    char        nm[NAME_MAX_LEN];
+    if (!parse_layer(qname + strlen(Q_PREFIX), &layer, &rest) ||
+        emit(nm, sizeof nm, Q_PREFIX, layer, true, "self_attn.q_norm.weight"))
+        return HD_FALLBACK;
+    const eng_q4nx_info_t *qn = find_q(q, nm);
+    return qn && qn->st->rank == 1 && qn->st->shape[0] ? (size_t)qn->st->shape[0] : HD_FALLBACK;
+}
+
+/* Packed tensor -> (R, K) in out, checked against the tile grid. */
+static svc_err_t rd_packed(const rd_t *r, size_t rank, const uint64_t *dims, float *out) {
+    const eng_st_tensor_t *t = r->in->st;
+    char                   want[96];
+    dims_str(want, sizeof want, rank, dims);
+    if (rank != 2 || !dims[0] || !dims[1])
+        return rd_fail(r, SVC_ERR_INVALID, "packed matrix read as %s, expected a 2-D shape", want);
+    uint64_t        P = t->shape[0], Q = t->shape[1], R = dims[0], K = dims[1];
+    eng_q4nx_kind_t kind = kind_for_k(r->in->kind, Q, K);
+    uint64_t        tc = eng_q4nx_tile_cols(kind);
+    if (ceil_div(R, ENG_Q4NX_ROWS) != P || ceil_div(K, tc) != Q)
+        return rd_fail(r, SVC_ERR_INVALID,
+                       "stored as [%llu, %llu, %llu] %s tiles, which cannot hold %s (expected "
+                       "[%llu, %llu, %zu], Q4NX.md §3.1)",
+                       (unsigned long long)P, (unsigned long long)Q,
+                       (unsigned long long)t->shape[2], eng_q4nx_kind_name(kind), want,
+                       (unsigned long long)ceil_div(R, ENG_Q4NX_ROWS),
+                       (unsigned long long)ceil_div(K, tc), eng_q4nx_tile_bytes(kind));
+    eng_q4nx_raster_t ra = kind == ENG_Q4NX_Q8 ? r->q->q8_raster : r->q->q41_raster;
+    if (r->in->xform != ENG_Q4NX_X_Q_REGROUP) {
+        eng_q4nx_decode_ref(kind, ra, t->data, P, Q, R, K, out);
+        return SVC_OK;
+    }
+    /* §2.2: stored row p*(R/2) + g*hd + h holds HF row g*2hd + p*hd + h. */
+    size_t hd = head_dim_of(r->q, r->in->name);
+    if (R % (2 * hd))
+        return rd_fail(r, SVC_ERR_INVALID,
+                       "q_proj has %llu rows, not a multiple of 2 x head_dim %zu (Q4NX.md §2.2)",
+                       (unsigned long long)R, hd);
+    float *tmp = malloc(R * K * sizeof *tmp);
+    if (!tmp)
+        return rd_fail(r, SVC_ERR_NOMEM, "out of memory for %s", want);
+    eng_q4nx_decode_ref(kind, ra, t->data, P, Q, R, K, tmp);
+    size_t half = R / 2;
+    for (size_t g = 0; g < half / hd; g++)
+        for (size_t p = 0; p < 2; p++)
+            memcpy(out + (g * 2 * hd + p * hd) * K, tmp + (p * half + g * hd) * K,
+                   hd * K * sizeof *out);
+    free(tmp);
+    return SVC_OK;
+}
+
+/* BF16/F32 tensor: same shape as HF except conv1d, stored transposed (§2.4). */
+static svc_err_t rd_plain(const rd_t *r, size_t rank, const uint64_t *dims, float *out) {
+    const eng_st_tensor_t *t = r->in->st;
+    char                   want[96], got[96];
+    dims_str(want, sizeof want, rank, dims);
+    dims_str(got, sizeof got, t->rank, t->shape);
+    if (r->in->xform == ENG_Q4NX_X_CONV_T) {
+        bool ok = (rank == 3 && dims[1] == 1) || rank == 2;
+        if (!ok || t->rank != 2 || t->shape[0] != dims[rank - 1] || t->shape[1] != dims[0])
+            return rd_fail(r, SVC_ERR_INVALID,
+                           "stored %s, expected [taps, channels] for HF %s (Q4NX.md §2.4)", got,
+                           want);
+        size_t C = dims[0], Kt = dims[rank - 1];
+        float *tmp = malloc(C * Kt * sizeof *tmp);
+        if (!tmp)
+            return rd_fail(r, SVC_ERR_NOMEM, "out of memory for %s", want);
+        svc_err_t err = eng_st_to_f32(t, tmp);
+        SVC_ASSERT(err == SVC_OK); /* kind checked by the caller */
+        for (size_t c = 0; c < C; c++)
+            for (size_t k = 0; k < Kt; k++)
+                out[c * Kt + k] = tmp[k * C + c];
+        free(tmp);
+        return SVC_OK;
+    }
+    bool same = t->rank == rank;
+    for (size_t i = 0; same && i < rank; i++)
+        same = t->shape[i] == dims[i];
+    if (!same)
+        return rd_fail(r, SVC_ERR_INVALID, "stored %s, expected %s", got, want);
+    svc_err_t err = eng_st_to_f32(t, out);
+    SVC_ASSERT(err == SVC_OK);
+    return SVC_OK;
+}
+
+/* Undoes the value transforms in place (§2.2, §8 step 4). */
+static svc_err_t rd_values(const rd_t *r, float *out, size_t n) {
+    if (r->in->xform == ENG_Q4NX_X_PLUS1)
+        for (size_t i = 0; i < n; i++)
+            out[i] -= 1.0f;
+    if (r->in->xform == ENG_Q4NX_X_NEG_EXP)
+        for (size_t i = 0; i < n; i++) {
+            if (!(out[i] < 0) || !isfinite(out[i]))
+                return rd_fail(r, SVC_ERR_INVALID,
+                               "ssm_a[%zu] = %g: -exp(A_log) must be negative and finite", i,
+                               (double)out[i]);
+            out[i] = logf(-out[i]);
+        }
+    return SVC_OK;
+}
+
+svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t rank,
+                              const uint64_t *dims, float *out, char *errstr, size_t errstr_size) {
+    eng_q4nx_xform_t xf = ENG_Q4NX_X_NONE;
+    rd_t             r = {q, hf_name, resolve(q, hf_name, &xf), errstr, errstr_size};
+    if (!r.in) {
+        char qn[NAME_MAX_LEN];
+        if (eng_q4nx_name_from_hf(hf_name, qn, sizeof qn, &xf))
+            svc_errf(errstr, errstr_size, "q4nx \"%s\": \"%s\" is not a Qwen3.5 text-tower name",
+                     eng_st_path(q->st), hf_name);
+        else
+            svc_errf(errstr, errstr_size, "q4nx \"%s\": tensor \"%s\" (HF \"%s\") is missing",
+                     eng_st_path(q->st), qn, hf_name);
+        return SVC_ERR_INVALID;
+    }
+    uint64_t numel = 1;
+    for (size_t i = 0; i < rank; i++)
+        if (rank > ENG_ST_MAX_RANK || __builtin_mul_overflow(numel, dims[i], &numel) ||
+            numel > SIZE_MAX / sizeof(float))
+            return rd_fail(&r, SVC_ERR_INVALID, "requested shape is too large");
+    svc_err_t err = eng_q4nx_kind_packed(r.in->kind) ? rd_packed(&r, rank, dims, out)
+                                                     : rd_plain(&r, rank, dims, out);
+    /* The stored tensor's own transform applies: the tied lm_head and the
+     * BF16 alpha/beta copies carry none. */
+    return err ? err : rd_values(&r, out, (size_t)numel);
+}

@@ -1,0 +1,250 @@
+/*
+ * eng_q4nx_int.h -- private: the Q4NX weight container of the D3-Nano-NPU2
+ * package (FastFlowLM's model.q4nx; /work/shared/docs/Q4NX.md, cited below
+ * as "Q4NX.md §n").
+ *
+ * A model.q4nx is a plain safetensors file (§1). Quantized projections are
+ * I8 tensors of shape [R/32, K/256, B]: a C-order stream of fixed-size
+ * tiles, each holding 32 rows x 256 columns (§3.1). B names the tile kind:
+ *     5120  Q4_1, W = d*n + m            (Gen-A, raster A; §3.2)
+ *     4736  Q4_K, W = S*s8*n + M*m8      (Gen-B, raster B; §3.4)
+ *     8704  Q8,   W = d*c                (raster A in Gen-A, B in Gen-B; §4.2)
+ *     5120  legacy Q8, 32 x 128 columns  (shape [R/32, K/128, 5120]; §4.5)
+ * Norms, conv1d and the alpha/beta copies are BF16; ssm_a and dt_bias F32.
+ *
+ * This module has three layers:
+ *   1. tile codecs (scalar references, what the tests use as the oracle):
+ *      eng_q4nx_decode_ref, eng_q4nx_encode_q4k_ref, eng_q4nx_encode_q8_ref;
+ *   2. a reader that maps a file, detects its generation (§8) and hands out
+ *      f32 tensors in Hugging Face convention (the transforms of §2.2 undone):
+ *          eng_q4nx_t *q = NULL;
+ *          if (eng_q4nx_open(path, &q, errstr, sizeof errstr)) ... report ...
+ *          uint64_t dims[2] = {6144, 2048};
+ *          eng_q4nx_tensor_f32(q, "model.language_model.layers.0.mlp.up_proj.weight",
+ *                              2, dims, out, errstr, sizeof errstr);
+ *          eng_q4nx_close(q);
+ *   3. a writer that builds a Gen-B (Q4_K) file from f32 HF tensors:
+ *          eng_q4nx_writer_t *w = NULL;
+ *          eng_q4nx_writer_new(256, &w);          // head_dim, for the q_proj regroup
+ *          eng_q4nx_writer_add(w, hf_name, rank, dims, data, ENG_Q4NX_AUTO, errstr, n);
+ *          eng_q4nx_writer_finish(w, path, errstr, n);
+ *          eng_q4nx_writer_free(w);
+ *
+ * HF names: the text tower's checkpoint names, "model.language_model." +
+ * suffix ("layers.3.self_attn.q_proj.weight", "embed_tokens.weight",
+ * "norm.weight"); lookups also accept the bare suffix or "language_model.".
+ *
+ * Thread-safety: an open eng_q4nx_t is immutable; any number of threads may
+ * call eng_q4nx_tensor_f32 at once. A writer belongs to one thread.
+ */
+#ifndef D3STREAM_ENG_Q4NX_INT_H
+#define D3STREAM_ENG_Q4NX_INT_H
+
+#include "eng_st_int.h"
+
+/* ======================================================================
+ * Tiles
+ * ====================================================================== */
+
+#define ENG_Q4NX_ROWS        32u   /* rows per tile, every kind (§3.1) */
+#define ENG_Q4NX_COLS        256u  /* columns per tile, all but legacy Q8 */
+#define ENG_Q4NX_COLS_LEGACY 128u  /* legacy Q8 (§4.5) */
+#define ENG_Q4NX_GROUP       32u   /* columns per quant group */
+#define ENG_Q4NX_B_Q4_1      5120u /* §3.2 */
+#define ENG_Q4NX_B_Q4_K      4736u /* §3.4 */
+#define ENG_Q4NX_B_Q8        8704u /* §4.2 */
+#define ENG_Q4NX_B_Q8_LEGACY 5120u /* §4.5 */
+
+/* How a tensor is stored. Append only. */
+typedef enum eng_q4nx_kind {
+    ENG_Q4NX_AUTO = 0, /* writer: choose by name as official Gen-B files do */
+    ENG_Q4NX_BF16 = 1,
+    ENG_Q4NX_F32 = 2,
+    ENG_Q4NX_F16 = 3, /* read only; not in official files */
+    ENG_Q4NX_Q4_1 = 4,
+    ENG_Q4NX_Q4_K = 5,
+    ENG_Q4NX_Q8 = 6,
+    ENG_Q4NX_Q8_LEGACY = 7,
+    ENG_Q4NX_KIND_COUNT
+} eng_q4nx_kind_t;
+
+/* Order of codes inside a tile (§3.2, §4.2). Q4_K only has raster B. */
+typedef enum eng_q4nx_raster {
+    ENG_Q4NX_RASTER_A = 0, /* two 16-row planes; Gen-A */
+    ENG_Q4NX_RASTER_B = 1, /* plain column-major over 32 rows; Gen-B */
+} eng_q4nx_raster_t;
+
+const char *eng_q4nx_kind_name(eng_q4nx_kind_t kind);
+/* True for the I8 tile kinds. */
+bool eng_q4nx_kind_packed(eng_q4nx_kind_t kind);
+/* Bytes per tile (0 for non-packed kinds) and columns per tile. */
+size_t eng_q4nx_tile_bytes(eng_q4nx_kind_t kind);
+size_t eng_q4nx_tile_cols(eng_q4nx_kind_t kind);
+
+/* bf16 <-> f32. to_bf16 rounds to nearest even (NaN stays NaN); up rounds
+ * a finite x >= 0 to the smallest bf16 >= x. */
+uint16_t eng_f32_to_bf16(float x);
+uint16_t eng_f32_to_bf16_up(float x);
+
+/**
+ * @brief Decodes a packed tensor [P, Q, B] into a row-major f32 (rows, cols).
+ * @param packed P*Q tiles of eng_q4nx_tile_bytes(kind) bytes, any alignment.
+ * @param rows 1..32*P; rows past it (padding or the alpha/beta duplicates)
+ *   are not written.
+ * @param cols 1..Q*tile_cols; padding columns are dropped.
+ * @remark raster is ignored for Q4_K (always B) and legacy Q8 (always A).
+ *   Shapes are the caller's to check (eng_q4nx_tensor_f32 does).
+ */
+void eng_q4nx_decode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const void *packed,
+                         size_t P, size_t Q, size_t rows, size_t cols, float *out);
+
+/* Packed bytes for a (rows, cols) matrix: ceil(rows/32) * ceil(cols/tc) tiles. */
+size_t eng_q4nx_packed_bytes(eng_q4nx_kind_t kind, size_t rows, size_t cols);
+
+/**
+ * @brief Quantizes a row-major f32 (rows, cols) into Q4_K tiles (§3.4),
+ *   zero-padding rows to 32 and columns to 256.
+ * @param packed room for eng_q4nx_packed_bytes(ENG_Q4NX_Q4_K, rows, cols).
+ * @returns SVC_OK; SVC_ERR_INVALID when a value is not finite or |x| > 1e30
+ *   (the packed bytes are then unspecified).
+ * @remark Every element decodes to within half its group's effective step
+ *   S*s8 (plus float rounding): mins and scales are rounded outward so the
+ *   16 levels always cover the group's range.
+ */
+SVC_WUR svc_err_t eng_q4nx_encode_q4k_ref(const float *w, size_t rows, size_t cols, void *packed);
+
+/**
+ * @brief Quantizes into 8704-byte Q8 tiles (§4.2), zero-padding as above.
+ * @returns as eng_q4nx_encode_q4k_ref. Every element decodes to within d/2
+ *   of its value, d the group's bf16 scale.
+ */
+SVC_WUR svc_err_t eng_q4nx_encode_q8_ref(const float *w, size_t rows, size_t cols,
+                                         eng_q4nx_raster_t raster, void *packed);
+
+/* Q4_1 (§3.2, gguf-py's reference Q4_1 rounding per 32 values); used by
+ * tests to exercise both rasters, and for writers of Gen-A style files. */
+SVC_WUR svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t cols,
+                                          eng_q4nx_raster_t raster, void *packed);
+
+/* ======================================================================
+ * Names and transforms (§2.2-§2.5, §8 step 4)
+ * ====================================================================== */
+
+/* What the converter did to a tensor; the reader undoes it. */
+typedef enum eng_q4nx_xform {
+    ENG_Q4NX_X_NONE = 0,
+    ENG_Q4NX_X_PLUS1 = 1,     /* RMSNorm stored as HF + 1 */
+    ENG_Q4NX_X_NEG_EXP = 2,   /* ssm_a = -exp(A_log) */
+    ENG_Q4NX_X_CONV_T = 3,    /* HF conv1d [C, 1, K] stored as [K, C] */
+    ENG_Q4NX_X_Q_REGROUP = 4, /* q_proj rows (g p h) -> (p g h), p = 2 */
+    ENG_Q4NX_X_ROW_DUP = 5,   /* alpha/beta: rows padded to 32 by duplication */
+    ENG_Q4NX_X_TIED = 6,      /* embed_tokens read from the Q8 lm_head (Gen-B) */
+} eng_q4nx_xform_t;
+
+/**
+ * @brief Maps a Q4NX name to its HF name ("model.language_model.<suffix>",
+ *   or "lm_head.weight").
+ * @returns SVC_OK; SVC_ERR_INVALID when the name has no HF counterpart
+ *   (the .bf16 alpha/beta copies, unknown names) or hf is too small.
+ */
+SVC_WUR svc_err_t eng_q4nx_name_to_hf(const char *q4nx_name, char *hf, size_t hf_size,
+                                      eng_q4nx_xform_t *xform);
+/* The inverse; accepts the prefixes listed in the file comment.
+ * "embed_tokens.weight" maps to "model.embed_tokens.weight" (Gen-A). */
+SVC_WUR svc_err_t eng_q4nx_name_from_hf(const char *hf_name, char *q4nx, size_t q4nx_size,
+                                        eng_q4nx_xform_t *xform);
+
+/* ======================================================================
+ * Reader
+ * ====================================================================== */
+
+typedef enum eng_q4nx_gen {
+    ENG_Q4NX_GEN_A = 1, /* Q4_1 era: BF16 embed table, raster A (§0.2) */
+    ENG_Q4NX_GEN_B = 2, /* Q4_K era: tied Q8 lm_head, raster B */
+} eng_q4nx_gen_t;
+
+typedef struct eng_q4nx eng_q4nx_t;
+
+/* One stored tensor, as listed by eng_q4nx_at. Strings live until close. */
+typedef struct eng_q4nx_info {
+    const char            *name;    /* Q4NX name */
+    const char            *hf_name; /* HF name, or NULL (auxiliary copies, unknown names) */
+    eng_q4nx_kind_t        kind;    /* 5120-byte tiles: Q4_1 unless they look legacy (§4.5) */
+    eng_q4nx_xform_t       xform;
+    const eng_st_tensor_t *st; /* stored dtype, shape, bytes */
+} eng_q4nx_info_t;
+
+/**
+ * @brief Maps a model.q4nx, validates every packed tensor's geometry and
+ *   detects the generation and Q8 raster (§8).
+ * @returns SVC_OK with *out set (free with eng_q4nx_close); otherwise the
+ *   eng_st_open codes or SVC_ERR_FORMAT, with one line in errstr naming the
+ *   file, the tensor and the expectation.
+ */
+SVC_WUR svc_err_t eng_q4nx_open(const char *path, eng_q4nx_t **out, char *errstr,
+                                size_t errstr_size);
+void              eng_q4nx_close(eng_q4nx_t *q); /* NULL is a no-op */
+
+eng_q4nx_gen_t eng_q4nx_generation(const eng_q4nx_t *q);
+/* Raster used for 8704-byte Q8 tiles: the alpha probe's verdict where the
+ * file has an alpha/beta pair, otherwise the generation's default (§4.4). */
+eng_q4nx_raster_t eng_q4nx_q8_raster(const eng_q4nx_t *q);
+size_t            eng_q4nx_count(const eng_q4nx_t *q);
+/* Tensors 0..count-1 in name order; NULL past the end. */
+const eng_q4nx_info_t *eng_q4nx_at(const eng_q4nx_t *q, size_t i);
+/* The stored tensor behind an HF name, or NULL (follows the tied embed). */
+const eng_q4nx_info_t *eng_q4nx_find_hf(const eng_q4nx_t *q, const char *hf_name);
+
+/**
+ * @brief Dequantizes one tensor and undoes the converter's transforms into
+ *   caller memory, giving exactly what the HF checkpoint holds (up to the
+ *   quantization error).
+ * @param dims the HF shape the caller expects (rank entries), e.g. (6144,
+ *   2048) for in_proj_qkv, (6144, 1, 4) or (6144, 4) for conv1d. A packed
+ *   tensor needs it: its rows and columns are padded (§3.2) and 5120-byte
+ *   tiles are told apart by the logical K (§4.5).
+ * @param out room for the product of dims floats.
+ * @returns SVC_OK; SVC_ERR_INVALID (unknown name, shape mismatch, a value
+ *   the inverse transform cannot take), SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t rank,
+                                      const uint64_t *dims, float *out, char *errstr,
+                                      size_t errstr_size);
+
+/* ======================================================================
+ * Writer (Gen-B)
+ * ====================================================================== */
+
+typedef struct eng_q4nx_writer eng_q4nx_writer_t;
+
+/**
+ * @brief A writer for a Gen-B model.q4nx.
+ * @param head_dim full-attention head size, needed to regroup q_proj (§2.2).
+ */
+SVC_WUR svc_err_t eng_q4nx_writer_new(size_t head_dim, eng_q4nx_writer_t **out);
+void              eng_q4nx_writer_free(eng_q4nx_writer_t *w); /* NULL is a no-op */
+
+/**
+ * @brief Encodes one HF tensor (applying the §2.2 transforms) into the writer.
+ * @param kind ENG_Q4NX_AUTO picks what official Gen-B files hold (§2.6):
+ *   Q4_K for 2-D projections, Q8 for alpha/beta/out_proj/embed, BF16 or F32
+ *   for the rest; a packed kind forces it for a 2-D weight.
+ * @remark data is copied/encoded before returning. embed_tokens.weight is
+ *   written as the tied Q8 lm_head.weight, so adding both is refused;
+ *   in_proj_a/b also get their ".bf16" copy.
+ * @returns SVC_OK; SVC_ERR_INVALID (unknown name, wrong rank, duplicate,
+ *   non-finite value), SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t rank,
+                                      const uint64_t *dims, const float *data, eng_q4nx_kind_t kind,
+                                      char *errstr, size_t errstr_size);
+
+/**
+ * @brief Writes the safetensors file to path (through path + ".tmp" and a
+ *   rename, so a failed write leaves no partial file under path).
+ * @returns SVC_OK, SVC_ERR_IO, SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_q4nx_writer_finish(eng_q4nx_writer_t *w, const char *path, char *errstr,
+                                         size_t errstr_size);
+
+#endif /* D3STREAM_ENG_Q4NX_INT_H */

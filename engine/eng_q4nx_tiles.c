@@ -1,0 +1,405 @@
+/*
+ * eng_q4nx_tiles.c -- scalar reference codecs for the Q4NX tiles
+ * (eng_q4nx_int.h; Q4NX.md §3, §4, worked offsets in §7).
+ *
+ * Notation (§3.1): element (r, k) of the logical (R, K) matrix lives in
+ * tile t = p*Q + q with p = r / 32, q = k / 256, at tile row rt = r % 32
+ * and tile column kt = k % 256; its quant group is g = kt / 32 and the
+ * per-(row, group) parameters sit at index s = g*32 + rt.
+ *
+ * Every byte offset below is a function of (rt, kt) only; the decoders and
+ * encoders share those functions so that a layout fix is made once.
+ */
+#include "eng_q4nx_int.h"
+
+#include <math.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "eng_q4nx_tiles.c assumes a little-endian host"
+#endif
+
+/* Largest |x| the encoders take: keeps (max - min) / 15 and the bf16
+ * round-up far from overflow. No trained weight comes near it. */
+#define ENC_ABS_MAX 1e30f
+
+/* One tile of f32, row-major 32 x 256 (legacy Q8 uses the first 128 columns). */
+typedef float tile_f32_t[ENG_Q4NX_ROWS * ENG_Q4NX_COLS];
+
+static const struct {
+    const char *name;
+    size_t      bytes;
+    size_t      cols;
+} kinds[ENG_Q4NX_KIND_COUNT] = {
+    [ENG_Q4NX_AUTO] = {"auto", 0, 0},
+    [ENG_Q4NX_BF16] = {"bf16", 0, 0},
+    [ENG_Q4NX_F32] = {"f32", 0, 0},
+    [ENG_Q4NX_F16] = {"f16", 0, 0},
+    [ENG_Q4NX_Q4_1] = {"q4_1", ENG_Q4NX_B_Q4_1, ENG_Q4NX_COLS},
+    [ENG_Q4NX_Q4_K] = {"q4_k", ENG_Q4NX_B_Q4_K, ENG_Q4NX_COLS},
+    [ENG_Q4NX_Q8] = {"q8", ENG_Q4NX_B_Q8, ENG_Q4NX_COLS},
+    [ENG_Q4NX_Q8_LEGACY] = {"q8_legacy", ENG_Q4NX_B_Q8_LEGACY, ENG_Q4NX_COLS_LEGACY},
+};
+
+const char *eng_q4nx_kind_name(eng_q4nx_kind_t kind) {
+    return (unsigned)kind < ENG_Q4NX_KIND_COUNT ? kinds[kind].name : "?";
+}
+
+bool eng_q4nx_kind_packed(eng_q4nx_kind_t kind) {
+    return eng_q4nx_tile_bytes(kind) != 0;
+}
+
+size_t eng_q4nx_tile_bytes(eng_q4nx_kind_t kind) {
+    return (unsigned)kind < ENG_Q4NX_KIND_COUNT ? kinds[kind].bytes : 0;
+}
+
+size_t eng_q4nx_tile_cols(eng_q4nx_kind_t kind) {
+    return (unsigned)kind < ENG_Q4NX_KIND_COUNT ? kinds[kind].cols : 0;
+}
+
+size_t eng_q4nx_packed_bytes(eng_q4nx_kind_t kind, size_t rows, size_t cols) {
+    size_t tc = eng_q4nx_tile_cols(kind);
+    if (!tc)
+        return 0;
+    size_t P = (rows + ENG_Q4NX_ROWS - 1) / ENG_Q4NX_ROWS, Q = (cols + tc - 1) / tc;
+    return P * Q * eng_q4nx_tile_bytes(kind);
+}
+
+/* ---------------------------------------------------------------------
+ * bf16
+ * --------------------------------------------------------------------- */
+
+static uint32_t f32_bits(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+uint16_t eng_f32_to_bf16(float x) {
+    uint32_t b = f32_bits(x);
+    if (isnan(x))
+        return (uint16_t)((b >> 16) | 0x40u); /* keep it a quiet NaN */
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return (uint16_t)(b >> 16);
+}
+
+uint16_t eng_f32_to_bf16_up(float x) {
+    uint32_t b = f32_bits(x);
+    uint16_t h = (uint16_t)(b >> 16);
+    if (b & 0xffffu)
+        h++; /* positive floats order like their bit patterns */
+    return h;
+}
+
+static float bf16(uint16_t h) {
+    return eng_bf16_to_f32(h);
+}
+
+static uint16_t rd16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static void wr16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* The smallest bf16 P >= 0 with P * n >= v (v >= 0 finite): the step that
+ * lets n codes reach v. Rounded up, then nudged past float rounding. */
+static uint16_t step_up(float v, float n) {
+    uint16_t h = eng_f32_to_bf16_up(v / n);
+    while (bf16(h) * n < v)
+        h++;
+    return h;
+}
+
+/* Smallest code c in [0, cmax] with step * c >= v (v >= 0). */
+static unsigned code_up(float v, float step, unsigned cmax) {
+    if (!(step > 0))
+        return 0;
+    float    f = ceilf(v / step);
+    unsigned c = f >= (float)cmax ? cmax : (unsigned)f;
+    while (c < cmax && step * (float)c < v)
+        c++;
+    return c;
+}
+
+/* ---------------------------------------------------------------------
+ * Byte maps (§3.2, §3.4, §4.2, §4.5)
+ * --------------------------------------------------------------------- */
+
+/* Parameter index shared by every kind: group-major, row-minor (§3.2). */
+static size_t par_idx(size_t rt, size_t kt) {
+    return (kt / ENG_Q4NX_GROUP) * ENG_Q4NX_ROWS + rt;
+}
+
+/* Q4_1 nibble byte; the even row is the low nibble in both rasters (§3.2). */
+static size_t q41_nib(eng_q4nx_raster_t ra, size_t rt, size_t kt) {
+    if (ra == ENG_Q4NX_RASTER_A)
+        return 1024 + (rt / 16) * 2048 + kt * 8 + (rt % 16) / 2;
+    return 1024 + kt * 16 + rt / 2;
+}
+
+/* Q4_K: one raster only, "plain column major" (§3.4). */
+static size_t q4k_nib(size_t rt, size_t kt) {
+    return 512 + kt * 16 + rt / 2;
+}
+
+static size_t q8_code(eng_q4nx_raster_t ra, size_t rt, size_t kt) {
+    if (ra == ENG_Q4NX_RASTER_A)
+        return 512 + (rt / 16) * 4096 + kt * 16 + rt % 16;
+    return 512 + kt * 32 + rt;
+}
+
+/* Legacy Q8: 128 columns, raster A with 16-byte column runs per plane (§4.5). */
+static size_t q8l_code(size_t rt, size_t kt) {
+    return 512 + (rt / 16) * 2048 + kt * 16 + rt % 16;
+}
+
+static unsigned get_nib(const uint8_t *t, size_t byte, size_t rt) {
+    return (rt & 1) ? (unsigned)(t[byte] >> 4) : (unsigned)(t[byte] & 15u);
+}
+
+static void put_nib(uint8_t *t, size_t byte, size_t rt, unsigned n) {
+    if (rt & 1)
+        t[byte] = (uint8_t)((t[byte] & 0x0fu) | (n << 4));
+    else
+        t[byte] = (uint8_t)((t[byte] & 0xf0u) | n);
+}
+
+/* ---------------------------------------------------------------------
+ * Decoders: one tile -> 32 x 256 f32 (row-major, stride 256)
+ * --------------------------------------------------------------------- */
+
+static void dec_q41(const uint8_t *t, eng_q4nx_raster_t ra, float *o) {
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++)
+        for (size_t kt = 0; kt < ENG_Q4NX_COLS; kt++) {
+            size_t s = par_idx(rt, kt);
+            float  d = bf16(rd16(t + 2 * s)), m = bf16(rd16(t + 512 + 2 * s));
+            o[rt * ENG_Q4NX_COLS + kt] = d * (float)get_nib(t, q41_nib(ra, rt, kt), rt) + m;
+        }
+}
+
+/* W = S*s8*n + M*m8, M already negated (§3.4); the products are taken in
+ * this order by the encoder too, so its range check matches. */
+static void dec_q4k(const uint8_t *t, float *o) {
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++) {
+        float S = bf16(rd16(t + 4608 + 2 * rt)), M = bf16(rd16(t + 4672 + 2 * rt));
+        for (size_t kt = 0; kt < ENG_Q4NX_COLS; kt++) {
+            size_t s = par_idx(rt, kt);
+            float  sc = S * (float)t[s], mn = M * (float)t[256 + s];
+            o[rt * ENG_Q4NX_COLS + kt] = sc * (float)get_nib(t, q4k_nib(rt, kt), rt) + mn;
+        }
+    }
+}
+
+static void dec_q8(const uint8_t *t, eng_q4nx_raster_t ra, float *o) {
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++)
+        for (size_t kt = 0; kt < ENG_Q4NX_COLS; kt++) {
+            float d = bf16(rd16(t + 2 * par_idx(rt, kt)));
+            o[rt * ENG_Q4NX_COLS + kt] = d * (float)(int8_t)t[q8_code(ra, rt, kt)];
+        }
+}
+
+/* Bytes [256, 512) repeat the scales and [4608, 5120) are padding (§4.5). */
+static void dec_q8l(const uint8_t *t, float *o) {
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++)
+        for (size_t kt = 0; kt < ENG_Q4NX_COLS_LEGACY; kt++) {
+            float d = bf16(rd16(t + 2 * par_idx(rt, kt)));
+            o[rt * ENG_Q4NX_COLS + kt] = d * (float)(int8_t)t[q8l_code(rt, kt)];
+        }
+}
+
+static void dec_tile(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const uint8_t *t, float *o) {
+    switch (kind) {
+    case ENG_Q4NX_Q4_1:
+        dec_q41(t, ra, o);
+        break;
+    case ENG_Q4NX_Q4_K:
+        dec_q4k(t, o);
+        break;
+    case ENG_Q4NX_Q8:
+        dec_q8(t, ra, o);
+        break;
+    case ENG_Q4NX_Q8_LEGACY:
+        dec_q8l(t, o);
+        break;
+    default:
+        SVC_ASSERT(!"eng_q4nx_decode_ref: not a packed kind");
+    }
+}
+
+void eng_q4nx_decode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const void *packed,
+                         size_t P, size_t Q, size_t rows, size_t cols, float *out) {
+    size_t tb = eng_q4nx_tile_bytes(kind), tc = eng_q4nx_tile_cols(kind);
+    SVC_ASSERT(tb && rows <= P * ENG_Q4NX_ROWS && cols <= Q * tc);
+    float *tile = malloc(sizeof(tile_f32_t));
+    SVC_ASSERT(tile); /* 32 KiB */
+    const uint8_t *base = packed;
+    for (size_t p = 0; p * ENG_Q4NX_ROWS < rows; p++)
+        for (size_t q = 0; q * tc < cols; q++) {
+            dec_tile(kind, raster, base + (p * Q + q) * tb, tile);
+            size_t nr = rows - p * ENG_Q4NX_ROWS, nc = cols - q * tc;
+            nr = nr < ENG_Q4NX_ROWS ? nr : ENG_Q4NX_ROWS;
+            nc = nc < tc ? nc : tc;
+            for (size_t rt = 0; rt < nr; rt++)
+                memcpy(out + (p * ENG_Q4NX_ROWS + rt) * cols + q * tc, tile + rt * ENG_Q4NX_COLS,
+                       nc * sizeof *out);
+        }
+    free(tile);
+}
+
+/* ---------------------------------------------------------------------
+ * Encoders: f32 -> one tile, zero padding outside (rows, cols)
+ * --------------------------------------------------------------------- */
+
+/* Copies tile (p, q) of w into a zero-padded 32 x 256 block. */
+static void gather(const float *w, size_t rows, size_t cols, size_t p, size_t q, float *blk) {
+    memset(blk, 0, sizeof(tile_f32_t));
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS && p * ENG_Q4NX_ROWS + rt < rows; rt++) {
+        size_t k0 = q * ENG_Q4NX_COLS, nc = cols - k0;
+        nc = nc < ENG_Q4NX_COLS ? nc : ENG_Q4NX_COLS;
+        memcpy(blk + rt * ENG_Q4NX_COLS, w + (p * ENG_Q4NX_ROWS + rt) * cols + k0,
+               nc * sizeof *blk);
+    }
+}
+
+static bool values_ok(const float *w, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(w[i]) <= ENC_ABS_MAX)) /* false for NaN too */
+            return false;
+    return true;
+}
+
+static void group_range(const float *x, float *lo, float *hi) {
+    *lo = *hi = x[0];
+    for (size_t j = 1; j < ENG_Q4NX_GROUP; j++) {
+        *lo = fminf(*lo, x[j]);
+        *hi = fmaxf(*hi, x[j]);
+    }
+}
+
+/* Nearest of the 16 levels sc*n + mn (sc > 0), clipped to [0, 15]. */
+static unsigned nearest4(float x, float sc, float mn) {
+    if (!(sc > 0))
+        return 0;
+    float f = roundf((x - mn) / sc);
+    return f <= 0 ? 0 : f >= 15 ? 15 : (unsigned)f;
+}
+
+/* One Q4_K row of the tile: the 8 groups' mins u_j = -min(0, min x) and
+ * steps are fitted on a bf16 super-scale with 8-bit codes, as in ggml's
+ * Q4_K (min clamped to <= 0) and the converter's refit (§3.4 step 3), but
+ * rounded outward (mins down, steps up) so no element is ever clipped. */
+static void enc_q4k_row(const float *x, size_t rt, uint8_t *t) {
+    float lo[8], hi[8], umax = 0;
+    for (size_t g = 0; g < 8; g++) {
+        group_range(x + g * ENG_Q4NX_GROUP, &lo[g], &hi[g]);
+        lo[g] = fminf(lo[g], 0.0f);
+        umax = fmaxf(umax, -lo[g]);
+    }
+    uint16_t hm = step_up(umax, 255.0f);
+    float    P = bf16(hm), M = -P, mn[8], need[8], smax = 0;
+    for (size_t g = 0; g < 8; g++) {
+        unsigned m8 = code_up(-lo[g], P, 255);
+        t[256 + g * ENG_Q4NX_ROWS + rt] = (uint8_t)m8;
+        mn[g] = M * (float)m8;
+        need[g] = (hi[g] - mn[g]) / 15.0f;
+        smax = fmaxf(smax, need[g]);
+    }
+    uint16_t hs = step_up(smax, 255.0f);
+    float    S = bf16(hs);
+    wr16(t + 4608 + 2 * rt, hs);
+    wr16(t + 4672 + 2 * rt, eng_f32_to_bf16(M)); /* exact: M is a bf16 */
+    for (size_t g = 0; g < 8; g++) {
+        unsigned s8 = code_up(need[g], S, 255);
+        t[g * ENG_Q4NX_ROWS + rt] = (uint8_t)s8;
+        float sc = S * (float)s8;
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
+            size_t kt = g * ENG_Q4NX_GROUP + j;
+            put_nib(t, q4k_nib(rt, kt), rt, nearest4(x[kt], sc, mn[g]));
+        }
+    }
+}
+
+/* gguf-py's Q4_1 (m = min, d = (max - min) / 15) with m rounded down and
+ * d up to bf16 so that the 16 levels still span [min, max] (§3.3). */
+static void enc_q41_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
+    for (size_t g = 0; g < 8; g++) {
+        float lo, hi;
+        group_range(x + g * ENG_Q4NX_GROUP, &lo, &hi);
+        uint16_t hm = lo >= 0 ? (uint16_t)(f32_bits(lo) >> 16) : eng_f32_to_bf16_up(-lo) ^ 0x8000u;
+        float    m = bf16(hm);
+        uint16_t hd = step_up(hi - m, 15.0f);
+        float    d = bf16(hd);
+        size_t   s = g * ENG_Q4NX_ROWS + rt;
+        wr16(t + 2 * s, hd);
+        wr16(t + 512 + 2 * s, hm);
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
+            size_t kt = g * ENG_Q4NX_GROUP + j;
+            put_nib(t, q41_nib(ra, rt, kt), rt, nearest4(x[kt], d, m));
+        }
+    }
+}
+
+/* gguf-py Q8_0 (d = max|x| / 127, c = round(x / d)) with d rounded up to
+ * bf16 first, so |c| <= 127 without clipping (§4.3). */
+static void enc_q8_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
+    for (size_t g = 0; g < 8; g++) {
+        const float *xg = x + g * ENG_Q4NX_GROUP;
+        float        amax = 0;
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++)
+            amax = fmaxf(amax, fabsf(xg[j]));
+        uint16_t hd = step_up(amax, 127.0f);
+        float    d = bf16(hd);
+        wr16(t + 2 * (g * ENG_Q4NX_ROWS + rt), hd);
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
+            float c = d > 0 ? roundf(xg[j] / d) : 0;
+            c = c < -127 ? -127 : c > 127 ? 127 : c;
+            t[q8_code(ra, rt, g * ENG_Q4NX_GROUP + j)] = (uint8_t)(int8_t)c;
+        }
+    }
+}
+
+static svc_err_t encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float *w, size_t rows,
+                        size_t cols, void *packed) {
+    if (!values_ok(w, rows * cols))
+        return SVC_ERR_INVALID;
+    size_t tb = eng_q4nx_tile_bytes(kind);
+    size_t P = (rows + ENG_Q4NX_ROWS - 1) / ENG_Q4NX_ROWS;
+    size_t Q = (cols + ENG_Q4NX_COLS - 1) / ENG_Q4NX_COLS;
+    float *blk = malloc(sizeof(tile_f32_t));
+    if (!blk)
+        return SVC_ERR_NOMEM;
+    uint8_t *base = packed;
+    for (size_t p = 0; p < P; p++)
+        for (size_t q = 0; q < Q; q++) {
+            uint8_t *t = base + (p * Q + q) * tb;
+            memset(t, 0, tb);
+            gather(w, rows, cols, p, q, blk);
+            for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++) {
+                const float *x = blk + rt * ENG_Q4NX_COLS;
+                if (kind == ENG_Q4NX_Q4_K)
+                    enc_q4k_row(x, rt, t);
+                else if (kind == ENG_Q4NX_Q4_1)
+                    enc_q41_row(x, rt, ra, t);
+                else
+                    enc_q8_row(x, rt, ra, t);
+            }
+        }
+    free(blk);
+    return SVC_OK;
+}
+
+svc_err_t eng_q4nx_encode_q4k_ref(const float *w, size_t rows, size_t cols, void *packed) {
+    return encode(ENG_Q4NX_Q4_K, ENG_Q4NX_RASTER_B, w, rows, cols, packed);
+}
+
+svc_err_t eng_q4nx_encode_q8_ref(const float *w, size_t rows, size_t cols, eng_q4nx_raster_t raster,
+                                 void *packed) {
+    return encode(ENG_Q4NX_Q8, raster, w, rows, cols, packed);
+}
+
+svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t cols,
+                                  eng_q4nx_raster_t raster, void *packed) {
+    return encode(ENG_Q4NX_Q4_1, raster, w, rows, cols, packed);
+}
