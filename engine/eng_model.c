@@ -214,6 +214,7 @@ typedef struct ld {
     const char *prefix;
     char       *errstr;
     size_t      errstr_size;
+    uint64_t   *numel; /* optional: adds the elements of every tensor taken */
 } ld_t;
 
 SVC_FMT(3, 4) static svc_err_t ld_fail(const ld_t *ld, svc_err_t err, const char *fmt, ...) {
@@ -263,6 +264,8 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
         return ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     svc_err_t err = eng_st_to_f32(t, w);
     SVC_ASSERT(err == SVC_OK); /* dtype checked above */
+    if (ld->numel)
+        *ld->numel += eng_st_numel(t);
     *dst = w;
     return SVC_OK;
 }
@@ -377,7 +380,7 @@ static svc_err_t load_weights(const char *dir, eng_model_t *m, char *errstr, siz
     char *path = path_join(dir, "model.safetensors");
     if (!path)
         return SVC_ERR_NOMEM;
-    ld_t      ld = {NULL, "model.safetensors", "", errstr, n};
+    ld_t      ld = {NULL, "model.safetensors", "", errstr, n, &m->n_params};
     svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
     free(path);
     if (err)
@@ -403,7 +406,7 @@ static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, siz
     char *path = path_join(dir, "readout.safetensors");
     if (!path)
         return SVC_ERR_NOMEM;
-    ld_t      ld = {NULL, "readout.safetensors", "", errstr, n};
+    ld_t      ld = {NULL, "readout.safetensors", "", errstr, n, NULL};
     svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
     free(path);
     if (err)
@@ -463,6 +466,41 @@ void eng_model_free(eng_model_t *m) {
 
 size_t eng_model_hidden_size(const eng_model_t *m) {
     return m->cfg.hidden;
+}
+
+void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info) {
+    const eng_model_cfg_t *c = &m->cfg;
+    size_t                 n_full = 0;
+    for (size_t i = 0; i < c->n_layers; i++)
+        n_full += c->kinds[i] == ENG_LAYER_FULL;
+    *info = (eng_model_info_t){
+        .hidden = c->hidden,
+        .n_layers = c->n_layers,
+        .n_linear = c->n_layers - n_full,
+        .n_full = n_full,
+        .inter = c->inter,
+        .vocab = c->vocab,
+        .n_heads = c->n_heads,
+        .n_kv = c->n_kv,
+        .head_dim = c->head_dim,
+        .rot_dim = c->rot_dim,
+        .rope_theta = c->theta,
+        .partial_rotary = (double)c->rot_dim / (double)c->head_dim,
+        .attn_gate = c->attn_gate,
+        .lin_nk = c->lin_nk,
+        .lin_nv = c->lin_nv,
+        .lin_dk = c->lin_dk,
+        .lin_dv = c->lin_dv,
+        .conv_k = c->conv_k,
+        .rms_eps = c->eps,
+        .n_params_text = m->n_params,
+        .n_params_readout = (uint64_t)ENG_N_CODES * c->hidden,
+    };
+}
+
+bool eng_model_layer_is_full(const eng_model_t *m, size_t i) {
+    SVC_ASSERT(i < m->cfg.n_layers);
+    return m->cfg.kinds[i] == ENG_LAYER_FULL;
 }
 
 /* ---------------------------------------------------------------------

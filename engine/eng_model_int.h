@@ -87,6 +87,7 @@ struct eng_model {
     float          *final_norm; /* (H), (1 + w) */
     eng_layer_t    *layers;     /* (L) */
     float          *readout;    /* (255, H) */
+    uint64_t        n_params;   /* elements of the text tensors loaded (not the readout) */
 };
 
 #endif /* D3STREAM_ENG_MODEL_INT_H */

@@ -193,6 +193,26 @@ void eng_model_free(eng_model_t *m);
 
 size_t eng_model_hidden_size(const eng_model_t *m);
 
+/* What a loaded text tower was built from (text_config) and how many
+ * parameters it holds, for `d3stream inspect` and the manifest's
+ * `parameters` check (SPEC e.3). */
+typedef struct eng_model_info {
+    size_t   hidden, n_layers, n_linear, n_full, inter, vocab;
+    size_t   n_heads, n_kv, head_dim, rot_dim;       /* full attention; rot_dim rotates */
+    double   rope_theta, partial_rotary;             /* partial_rotary = rot_dim / head_dim */
+    bool     attn_gate;                              /* q_proj carries the output gate */
+    size_t   lin_nk, lin_nv, lin_dk, lin_dv, conv_k; /* Gated DeltaNet */
+    double   rms_eps;
+    uint64_t n_params_text;    /* elements of every text-tower tensor loaded */
+    uint64_t n_params_readout; /* 255 * hidden */
+} eng_model_info_t;
+
+/* Fills *info from a loaded model. */
+void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info);
+/* true when decoder layer i (< n_layers) is a full-attention layer, false
+ * for a Gated DeltaNet (linear-attention) layer. */
+bool eng_model_layer_is_full(const eng_model_t *m, size_t i);
+
 /* Called by eng_model_forward after the embeddings (layer -1) and after each
  * decoder layer 0..L-1 with the residual stream state, (T, hidden), valid
  * only during the call. */
@@ -226,5 +246,134 @@ void eng_readout_logits(const eng_model_t *m, const float *hidden, float logits[
  */
 SVC_WUR svc_err_t eng_readout_probs(const eng_model_t *m, const float *hidden, size_t n_options,
                                     double temperature, double *probs);
+
+/* ======================================================================
+ * Answers (issue 4): a decoded request -> every question's outcome, on
+ * the text tower above. The CPU reference path only; the NPU comes later.
+ *
+ * Usage:
+ *
+ *     eng_answers_t *ans = NULL;
+ *     if (eng_answer_request(pkg, m, req, &ans, errstr, sizeof errstr))
+ *         die(errstr);                       // a runtime failure, not a verdict
+ *     sch_response_encode(req, eng_package_model_id(pkg), eng_answers_results(ans),
+ *                         eng_answers_input_tokens(ans), &meta, &out, &err);
+ *     eng_answers_free(ans);
+ *
+ * Thread-safety: answering reads pkg and model only; several requests may
+ * be answered concurrently on one package and model.
+ * ====================================================================== */
+
+typedef struct eng_answers eng_answers_t;
+
+/* Where the time of one request went (for meta.compute_ms and logs). */
+typedef struct eng_answer_stats {
+    double tokenize_ms; /* rendering and tokenizing every valid question */
+    double forward_ms;  /* forward passes and readouts */
+    size_t n_forward;   /* questions that reached the model */
+} eng_answer_stats_t;
+
+/**
+ * @brief Answers every valid question of every part of req (SPEC b.2,
+ *        b.5, b.6, c.7, d): the prompt is rendered and tokenized; longer
+ *        than eng_package_max_length -> max_length_exceeded with
+ *        SCH_MSG_MAX_LENGTH (never truncated); else one forward pass
+ *        (attention mode of the package) and the readout with the
+ *        package temperature. usage.input_tokens of a part sums the
+ *        prompt lengths of its questions that reached the model.
+ *        options.deadline_ms is not applied yet: every valid question runs.
+ * @param req decoded against this package; parts with images or videos
+ *        are refused (SVC_ERR_UNSUPPORTED) before any forward, since the
+ *        text tower has no vision tower -- decode with has_vision false so
+ *        the client gets the contract's 400 instead.
+ * @param out on SVC_OK the answers; free with eng_answers_free.
+ * @returns SVC_OK; SVC_ERR_UNSUPPORTED (media), SVC_ERR_NOMEM, or the
+ *          forward pass's error (e.g. a token id outside the model's
+ *          vocabulary), with errstr naming the question.
+ */
+SVC_WUR svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
+                                     const sch_request_t *req, eng_answers_t **out, char *errstr,
+                                     size_t errstr_size);
+/* Frees the answers and every result, probability and message. NULL is a no-op. */
+void eng_answers_free(eng_answers_t *ans);
+
+/* results[p][q] for question q of part p, as sch_response_encode takes
+ * them (entries of questions with a validation error are zeroed and
+ * ignored). Valid until eng_answers_free. */
+const sch_result_t *const *eng_answers_results(const eng_answers_t *ans);
+/* input_tokens[p], the usage of part p (SPEC b.5). Valid until eng_answers_free. */
+const size_t             *eng_answers_input_tokens(const eng_answers_t *ans);
+const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans);
+
+/* SPEC e.5: the SHA-256 of chat_template.jinja against the pinned ones.
+ * d3stream renders the d3 prompt itself and never executes the template,
+ * so callers decide what an unpinned one means (ask warns, inspect reports). */
+typedef enum eng_chat_template {
+    ENG_CHAT_TEMPLATE_PINNED = 0,   /* one of the three accepted hashes */
+    ENG_CHAT_TEMPLATE_UNPINNED = 1, /* present, another hash */
+    ENG_CHAT_TEMPLATE_MISSING = 2,  /* no chat_template.jinja in dir */
+} eng_chat_template_t;
+
+/**
+ * @brief Hashes dir/chat_template.jinja and compares it with SPEC e.5.
+ * @param sha256 receives the 64 lowercase hex digits ("" when missing).
+ * @returns SVC_OK with *verdict; SVC_ERR_IO with errstr when the file
+ *          exists but cannot be read.
+ */
+SVC_WUR svc_err_t eng_chat_template_check(const char *dir, eng_chat_template_t *verdict,
+                                          char sha256[65], char *errstr, size_t errstr_size);
+
+/* ======================================================================
+ * Synthetic packages (`d3stream make-package`): a complete package with
+ * seeded random weights in the shape of a real checkpoint, so the product,
+ * its demo and its benchmarks run without downloads. Its answers are
+ * meaningless.
+ * ====================================================================== */
+
+typedef enum eng_make_size {
+    ENG_MAKE_TINY = 0, /* the tiny-upstream fixture's shapes (hidden 64, 6 layers) */
+    ENG_MAKE_LITE = 1, /* Qwen3.5-0.8B text tower */
+    ENG_MAKE_NANO = 2, /* Qwen3.5-2B text tower */
+} eng_make_size_t;
+
+typedef enum eng_make_format {
+    ENG_MAKE_SAFETENSORS = 0, /* BF16 model.safetensors (SPEC e.1) */
+    ENG_MAKE_Q4NX = 1,        /* Gen-B model.q4nx: not built yet (needs the Q4NX writer) */
+} eng_make_format_t;
+
+/* Called while model.safetensors is written: bytes done of total. */
+typedef void (*eng_make_progress_fn)(uint64_t done, uint64_t total, void *user);
+
+typedef struct eng_make_opts {
+    eng_make_size_t      size;
+    eng_make_format_t    format;
+    uint64_t             seed;
+    const char          *out_dir;       /* created if missing; files in it are replaced */
+    const char          *tokenizer_dir; /* optional: copy its tokenizer files, else our own */
+    eng_make_progress_fn progress;      /* optional */
+    void                *progress_user;
+} eng_make_opts_t;
+
+/* "tiny", "lite", "nano" <-> the enum; parse returns false for anything else. */
+bool        eng_make_size_parse(const char *s, eng_make_size_t *out);
+const char *eng_make_size_name(eng_make_size_t size);
+
+/* Elements of the text tower of size with a vocabulary of vocab ids
+ * (0: the real checkpoint's 248,320 for lite/nano, tiny-upstream's 4,048
+ * for tiny), without writing anything. */
+uint64_t eng_make_text_params(eng_make_size_t size, size_t vocab);
+
+/**
+ * @brief Writes a complete synthetic package into opts->out_dir: config.json,
+ *        model.safetensors (BF16, streamed tensor by tensor), readout.safetensors,
+ *        decision_config.json, tokenizer.json + tokenizer_config.json,
+ *        chat_template.jinja, README.md and MODEL_MANIFEST.json. The weights
+ *        depend only on seed and size (same on every machine).
+ * @returns SVC_OK; SVC_ERR_UNSUPPORTED for ENG_MAKE_Q4NX; SVC_ERR_IO,
+ *          SVC_ERR_FORMAT (a --tokenizer that cannot give 255 single-token
+ *          codes), SVC_ERR_NOMEM, with errstr naming the file.
+ * @remark Does not check whether out_dir is empty; the caller decides.
+ */
+SVC_WUR svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t errstr_size);
 
 #endif /* D3STREAM_ENGINE_H */

@@ -13,13 +13,16 @@ static const char USAGE[] =
     "Usage: d3stream <command> [options]\n"
     "\n"
     "Commands:\n"
+    "  ask       answer a request with a package: the exact response body\n"
+    "  inspect   a package's format, architecture, parameters and manifest verdict\n"
     "  prompt    render a request's questions into the exact model prompts and\n"
     "            token ids (needs a package's tokenizer and decision_config.json)\n"
     "  validate  the contract's verdict on a request, without a model\n"
     "  tokenize  token ids of text, with a package's tokenizer.json\n"
     "  version   version and the compute features of this machine\n"
+    "  make-package  a synthetic package with random weights (meaningless answers)\n"
     "\n"
-    "Coming with later issues: ask, serve, http, inspect, make-package, bench.\n"
+    "Coming with later issues: serve, http, bench.\n"
     "\n"
     "'d3stream <command> --help' explains each command.\n";
 
@@ -29,10 +32,13 @@ static const struct {
     const char *name;
     cmd_fn      fn;
 } COMMANDS[] = {
+    {"ask", ops_cmd_ask},
+    {"inspect", ops_cmd_inspect},
     {"prompt", ops_cmd_prompt},
     {"validate", ops_cmd_validate},
     {"tokenize", ops_cmd_tokenize},
     {"version", ops_cmd_version},
+    {"make-package", ops_cmd_make_package},
 };
 
 int main(int argc, char **argv) {

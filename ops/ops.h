@@ -22,6 +22,9 @@ int ops_cmd_tokenize(int argc, char **argv);
 int ops_cmd_prompt(int argc, char **argv);
 int ops_cmd_validate(int argc, char **argv);
 int ops_cmd_version(int argc, char **argv);
+int ops_cmd_make_package(int argc, char **argv);
+int ops_cmd_ask(int argc, char **argv);
+int ops_cmd_inspect(int argc, char **argv);
 
 /**
  * @brief What `d3stream prompt` prints for one request body (without the
@@ -32,6 +35,25 @@ int ops_cmd_version(int argc, char **argv);
  */
 int ops_prompt_body(const eng_package_t *pkg, const char *dir, const char *body, size_t len,
                     svc_buf_t *out, char *errstr, size_t errstr_size);
+
+/* What `d3stream ask` answers with; all borrowed. */
+typedef struct ops_ask {
+    const eng_package_t *pkg;
+    const eng_model_t   *model;
+    const char          *dir;          /* as given: a name that selects the model */
+    const char          *model_sha256; /* meta.model_sha256; NULL or "" writes null */
+} ops_ask_t;
+
+/**
+ * @brief What `d3stream ask` prints for one request body (without the final
+ *        newline): the response body the HTTP shim sends.
+ * @param out appended to; the caller owns it.
+ * @returns OPS_EXIT_OK (200 body written), OPS_EXIT_VERDICT (the
+ *          whole-request error object written) or OPS_EXIT_FAILURE (errstr
+ *          says why; nothing useful in out).
+ */
+int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, char *errstr,
+                 size_t errstr_size);
 
 /* Prints a message to stderr as "d3stream <cmd>: ..." */
 SVC_FMT(2, 3) void ops_fail(const char *cmd, const char *fmt, ...);

@@ -222,6 +222,24 @@ static const char VALIDATE_HELP[] =
     "\n"
     "Exit status: 0 the request is valid (200), 1 it is not, 2 usage, 3 unreadable input.\n";
 
+void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
+                    const char *names[3], sch_model_info_t *info) {
+    static const char *const profiles[] = {"exact"};
+    const char              *slash = strrchr(dir, '/');
+    names[0] = eng_package_model_id(pkg);
+    names[1] = dir;
+    names[2] = slash && slash[1] ? slash + 1 : dir;
+    *info = (sch_model_info_t){
+        .names = names,
+        .n_names = 3,
+        .label = names[0],
+        .has_vision = has_vision,
+        .reads_videos = false,
+        .profiles = profiles,
+        .n_profiles = 1,
+    };
+}
+
 bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
     char errstr[512];
     svc_buf_init(body, INPUT_MAX);

@@ -101,30 +101,11 @@ static svc_err_t add_request(svc_buf_t *out, const eng_package_t *pkg, const sch
     return err ? err : svc_buf_addc(out, '}');
 }
 
-/* The names that select this package (SPEC a.2 4.): its id and its path. */
-static void model_info(const eng_package_t *pkg, const char *dir, const char *names[3],
-                       sch_model_info_t *info) {
-    static const char *const profiles[] = {"exact"};
-    const char              *slash = strrchr(dir, '/');
-    names[0] = eng_package_model_id(pkg);
-    names[1] = dir;
-    names[2] = slash && slash[1] ? slash + 1 : dir;
-    *info = (sch_model_info_t){
-        .names = names,
-        .n_names = 3,
-        .label = names[0],
-        .has_vision = true,
-        .reads_videos = false,
-        .profiles = profiles,
-        .n_profiles = 1,
-    };
-}
-
 int ops_prompt_body(const eng_package_t *pkg, const char *dir, const char *body, size_t len,
                     svc_buf_t *out, char *errstr, size_t errstr_size) {
     const char      *names[3];
     sch_model_info_t info;
-    model_info(pkg, dir, names, &info);
+    ops_model_info(pkg, dir, true, names, &info);
     sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
     sch_request_t *req = NULL;
     sch_error_t    e;

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,4 +307,126 @@ Test(ops, validate_stdin_and_large_body) {
     cr_assert_str_eq(out.data, "{\"status\":413,\"error\":{\"code\":\"request_too_large\","
                                "\"message\":\"the request body exceeds 8388608 bytes\"}}\n");
     svc_buf_fini(&out);
+}
+
+/* ------------------------------------------------------------- ask, inspect */
+
+#define TINY D3_SOURCE_DIR "/tests/fixtures/tiny-upstream"
+
+/* A copy of tiny-upstream with one byte of tokenizer_config.json altered
+ * (a value nothing reads, so the package still loads). */
+static void tampered_copy(char *dir, size_t size) {
+    snprintf(dir, size, "/tmp/d3ops-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp '%s'/* '%s'/", TINY, dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "sed -i 's/\"errors\": \"replace\"/\"errors\": \"replacE\"/' "
+             "'%s/tokenizer_config.json'",
+             dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static void remove_tree(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+Test(ops, ask_example) {
+    char      cmd[4096];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' ask --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>/dev/null", binary(),
+             TINY, D3_SOURCE_DIR);
+    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    json_error_t jerr;
+    json_t      *r = json_loads(out.data, 0, &jerr);
+    cr_assert(r, "not JSON: %s", out.data);
+    const json_t *probs =
+        json_object_get(json_object_get(json_object_get(r, "answers"), "route"), "probabilities");
+    double      sum = 0;
+    const char *keys[] = {"returns", "billing", "general"};
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert(json_is_real(json_object_get(probs, keys[i])), "no probability for %s", keys[i]);
+        sum += json_real_value(json_object_get(probs, keys[i]));
+    }
+    cr_assert(fabs(sum - 1.0) <= 1e-12, "sum %.17g", sum);
+    json_decref(r);
+    svc_buf_fini(&out);
+    /* the same from stdin, with --device cpu */
+    snprintf(cmd, sizeof cmd,
+             "'%s' ask --device cpu --model '%s' < '%s/ops/examples/d3-nano-npu2.json' 2>/dev/null",
+             binary(), TINY, D3_SOURCE_DIR);
+    cr_assert_eq(run(cmd, &out), 0);
+    cr_assert(strstr(out.data, "\"route\":{\"type\":\"choice\""), "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+Test(ops, ask_usage_and_refusals) {
+    char      cmd[4096];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' ask --device npu --model '%s' /dev/null 2>/dev/null", binary(),
+             TINY);
+    cr_assert_eq(run(cmd, &out), 2, "--device npu is a usage error");
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' ask --help", binary());
+    cr_assert_eq(run(cmd, &out), 0);
+    cr_assert(strstr(out.data, "Usage: d3stream ask"));
+    svc_buf_fini(&out);
+    /* a whole-request error is printed, exit 1 */
+    snprintf(cmd, sizeof cmd, "printf '[1]' | '%s' ask --model '%s' 2>/dev/null", binary(), TINY);
+    cr_assert_eq(run(cmd, &out), 1);
+    cr_assert(strstr(out.data, "{\"error\":{\"code\":\"invalid_request\""), "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+Test(ops, inspect_tiny_upstream) {
+    char      cmd[4096];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s'", binary(), TINY);
+    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "manifest       MODEL_MANIFEST.json: ok"), "%s", out.data);
+    cr_assert(strstr(out.data, "parameters     text 509920, readout 16320"), "%s", out.data);
+    cr_assert(strstr(out.data, "noncausal_full_attention"), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect --json --model '%s'", binary(), TINY);
+    cr_assert_eq(run(cmd, &out), 0);
+    json_t *r = json_loads(out.data, 0, NULL);
+    cr_assert(r, "not JSON: %s", out.data);
+    cr_assert(json_is_true(json_object_get(r, "ok")));
+    cr_assert(json_is_true(json_object_get(json_object_get(r, "manifest"), "ok")));
+    cr_assert_eq(json_integer_value(json_object_get(r, "max_length")), 8192);
+    json_decref(r);
+    svc_buf_fini(&out);
+}
+
+Test(ops, tampered_package) {
+    char dir[64], cmd[4096];
+    tampered_copy(dir, sizeof dir);
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s'", binary(), dir);
+    cr_assert_eq(run(cmd, &out), 1, "%s", out.data);
+    cr_assert(strstr(out.data, "MISMATCH  tokenizer_config.json"), "%s", out.data);
+    svc_buf_fini(&out);
+    /* ask refuses it, naming the file */
+    snprintf(cmd, sizeof cmd, "'%s' ask --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>&1",
+             binary(), dir, D3_SOURCE_DIR);
+    cr_assert_eq(run(cmd, &out), 3, "%s", out.data);
+    cr_assert(strstr(out.data, "tokenizer_config.json"), "%s", out.data);
+    svc_buf_fini(&out);
+    /* --no-verify: a warning, and an answer */
+    snprintf(cmd, sizeof cmd,
+             "'%s' ask --no-verify --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>'%s/stderr'",
+             binary(), dir, D3_SOURCE_DIR, dir);
+    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "\"probabilities\":{\"returns\":"), "%s", out.data);
+    svc_buf_fini(&out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/stderr", dir);
+    char *err = slurp(path);
+    cr_assert(strstr(err, "warning: --no-verify"), "%s", err);
+    free(err);
+    remove_tree(dir);
 }

@@ -2,7 +2,7 @@
 """Golden numerics for the Qwen3.5 text tower (SPEC d, e), made with Hugging Face transformers.
 
 One command regenerates everything (deterministic weights; numerics depend only on torch's
-fp32 CPU kernels):
+fp32/fp64 CPU kernels):
 
     python3 tests/tools/gen_tower_golden.py
 
@@ -10,7 +10,8 @@ Needs: torch (CPU is enough), transformers with models/qwen3_5 (written against 
 safetensors, numpy.
 
 1. A tiny random Qwen3.5 text tower (numpy PCG64 seeded weights, every weight rounded to
-   BF16 and the reference run in fp32 with those BF16 values):
+   BF16 and the reference run in fp32 with those BF16 values; the same BF16 values are also
+   run in float64, see "fp64 reference" below):
    vocab 4048 (= the qwen35-mini tokenizer, ids 0..4047), hidden 64, 6 layers
    [lin, lin, lin, full, lin, full], full attention 4 q heads / 2 kv heads, head_dim 16,
    output gate (q_proj is 2x wide), partial rotary 0.25 (rotary dim 4), rope_theta 1e7,
@@ -20,6 +21,21 @@ safetensors, numpy.
    NOTE (HF numerics): every Qwen3_5RMSNorm (input/post-attention layernorms, q_norm, k_norm,
    final norm) multiplies by (1 + w); the Gated DeltaNet output norm
    (linear_attn.norm, Qwen3_5RMSNormGated) multiplies by plain w, then by silu(z).
+   Conditioning: the Gated DeltaNet decays use A_log = log U(0.5, 2) and dt_bias U(-3, -1)
+   (slow decay, g = -exp(A_log) * softplus(a + dt_bias) mostly in (-0.6, 0)). With faster
+   decays (A_log up to log 8, dt_bias up to 1, the first version of this script) the core
+   attention output of some heads/positions was a near-cancellation (rms ~1e-4 against
+   terms ~1e-2) that the gated RMS norm then scales up, so the fp32 reference itself was
+   up to 2e-4 (relative) away from fp64 (rand_65, rand_129) -- farther than a correct fp32
+   implementation may be from it. With the current ranges every record's fp32 states, final
+   hidden and logits are within FP32_VS_FP64_REL of the fp64 run (asserted below).
+
+   fp64 reference: the same BF16-rounded weights in float64 (model.double()), through a copy
+   of transformers' modeling_qwen3_5 whose hard-coded fp32 casts (RMSNorm / gated RMSNorm
+   .float() and .to(torch.float32), the chunked gated delta rule's fp32 inputs, the eager
+   attention softmax dtype, the rotary inv_freq/cos/sin) are rewritten to fp64; the script
+   asserts that every module output, the delta-rule and the attention inputs/outputs are
+   float64 in that run.
 
 2. The upstream package dir tests/fixtures/tiny-upstream/ (SPEC e): model.safetensors (BF16,
    names "model.language_model.*" exactly as Qwen3_5ForConditionalGeneration.state_dict() has
@@ -41,7 +57,7 @@ safetensors, numpy.
 
    .d3gt format (all little-endian):
      offset 0   char[4] magic "D3GT"
-            4   u32 version = 1
+            4   u32 version = 2
             8   u32 T          number of tokens
            12   u32 H          hidden size (64)
            16   u32 S          number of recorded states (= 1 + num_layers = 7):
@@ -65,6 +81,14 @@ safetensors, numpy.
                                         activations (an indication of BF16 drift, not a golden)
                 f32 logits_bf16h[C]     bf16(final_last_bf16) -> fp32, x readout^T in fp32
                                         (SPEC d.5 FP32 path applied to the BF16 run)
+              (version 2 adds the fp64 reference of the same model and ids:)
+                f32 states64[S][P][H]   as states, from the fp64 run, rounded once to f32
+                                        (relative rounding <= 6e-8; kept f32 for size)
+                f64 final_last64[H]     final-norm output at T-1, fp64 run
+                f64 logits64[C]         final_last64 x readout^T in fp64 (readout values are
+                                        the f32 ones, exact in fp64)
+                f64 probs3_64[3]        as probs3, from logits64
+                f64 probs255_64[255]    as probs255, from logits64
      End of file right after (size is checked by the script).
 """
 
@@ -106,7 +130,12 @@ REAL_PROMPTS = [
 RANDOM_LENGTHS = [1, 2, 63, 64, 65, 129, 200, 1000, 5000]
 
 MAGIC = b"D3GT"
-VERSION = 1
+VERSION = 2
+# every record: fp32 transformers states/final/logits within this relative max-norm error of
+# the fp64 run, probabilities within FP32_VS_FP64_PROB absolute (asserted; the logits reach
+# ~10, so a 5e-6 relative logit error moves a probability by ~5e-6)
+FP32_VS_FP64_REL = 3e-5
+FP32_VS_FP64_PROB = 1e-5
 
 
 def text_config_kwargs() -> dict:
@@ -158,10 +187,10 @@ def random_weight(name: str, shape: tuple, rng: np.random.Generator) -> np.ndarr
         return 1.0 + 0.15 * rng.standard_normal(shape)
     if name.endswith("norm.weight"):  # (1 + w) norms: layernorms, q_norm, k_norm, final norm
         return 0.15 * rng.standard_normal(shape)
-    if name.endswith("A_log"):
-        return np.log(rng.uniform(0.5, 8.0, shape))
+    if name.endswith("A_log"):  # slow decays: see "Conditioning" in the docstring
+        return np.log(rng.uniform(0.5, 2.0, shape))
     if name.endswith("dt_bias"):
-        return rng.uniform(-1.5, 1.0, shape)
+        return rng.uniform(-3.0, -1.0, shape)
     if name.endswith("conv1d.weight"):
         return 0.3 * rng.standard_normal(shape)
     if name.endswith("embed_tokens.weight"):
@@ -198,6 +227,91 @@ def build_model(torch, transformers):
     readout = torch.from_numpy(
         (0.25 * rng.standard_normal((N_CODES, HIDDEN))).astype(np.float32))
     return cfg, model, new, readout
+
+
+def fp64_modeling_module(torch):
+    """A copy of transformers' modeling_qwen3_5 in which the hard-coded fp32 casts are fp64.
+
+    The stock module computes the RMS norms (x.float()), the gated RMS norm
+    (.to(torch.float32)), the chunked gated delta rule (inputs .to(torch.float32)), the eager
+    attention softmax (dtype=torch.float32) and the rotary tables (dtype=torch.float,
+    .float()) in fp32 whatever the model dtype, so model.double() alone is not an fp64 run.
+    The copy replaces those casts and wraps the delta rule and the eager attention with dtype
+    asserts; run_fp64_checked() asserts every module output is float64.
+    """
+    import inspect
+    import types
+
+    import transformers.models.qwen3_5.modeling_qwen3_5 as M
+
+    src = inspect.getsource(M)
+    for a, b, n_min in (("torch.float32", "torch.float64", 4), (".float()", ".double()", 4),
+                        ("dtype=torch.float)", "dtype=torch.float64)", 2)):
+        n = src.count(a)
+        assert n >= n_min, f"modeling_qwen3_5 changed: {n} x {a!r}"
+        src = src.replace(a, b)
+    assert "float32" not in src and ".float()" not in src and "torch.float)" not in src
+    name = M.__name__ + "_d3_fp64"
+    mod = types.ModuleType(name)
+    mod.__package__ = M.__package__
+    mod.__file__ = M.__file__
+    sys.modules[name] = mod
+    exec(compile(src, f"{M.__file__} [fp64 copy]", "exec"), mod.__dict__)
+
+    calls = {"delta": 0, "attn": 0}
+
+    def all64(*ts):
+        for t in ts:
+            if t is not None:
+                assert t.dtype == torch.float64, t.dtype
+
+    delta = mod.torch_chunk_gated_delta_rule
+
+    def delta64(query, key, value, g, beta, **kw):
+        all64(query, key, value, g, beta, kw.get("initial_state"))
+        out, state = delta(query, key, value, g=g, beta=beta, **kw)
+        all64(out, state)
+        calls["delta"] += 1
+        return out, state
+
+    attn = mod.eager_attention_forward
+
+    def attn64(module, query, key, value, attention_mask, *a, **kw):
+        all64(query, key, value)
+        if attention_mask is not None and attention_mask.is_floating_point():
+            all64(attention_mask)
+        out, weights = attn(module, query, key, value, attention_mask, *a, **kw)
+        all64(out, weights)
+        calls["attn"] += 1
+        return out, weights
+
+    mod.torch_chunk_gated_delta_rule = delta64
+    mod.eager_attention_forward = attn64
+    mod.d3_calls = calls
+    return mod
+
+
+def build_model64(torch, transformers, cfg, sd):
+    """The fp64 twin: same (BF16-rounded) weights, float64 everywhere."""
+    mod = fp64_modeling_module(torch)
+    torch.manual_seed(0)
+    model = mod.Qwen3_5TextModel(cfg).double().eval()
+    model.load_state_dict({k: v.double() for k, v in sd.items()}, strict=True)
+    for n, t in list(model.named_parameters()) + list(model.named_buffers()):
+        assert t.dtype == torch.float64, (n, t.dtype)
+    assert type(model.layers[0].linear_attn).__module__ == mod.__name__
+    model.d3_calls = mod.d3_calls
+
+    def out64(m, i, o):
+        for t in (o if isinstance(o, (tuple, list)) else (o,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                assert t.dtype == torch.float64, (type(m).__name__, t.dtype)
+        if hasattr(o, "last_hidden_state"):
+            assert o.last_hidden_state.dtype == torch.float64
+
+    for m in model.modules():
+        m.register_forward_hook(out64)
+    return model
 
 
 def hf_text_names(torch, transformers, cfg) -> list[str]:
@@ -328,7 +442,7 @@ def record_positions(T: int) -> list[int]:
 
 
 def run_tower(torch, model, ids: list[int], mode: str, dtype):
-    """Returns (states [S, T, H] fp32, final [T, H] fp32)."""
+    """Returns (states [S, T, H], final [T, H]) in the model's dtype."""
     T = len(ids)
     x = torch.tensor([ids], dtype=torch.long)
     states = []
@@ -352,8 +466,9 @@ def run_tower(torch, model, ids: list[int], mode: str, dtype):
         for h in hooks:
             h.remove()
     assert len(states) == 1 + len(model.layers)
-    st = torch.stack([s[0] for s in states]).to(torch.float32)
-    return st, out.last_hidden_state[0].to(torch.float32)
+    st = torch.stack([s[0] for s in states])
+    assert st.dtype == dtype and out.last_hidden_state.dtype == dtype
+    return st, out.last_hidden_state[0]
 
 
 def readout_probs(logits64: np.ndarray, n: int, temperature: float = 1.0) -> np.ndarray:
@@ -367,8 +482,14 @@ def readout_probs(logits64: np.ndarray, n: int, temperature: float = 1.0) -> np.
     return p / p.sum()
 
 
+def rel_err(a, b) -> float:
+    """max|a - b| / max|b| (the test's relative max-norm error)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
 def write_case(path: Path, ids, mode_id, pos, states, final_last, logits, p3, p255,
-               final_bf16, logits_bf16h):
+               final_bf16, logits_bf16h, states64, final64, logits64, p3_64, p255_64):
     S, P, H = states.shape
     buf = bytearray()
     buf += MAGIC
@@ -382,8 +503,15 @@ def write_case(path: Path, ids, mode_id, pos, states, final_last, logits, p3, p2
     buf += np.asarray(p255, dtype="<f8").tobytes()
     buf += np.asarray(final_bf16, dtype="<f4").tobytes()
     buf += np.asarray(logits_bf16h, dtype="<f4").tobytes()
+    assert states64.shape == states.shape
+    buf += np.ascontiguousarray(states64, dtype="<f4").tobytes()
+    buf += np.asarray(final64, dtype="<f8").tobytes()
+    buf += np.asarray(logits64, dtype="<f8").tobytes()
+    buf += np.asarray(p3_64, dtype="<f8").tobytes()
+    buf += np.asarray(p255_64, dtype="<f8").tobytes()
     expect = 32 + 4 * len(ids) + 4 * P + 4 * S * P * H + 4 * H + 4 * N_CODES + 8 * 3 \
-        + 8 * N_CODES + 4 * H + 4 * N_CODES
+        + 8 * N_CODES + 4 * H + 4 * N_CODES \
+        + 4 * S * P * H + 8 * H + 8 * N_CODES + 8 * 3 + 8 * N_CODES
     assert len(buf) == expect
     path.write_bytes(bytes(buf))
 
@@ -426,12 +554,17 @@ def main() -> int:
     # BF16 twin of the model (same BF16 weights) for the drift indication
     import copy
     model16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+    # fp64 twin (same BF16 weights), the reference the fp32 goldens are checked against
+    model64 = build_model64(torch, transformers, cfg, sd)
 
     if GOLD_OUT.exists():
         shutil.rmtree(GOLD_OUT)
     GOLD_OUT.mkdir(parents=True)
     W = readout.to(torch.float32)
+    W64 = readout.to(torch.float64)
     index = []
+    n_trivial = n_records = 0
+    worst = {"rel": 0.0, "prob": 0.0}
     for c in cases():
         ids, T = c["ids"], len(c["ids"])
         assert all(0 <= i < VOCAB for i in ids)
@@ -440,29 +573,64 @@ def main() -> int:
         for mode, mode_id in (("causal", 0), ("noncausal", 1)):
             st, fin = run_tower(torch, model, ids, mode, torch.float32)
             st16, fin16 = run_tower(torch, model16, ids, mode, torch.bfloat16)
+            calls0 = dict(model64.d3_calls)
+            st64, fin64 = run_tower(torch, model64, ids, mode, torch.float64)
+            assert model64.d3_calls["delta"] - calls0["delta"] == LAYER_TYPES.count(
+                "linear_attention")
+            assert model64.d3_calls["attn"] - calls0["attn"] == LAYER_TYPES.count(
+                "full_attention")
             final_last = fin[-1]
             logits = final_last @ W.T
-            f16 = fin16[-1]
+            f16 = fin16[-1].to(torch.float32)
             logits16 = bf16_round(f16) @ W.T
-            l64 = logits.double().numpy()
-            p3, p255 = readout_probs(l64, 3), readout_probs(l64, N_CODES)
+            l32 = logits.double().numpy()
+            p3, p255 = readout_probs(l32, 3), readout_probs(l32, N_CODES)
+            final64 = fin64[-1]
+            logits64 = (final64 @ W64.T).numpy()
+            p3_64, p255_64 = readout_probs(logits64, 3), readout_probs(logits64, N_CODES)
+            states32, states64 = st[:, pos, :].numpy(), st64[:, pos, :].numpy()
+
+            # the fp32 golden must be well conditioned: close to the fp64 run everywhere
+            e_states = max(rel_err(states32[s], states64[s]) for s in range(states64.shape[0]))
+            errs = {"states": e_states, "final_last": rel_err(final_last.numpy(), final64.numpy()),
+                    "logits": rel_err(l32, logits64),
+                    "probs3": float(np.abs(p3 - p3_64).max()),
+                    "probs255": float(np.abs(p255 - p255_64).max())}
             fname = f"{c['name']}.{mode}.d3gt"
-            write_case(GOLD_OUT / fname, ids, mode_id, pos, st[:, pos, :].numpy(),
+            for k in ("states", "final_last", "logits"):
+                assert errs[k] <= FP32_VS_FP64_REL, f"{fname}: fp32 {k} {errs[k]:.3g} from fp64"
+                worst["rel"] = max(worst["rel"], errs[k])
+            for k in ("probs3", "probs255"):
+                assert errs[k] <= FP32_VS_FP64_PROB, f"{fname}: fp32 {k} {errs[k]:.3g} from fp64"
+                worst["prob"] = max(worst["prob"], errs[k])
+            n_records += 1
+            n_trivial += bool(np.all(np.abs(p3_64 - 1 / 3) < 0.05))
+
+            write_case(GOLD_OUT / fname, ids, mode_id, pos, states32,
                        final_last.numpy(), logits.numpy(), p3, p255, f16.numpy(),
-                       logits16.numpy())
+                       logits16.numpy(), states64, final64.numpy(), logits64, p3_64, p255_64)
             lasts[mode] = final_last
-            drift = float((fin16[-1] - final_last).abs().max())
+            drift = float((f16 - final_last).abs().max())
             index.append({"name": c["name"], "file": fname, "mode": mode, "n_tokens": T,
                           "n_positions": len(pos), "source": c["source"],
-                          "bf16_final_last_max_abs_diff": round(drift, 6)})
+                          "bf16_final_last_max_abs_diff": round(drift, 6),
+                          "fp32_vs_fp64": {k: float(f"{v:.3g}") for k, v in errs.items()}})
             print(f"  {fname:45s} T={T:5d} P={len(pos):3d} |h_last|max="
                   f"{float(final_last.abs().max()):.3f} p3={np.round(p3, 4).tolist()} "
-                  f"bf16 drift {drift:.4f}")
+                  f"bf16 drift {drift:.4f}; fp32 vs fp64: states {errs['states']:.2e} "
+                  f"final {errs['final_last']:.2e} logits {errs['logits']:.2e} "
+                  f"p3 {errs['probs3']:.1e} p255 {errs['probs255']:.1e}", flush=True)
         d = float((lasts["causal"] - lasts["noncausal"]).abs().max())
         if T > 1:
             assert d > 1e-3, f"{c['name']}: noncausal == causal at the last position ({d})"
         else:
             assert d < 1e-5, f"{c['name']}: T=1 must not depend on the mode ({d})"
+
+    # activations stay non-trivial: the n = 3 distribution is not ~uniform for most records
+    assert n_trivial <= n_records // 4, f"{n_trivial} of {n_records} records have p3 ~ 1/3"
+    print(f"checks: fp32 vs fp64 worst relative {worst['rel']:.2e} (<= {FP32_VS_FP64_REL}), "
+          f"worst probability {worst['prob']:.2e} (<= {FP32_VS_FP64_PROB}); "
+          f"{n_trivial}/{n_records} records with p3 within 0.05 of 1/3")
 
     # extra check of the noncausal path: a non-last position must see later tokens, so the
     # output at position 0 differs between modes, while in causal mode it equals the T=1 run.
@@ -495,7 +663,7 @@ def main() -> int:
     print("checks: mode matters for T > 1; T=1 mode independent; eager == sdpa in both modes")
 
     (GOLD_OUT / "index.json").write_text(json.dumps({
-        "format": "D3GT v1, see tests/tools/gen_tower_golden.py",
+        "format": "D3GT v2, see tests/tools/gen_tower_golden.py",
         "package": str(PKG_OUT.relative_to(REPO)),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "cases": index}, indent=1) + "\n", encoding="utf-8")

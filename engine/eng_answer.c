@@ -1,0 +1,267 @@
+/*
+ * eng_answer.c -- a decoded System One request -> the outcome of every
+ * question (SPEC b.2, b.5, b.6, c.7, d), on the fp32 text tower.
+ *
+ * Questions run one after another, one unpadded forward pass each, in
+ * request order. That is the single-question pass SPEC "d3stream's own
+ * choices" 4 makes the numerical contract; batching several questions per
+ * pass and sharing the common prompt prefix are a later issue, and must
+ * give the same probabilities within the engine's tolerances.
+ *
+ * The results are plain sch_result_t rows that sch_response_encode writes;
+ * this file owns their probabilities and messages until eng_answers_free.
+ */
+#include "engine.h"
+#include "eng_manifest_int.h"
+
+#include <time.h>
+
+/* One part's results. results[i].probs points into probs, and
+ * results[i].error_message aliases messages[i] (both owned here). */
+typedef struct ans_part {
+    sch_result_t *results;  /* (n) */
+    char        **messages; /* (n), NULL entries when none */
+    double       *probs;    /* (sum of the valid questions' option counts) */
+    size_t        n;
+} ans_part_t;
+
+struct eng_answers {
+    size_t               n_parts;
+    ans_part_t          *parts;        /* (n_parts) */
+    const sch_result_t **views;        /* (n_parts): parts[p].results, for the encoder */
+    size_t              *input_tokens; /* (n_parts) */
+    eng_answer_stats_t   stats;
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void eng_answers_free(eng_answers_t *ans) {
+    if (!ans)
+        return;
+    for (size_t p = 0; ans->parts && p < ans->n_parts; p++) {
+        ans_part_t *ap = &ans->parts[p];
+        for (size_t i = 0; ap->messages && i < ap->n; i++)
+            free(ap->messages[i]);
+        free(ap->messages);
+        free(ap->results);
+        free(ap->probs);
+    }
+    free(ans->parts);
+    free(ans->views);
+    free(ans->input_tokens);
+    free(ans);
+}
+
+const sch_result_t *const *eng_answers_results(const eng_answers_t *ans) {
+    return ans->views;
+}
+
+const size_t *eng_answers_input_tokens(const eng_answers_t *ans) {
+    return ans->input_tokens;
+}
+
+const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans) {
+    return &ans->stats;
+}
+
+/* Room for one part: a result and a message slot per question (at least
+ * one, so that calloc never sees 0), and every valid question's options. */
+static svc_err_t part_alloc(ans_part_t *ap, const sch_part_t *part) {
+    size_t n_probs = 0;
+    for (size_t i = 0; i < part->n_questions; i++)
+        if (!part->questions[i].error_code)
+            n_probs += part->questions[i].n_options;
+    ap->n = part->n_questions;
+    ap->results = calloc(ap->n ? ap->n : 1, sizeof *ap->results);
+    ap->messages = calloc(ap->n ? ap->n : 1, sizeof *ap->messages);
+    ap->probs = calloc(n_probs ? n_probs : 1, sizeof *ap->probs);
+    return ap->results && ap->messages && ap->probs ? SVC_OK : SVC_ERR_NOMEM;
+}
+
+static eng_answers_t *answers_new(const sch_request_t *req) {
+    eng_answers_t *ans = calloc(1, sizeof *ans);
+    if (!ans)
+        return NULL;
+    ans->n_parts = sch_request_n_parts(req);
+    ans->parts = calloc(ans->n_parts, sizeof *ans->parts);
+    ans->views = calloc(ans->n_parts, sizeof *ans->views);
+    ans->input_tokens = calloc(ans->n_parts, sizeof *ans->input_tokens);
+    bool ok = ans->parts && ans->views && ans->input_tokens;
+    for (size_t p = 0; ok && p < ans->n_parts; p++) {
+        ok = part_alloc(&ans->parts[p], sch_request_part(req, p)) == SVC_OK;
+        ans->views[p] = ans->parts[p].results;
+    }
+    if (!ok) {
+        eng_answers_free(ans);
+        return NULL;
+    }
+    return ans;
+}
+
+/* What one question needs besides its part: the package, the model, and
+ * the buffers reused from question to question. */
+typedef struct ans_ctx {
+    const eng_package_t *pkg;
+    const eng_model_t   *model;
+    eng_prompt_t         pr;
+    float               *hidden; /* (hidden_size) final-norm output */
+    eng_answer_stats_t  *stats;
+    char                *errstr;
+    size_t               errstr_size;
+} ans_ctx_t;
+
+/* max_length_exceeded (SPEC b.6, c.7): the question never reaches the
+ * model and is not counted in usage (b.5). */
+static svc_err_t too_long(ans_part_t *ap, size_t i, size_t n_tokens, size_t limit) {
+    int n = snprintf(NULL, 0, SCH_MSG_MAX_LENGTH, n_tokens, limit);
+    if (n < 0)
+        return SVC_ERR_INTERNAL;
+    ap->messages[i] = malloc((size_t)n + 1);
+    if (!ap->messages[i])
+        return SVC_ERR_NOMEM;
+    snprintf(ap->messages[i], (size_t)n + 1, SCH_MSG_MAX_LENGTH, n_tokens, limit);
+    ap->results[i].error_code = "max_length_exceeded";
+    ap->results[i].error_message = ap->messages[i];
+    return SVC_OK;
+}
+
+/* Question i of part: render, check the length, run the tower, read out
+ * its options into probs. *used gets the tokens it spent (0 if refused). */
+static svc_err_t answer_one(ans_ctx_t *c, const sch_part_t *part, size_t i, ans_part_t *ap,
+                            double *probs, size_t *used) {
+    const sch_question_t *q = &part->questions[i];
+    double                t0 = now_ms();
+    svc_err_t err = eng_prompt_render(c->pkg, part, q, &c->pr, c->errstr, c->errstr_size);
+    double    t1 = now_ms();
+    c->stats->tokenize_ms += t1 - t0;
+    *used = 0;
+    if (err)
+        return err;
+    size_t limit = eng_package_max_length(c->pkg);
+    if (c->pr.n_tokens > limit)
+        return too_long(ap, i, c->pr.n_tokens, limit);
+    err = eng_model_forward(c->model, c->pr.ids.v, c->pr.ids.n, eng_package_noncausal(c->pkg),
+                            c->hidden, NULL, NULL, c->errstr, c->errstr_size);
+    if (err) {
+        char why[384];
+        snprintf(why, sizeof why, "%s", c->errstr);
+        svc_errf(c->errstr, c->errstr_size, "question \"%.*s\": %s", (int)q->id_len, q->id, why);
+        return err;
+    }
+    err = eng_readout_probs(c->model, c->hidden, q->n_options, eng_package_temperature(c->pkg),
+                            probs);
+    c->stats->forward_ms += now_ms() - t1;
+    c->stats->n_forward++;
+    if (err) /* option count and temperature were checked by the decoder and the package */
+        svc_errf(c->errstr, c->errstr_size, "question \"%.*s\": readout refused %zu options",
+                 (int)q->id_len, q->id, q->n_options);
+    ap->results[i].probs = probs;
+    *used = c->pr.n_tokens;
+    return err;
+}
+
+static svc_err_t answer_part(ans_ctx_t *c, const sch_part_t *part, ans_part_t *ap,
+                             size_t *input_tokens) {
+    double *probs = ap->probs;
+    for (size_t i = 0; i < part->n_questions; i++) {
+        if (part->questions[i].error_code)
+            continue; /* the encoder writes its validation error */
+        size_t    used;
+        svc_err_t err = answer_one(c, part, i, ap, probs, &used);
+        if (err)
+            return err;
+        probs += part->questions[i].n_options;
+        *input_tokens += used;
+    }
+    return SVC_OK;
+}
+
+/* The text tower has no vision tower (issue 6): refuse media before any
+ * forward pass rather than answer without them. */
+static svc_err_t refuse_media(const eng_package_t *pkg, const sch_request_t *req, char *errstr,
+                              size_t errstr_size) {
+    for (size_t p = 0; p < sch_request_n_parts(req); p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        if (part->n_images || part->n_videos) {
+            svc_errf(errstr, errstr_size, "model %s has no vision tower; images are not supported",
+                     eng_package_model_id(pkg));
+            return SVC_ERR_UNSUPPORTED;
+        }
+    }
+    return SVC_OK;
+}
+
+svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
+                             const sch_request_t *req, eng_answers_t **out, char *errstr,
+                             size_t errstr_size) {
+    *out = NULL;
+    svc_err_t err = refuse_media(pkg, req, errstr, errstr_size);
+    if (err)
+        return err;
+    eng_answers_t *ans = answers_new(req);
+    if (!ans) {
+        svc_errf(errstr, errstr_size, "out of memory for the answers");
+        return SVC_ERR_NOMEM;
+    }
+    ans_ctx_t c = {.pkg = pkg,
+                   .model = model,
+                   .stats = &ans->stats,
+                   .errstr = errstr,
+                   .errstr_size = errstr_size};
+    eng_prompt_init(&c.pr);
+    c.hidden = malloc(eng_model_hidden_size(model) * sizeof *c.hidden);
+    err = c.hidden ? SVC_OK : SVC_ERR_NOMEM;
+    for (size_t p = 0; !err && p < ans->n_parts; p++)
+        err = answer_part(&c, sch_request_part(req, p), &ans->parts[p], &ans->input_tokens[p]);
+    free(c.hidden);
+    eng_prompt_fini(&c.pr);
+    if (err) {
+        if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
+            svc_errf(errstr, errstr_size, "out of memory answering the request");
+        eng_answers_free(ans);
+        return err;
+    }
+    *out = ans;
+    return SVC_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Chat template (SPEC e.5)
+ * --------------------------------------------------------------------- */
+
+static const char *const PINNED_TEMPLATES[] = {
+    "273d8e0e683b885071fb17e08d71e5f2a5ddfb5309756181681de4f5a1822d80", /* d3-nano, d3-lite */
+    "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715", /* d3-flash, d3-mini */
+    "c3cf9e34abf4f9e36c2d72165aa9c132d3e2a725b6c2586aaa3a8af9d7a81041", /* d3 */
+};
+
+svc_err_t eng_chat_template_check(const char *dir, eng_chat_template_t *verdict, char sha256[65],
+                                  char *errstr, size_t errstr_size) {
+    size_t n = strlen(dir) + sizeof "/chat_template.jinja";
+    char  *path = malloc(n);
+    sha256[0] = '\0';
+    if (!path)
+        return SVC_ERR_NOMEM;
+    snprintf(path, n, "%s/chat_template.jinja", dir);
+    svc_err_t err = eng_sha256_file(path, sha256, NULL, errstr, errstr_size);
+    bool      missing = err == SVC_ERR_IO && errno == ENOENT;
+    free(path);
+    if (missing) {
+        sha256[0] = '\0';
+        if (errstr_size)
+            errstr[0] = '\0';
+        *verdict = ENG_CHAT_TEMPLATE_MISSING;
+        return SVC_OK;
+    }
+    if (err)
+        return err;
+    *verdict = ENG_CHAT_TEMPLATE_UNPINNED;
+    for (size_t i = 0; i < sizeof PINNED_TEMPLATES / sizeof PINNED_TEMPLATES[0]; i++)
+        if (strcmp(sha256, PINNED_TEMPLATES[i]) == 0)
+            *verdict = ENG_CHAT_TEMPLATE_PINNED;
+    return SVC_OK;
+}

@@ -1,0 +1,296 @@
+/*
+ * ops_ask.c -- `d3stream ask`: one request -> the exact response body the
+ * HTTP shim sends for it, computed on this machine's CPU with the package's
+ * text tower. Also the package checks that `ask` and `inspect` share.
+ */
+#include "ops_int.h"
+
+#include "eng_manifest_int.h"
+#include "npu.h"
+#include "schemas.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <sys/stat.h>
+
+static const char ASK_HELP[] =
+    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [FILE]\n"
+    "\n"
+    "Answers the System One request in FILE (or stdin) with the package in DIR and\n"
+    "prints, as one line, the exact response body the HTTP shim sends: the 200 body\n"
+    "{\"model\":...,\"answers\":{...},\"usage\":{...}} (+ \"meta\" when the request asks\n"
+    "for it, + \"states\"), or a whole-request error {\"error\":{\"code\":...,\"message\":...}}.\n"
+    "Questions run one by one on the fp32 reference text tower; a question longer\n"
+    "than the package's limit is answered max_length_exceeded, never truncated.\n"
+    "Requests with images or videos are refused (no vision tower yet).\n"
+    "\n"
+    "  --model DIR    a decision3 package (upstream safetensors layout)\n"
+    "  --device D     auto (default) or cpu; both run the CPU reference path: no\n"
+    "                 NPU is supported yet, and auto says nothing about it\n"
+    "  --no-verify    skip the manifest check (a warning is printed). By default\n"
+    "                 the files are checked against MODEL_MANIFEST.json (SPEC e.3,\n"
+    "                 e.4), else MANIFEST.sha256, before anything is loaded; a\n"
+    "                 package with neither is refused\n"
+    "\n"
+    "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
+    "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
+    "a warning on stderr, not refused (test packages cannot carry the real bytes).\n"
+    "\n"
+    "Exit status: 0 answered, 1 a whole-request error printed, 2 usage, 3 the\n"
+    "package failed its manifest or could not be loaded, or the input is unreadable.\n";
+
+/* ---------------------------------------------------------------- checks */
+
+static bool is_file(const char *dir, const char *name) {
+    char        path[4096];
+    struct stat sb;
+    int         n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+svc_err_t ops_manifest_verify(const char *dir, const char **which, eng_mf_verdict_t *v,
+                              char *errstr, size_t errstr_size) {
+    *which = NULL;
+    if (is_file(dir, OPS_MF_JSON)) {
+        *which = OPS_MF_JSON;
+        return eng_manifest_verify_model(dir, v, errstr, errstr_size);
+    }
+    if (is_file(dir, OPS_MF_SUM)) {
+        *which = OPS_MF_SUM;
+        return eng_manifest_verify_sha256sum(dir, v, errstr, errstr_size);
+    }
+    svc_errf(errstr, errstr_size, "no manifest: \"%s\" has neither " OPS_MF_JSON " nor " OPS_MF_SUM,
+             dir);
+    return SVC_ERR_INVALID;
+}
+
+/* identity.model_sha256 as MODEL_MANIFEST.json lists it (unchecked), or "". */
+static void listed_identity(const char *dir, char sha[ENG_SHA256_HEX + 1]) {
+    char path[4096];
+    sha[0] = '\0';
+    if (snprintf(path, sizeof path, "%s/" OPS_MF_JSON, dir) >= (int)sizeof path)
+        return;
+    json_t     *mf = json_load_file(path, 0, NULL);
+    const char *s =
+        json_string_value(json_object_get(json_object_get(mf, "identity"), "model_sha256"));
+    if (s && strlen(s) == ENG_SHA256_HEX)
+        memcpy(sha, s, ENG_SHA256_HEX + 1);
+    json_decref(mf);
+}
+
+/* The manifest check before loading; sha gets the package identity for
+ * meta.model_sha256 ("" when unknown). Returns OPS_EXIT_OK or the exit status. */
+static int ask_verify(const char *dir, bool no_verify, char sha[ENG_SHA256_HEX + 1]) {
+    sha[0] = '\0';
+    if (no_verify) {
+        fprintf(stderr,
+                "d3stream ask: warning: --no-verify: the files of \"%s\" are not "
+                "checked against its manifest\n",
+                dir);
+        listed_identity(dir, sha);
+        return OPS_EXIT_OK;
+    }
+    eng_mf_verdict_t v;
+    const char      *which;
+    char             errstr[1024] = "";
+    eng_mf_verdict_init(&v);
+    svc_err_t err = ops_manifest_verify(dir, &which, &v, errstr, sizeof errstr);
+    if (err)
+        ops_fail("ask", "%s%s", v.message[0] ? v.message : errstr,
+                 which ? "" : " (--no-verify to use it anyway)");
+    else if (strcmp(which, OPS_MF_JSON) == 0)
+        memcpy(sha, v.model_sha256, ENG_SHA256_HEX + 1);
+    else if (eng_manifest_identity(dir, &v, sha, errstr, sizeof errstr))
+        sha[0] = '\0'; /* meta then says null; the files themselves verified */
+    eng_mf_verdict_fini(&v);
+    return err ? OPS_EXIT_FAILURE : OPS_EXIT_OK;
+}
+
+/* SPEC e.5 makes an unpinned template a refusal upstream. d3stream renders
+ * the d3 prompt itself and never executes the template, and synthetic
+ * packages (tests, make-package) cannot carry the real template bytes, so
+ * here it is a warning: the prompt does not depend on it. */
+void ops_chat_template_warn(const char *cmd, const char *dir) {
+    eng_chat_template_t verdict;
+    char                sha[ENG_SHA256_HEX + 1];
+    char                errstr[512];
+    if (eng_chat_template_check(dir, &verdict, sha, errstr, sizeof errstr))
+        fprintf(stderr, "d3stream %s: warning: %s\n", cmd, errstr);
+    else if (verdict == ENG_CHAT_TEMPLATE_UNPINNED)
+        fprintf(stderr,
+                "d3stream %s: warning: chat_template.jinja (sha256 %.12s) is not a chat template "
+                "the decision3 family renders (SPEC e.5); d3stream never executes it and "
+                "renders the d3 prompt itself\n",
+                cmd, sha);
+    else if (verdict == ENG_CHAT_TEMPLATE_MISSING)
+        fprintf(stderr, "d3stream %s: warning: the package has no chat_template.jinja\n", cmd);
+}
+
+/* ---------------------------------------------------------------- answer */
+
+/* The names that select this package (SPEC a.2 4.): its id and its path.
+ * As ops_prompt.c, but without a vision tower, so that images get the
+ * contract's 400 before anything runs. */
+
+/* "cpu (16 cores, avx2 fma avx512f ...)": what meta.device reports. */
+static svc_err_t device_label(svc_buf_t *out) {
+    const npu_features_t *f = npu_probe();
+    svc_buf_t             feats;
+    svc_buf_init(&feats, 4096);
+    svc_err_t err = npu_features_describe(f, &feats);
+    if (!err)
+        err = svc_buf_addf(out, "cpu (%d cores%s%s)", f->n_cpus, feats.len ? ", " : "",
+                           feats.len ? feats.data : "");
+    svc_buf_fini(&feats);
+    return err;
+}
+
+/* The answers -> the 200 body (or the 500 the encoder decides on). */
+static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
+                         svc_buf_t *out, char *errstr, size_t errstr_size) {
+    svc_buf_t device;
+    svc_buf_init(&device, 8192);
+    const eng_answer_stats_t *st = eng_answers_stats(ans);
+    sch_meta_t                meta = {
+                       .model_id = eng_package_model_id(a->pkg),
+                       .revision = NULL, /* a local directory has no Hub revision */
+                       .model_sha256 = a->model_sha256 && a->model_sha256[0] ? a->model_sha256 : NULL,
+                       .profile = "exact",
+                       .numerics = "exact",
+                       .engine = "d3stream",
+                       .accelerator = "cpu",
+                       .queue_ms = 0, /* no queue in front of a single request */
+                       .compute_ms = st->tokenize_ms + st->forward_ms,
+    };
+    sch_error_t e;
+    sch_error_init(&e);
+    int       rc = OPS_EXIT_OK;
+    svc_err_t err = device_label(&device);
+    meta.device = device.data;
+    if (!err)
+        err = sch_response_encode(req, eng_package_model_id(a->pkg), eng_answers_results(ans),
+                                  eng_answers_input_tokens(ans), &meta, out, &e);
+    if (err == SVC_ERR_INVALID && e.code) { /* a non-finite number: 500 */
+        rc = OPS_EXIT_VERDICT;
+        err = sch_error_encode(&e, out);
+    }
+    if (err) {
+        svc_errf(errstr, errstr_size, "cannot write the response: %s", svc_err_name(err));
+        rc = OPS_EXIT_FAILURE;
+    }
+    sch_error_fini(&e);
+    svc_buf_fini(&device);
+    return rc;
+}
+
+int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, char *errstr,
+                 size_t errstr_size) {
+    const char      *names[3];
+    sch_model_info_t info;
+    ops_model_info(a->pkg, a->dir, false, names, &info);
+    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req = NULL;
+    eng_answers_t *ans = NULL;
+    sch_error_t    e;
+    sch_error_init(&e);
+    int rc;
+    if (sch_request_decode(body, len, &limits, &info, &req, &e) != SVC_OK) {
+        rc = OPS_EXIT_VERDICT;
+        if (sch_error_encode(&e, out)) {
+            svc_errf(errstr, errstr_size, "cannot write the result");
+            rc = OPS_EXIT_FAILURE;
+        }
+    } else if (eng_answer_request(a->pkg, a->model, req, &ans, errstr, errstr_size))
+        rc = OPS_EXIT_FAILURE;
+    else
+        rc = write_answers(a, req, ans, out, errstr, errstr_size);
+    eng_answers_free(ans);
+    sch_request_free(req);
+    sch_error_fini(&e);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- command */
+
+static int ask_run(const ops_ask_t *a, const char *path) {
+    svc_buf_t body, out;
+    svc_buf_init(&out, SIZE_MAX / 2);
+    char errstr[1024] = "";
+    int  rc = OPS_EXIT_FAILURE;
+    if (ops_read_request("ask", path, &body)) {
+        rc = ops_ask_body(a, body.data, body.len, &out, errstr, sizeof errstr);
+        if (rc == OPS_EXIT_FAILURE)
+            ops_fail("ask", "%s", errstr[0] ? errstr : "cannot answer the request");
+        else if ((out.len && fwrite(out.data, 1, out.len, stdout) != out.len) ||
+                 fputc('\n', stdout) == EOF)
+            rc = OPS_EXIT_FAILURE;
+    }
+    svc_buf_fini(&body);
+    svc_buf_fini(&out);
+    return rc;
+}
+
+/* Verify, open, load, answer. */
+static int ask_package(const char *dir, bool no_verify, const char *path) {
+    char sha[ENG_SHA256_HEX + 1];
+    int  rc = ask_verify(dir, no_verify, sha);
+    if (rc != OPS_EXIT_OK)
+        return rc;
+    ops_chat_template_warn("ask", dir);
+    char           errstr[1024];
+    eng_package_t *pkg = NULL;
+    eng_model_t   *model = NULL;
+    if (eng_package_open(dir, &pkg, errstr, sizeof errstr) ||
+        eng_model_load(dir, &model, errstr, sizeof errstr)) {
+        ops_fail("ask", "%s", errstr);
+        rc = OPS_EXIT_FAILURE;
+    } else {
+        ops_ask_t a = {pkg, model, dir, sha};
+        rc = ask_run(&a, path);
+    }
+    eng_model_free(model);
+    eng_package_free(pkg);
+    return rc;
+}
+
+int ops_cmd_ask(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"device", required_argument, NULL, 'd'},
+        {"no-verify", no_argument, NULL, 'n'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *dir = NULL;
+    bool        no_verify = false;
+    int         c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            dir = optarg;
+            break;
+        case 'd':
+            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
+                ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)",
+                         optarg);
+                return OPS_EXIT_USAGE;
+            }
+            break;
+        case 'n':
+            no_verify = true;
+            break;
+        case 'h':
+            fputs(ASK_HELP, stdout);
+            return OPS_EXIT_OK;
+        default:
+            fputs(ASK_HELP, stderr);
+            return OPS_EXIT_USAGE;
+        }
+    }
+    if (!dir || argc - optind > 1) {
+        fputs(ASK_HELP, stderr);
+        return OPS_EXIT_USAGE;
+    }
+    return ask_package(dir, no_verify, optind < argc ? argv[optind] : NULL);
+}

@@ -1,0 +1,171 @@
+/*
+ * ops_make_package.c -- `d3stream make-package`: a complete package with
+ * seeded random weights, so the product runs without downloads.
+ */
+#include "ops_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+
+static const char MAKE_HELP[] =
+    "Usage: d3stream make-package --size tiny|lite|nano --out DIR [--seed N]\n"
+    "                             [--format safetensors|q4nx] [--tokenizer DIR] [--force]\n"
+    "\n"
+    "Writes a complete decision3 package with RANDOM weights: config.json,\n"
+    "model.safetensors (BF16), readout.safetensors, decision_config.json,\n"
+    "tokenizer.json, tokenizer_config.json, chat_template.jinja, README.md and\n"
+    "MODEL_MANIFEST.json. It loads, answers and benchmarks like a real package,\n"
+    "but ITS ANSWERS ARE MEANINGLESS: use it for speed, memory and demos only.\n"
+    "\n"
+    "  --size S       tiny  hidden 64, 6 layers (the tiny-upstream test shapes)\n"
+    "                 lite  the Qwen3.5-0.8B text tower (~1.5 GB)\n"
+    "                 nano  the Qwen3.5-2B text tower (~3.8 GB), as D3-Nano\n"
+    "  --seed N       weights depend only on N and the size (default 0)\n"
+    "  --out DIR      created if missing; refused if it exists and is not empty\n"
+    "  --force        write into a non-empty DIR (files of the same name are replaced,\n"
+    "                 others are left alone)\n"
+    "  --tokenizer D  copy D/tokenizer.json and D/tokenizer_config.json (a Qwen\n"
+    "                 tokenizer); the answer codes are the first 255 of A..Z, AA..ZZ\n"
+    "                 that are single tokens. Default: a small byte-level BPE\n"
+    "                 tokenizer with the chat special tokens and codes A..Z, AA..IU.\n"
+    "  --format F     safetensors (default). q4nx (the Q4_K generation) is not built\n"
+    "                 yet (issue 3, Q4NX writer) and fails with exit status 2.\n"
+    "\n"
+    "lite and nano keep the real 248,320-row embedding whatever the tokenizer.\n"
+    "Progress goes to stderr for lite and nano.\n"
+    "\n"
+    "Exit status: 0 written, 2 usage, 3 the package could not be written.\n";
+
+typedef struct make_args {
+    eng_make_opts_t opts;
+    bool            force;
+    bool            have_size;
+} make_args_t;
+
+static void make_progress(uint64_t done, uint64_t total, void *user) {
+    (void)user;
+    fprintf(stderr, "d3stream make-package: model.safetensors %llu / %llu MB (%d%%)\n",
+            (unsigned long long)(done >> 20), (unsigned long long)(total >> 20),
+            total ? (int)(done * 100 / total) : 100);
+}
+
+/* A decimal uint64 with nothing after it. */
+static bool parse_u64(const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || !end || end == s || *end || s[0] == '-')
+        return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+static int usage(const char *fmt, const char *arg) {
+    fputs("d3stream make-package: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n\n", stderr);
+    fputs(MAKE_HELP, stderr);
+    return OPS_EXIT_USAGE;
+}
+
+static int parse_opt(int c, make_args_t *a) {
+    switch (c) {
+    case 's':
+        a->have_size = eng_make_size_parse(optarg, &a->opts.size);
+        return a->have_size ? 0 : usage("--size \"%s\": expected tiny, lite or nano", optarg);
+    case 'f':
+        if (!strcmp(optarg, "safetensors"))
+            a->opts.format = ENG_MAKE_SAFETENSORS;
+        else if (!strcmp(optarg, "q4nx"))
+            a->opts.format = ENG_MAKE_Q4NX;
+        else
+            return usage("--format \"%s\": expected safetensors or q4nx", optarg);
+        return 0;
+    case 'n':
+        return parse_u64(optarg, &a->opts.seed)
+                   ? 0
+                   : usage("--seed \"%s\": expected a non-negative integer", optarg);
+    case 'o':
+        a->opts.out_dir = optarg;
+        return 0;
+    case 't':
+        a->opts.tokenizer_dir = optarg;
+        return 0;
+    case 'F':
+        a->force = true;
+        return 0;
+    }
+    fputs(MAKE_HELP, stderr);
+    return OPS_EXIT_USAGE;
+}
+
+/* true when dir exists and holds anything but . and .. */
+static bool dir_non_empty(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno != ENOENT; /* a file, or unreadable: let the writer say why */
+    struct dirent *de;
+    bool           any = false;
+    while (!any && (de = readdir(d)) != NULL)
+        any = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+    closedir(d);
+    return any;
+}
+
+static int make_run(make_args_t *a) {
+    if (a->opts.format == ENG_MAKE_Q4NX) {
+        ops_fail("make-package", "--format q4nx is not built yet (issue 3, Q4NX writer); use "
+                                 "--format safetensors");
+        return OPS_EXIT_USAGE;
+    }
+    if (!a->force && dir_non_empty(a->opts.out_dir)) {
+        ops_fail("make-package",
+                 "--out \"%s\" exists and is not empty (use --force to write "
+                 "into it)",
+                 a->opts.out_dir);
+        return OPS_EXIT_USAGE;
+    }
+    if (a->opts.size != ENG_MAKE_TINY)
+        a->opts.progress = make_progress;
+    char errstr[1024];
+    if (eng_package_make(&a->opts, errstr, sizeof errstr)) {
+        ops_fail("make-package", "%s", errstr);
+        return OPS_EXIT_FAILURE;
+    }
+    fprintf(stderr,
+            "d3stream make-package: wrote %s (synthetic %s, seed %llu): random weights, "
+            "meaningless answers\n",
+            a->opts.out_dir, eng_make_size_name(a->opts.size), (unsigned long long)a->opts.seed);
+    return OPS_EXIT_OK;
+}
+
+int ops_cmd_make_package(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"size", required_argument, NULL, 's'},
+        {"format", required_argument, NULL, 'f'},
+        {"seed", required_argument, NULL, 'n'},
+        {"out", required_argument, NULL, 'o'},
+        {"tokenizer", required_argument, NULL, 't'},
+        {"force", no_argument, NULL, 'F'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    make_args_t a = {0};
+    int         c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            fputs(MAKE_HELP, stdout);
+            return OPS_EXIT_OK;
+        }
+        int rc = parse_opt(c, &a);
+        if (rc)
+            return rc;
+    }
+    if (optind < argc)
+        return usage("unexpected argument \"%s\"", argv[optind]);
+    if (!a.have_size || !a.opts.out_dir)
+        return usage("%s", "--size and --out are required");
+    return make_run(&a);
+}

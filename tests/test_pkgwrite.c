@@ -1,0 +1,202 @@
+/*
+ * test_pkgwrite.c -- `make-package` (engine/eng_pkgwrite*.c): a synthetic
+ * tiny package must verify, open, load and run; the same seed must give
+ * the same bytes; the built-in tokenizer must make every code one token.
+ * lite/nano are checked by their parameter counts only (nothing written).
+ */
+#include "engine.h"
+#include "eng_manifest_int.h"
+#include "ops.h"
+
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <math.h>
+#include <unistd.h>
+
+#define MINI_TOK D3_SOURCE_DIR "/tests/fixtures/qwen35-mini"
+#define NANO_REQ D3_SOURCE_DIR "/tests/golden/prompt/qwen35mini/d3nano_example.request.json"
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+/* A fresh package dir under a new temp dir; *root receives the temp dir. */
+static void make_tiny(char root[64], char dir[128], uint64_t seed, const char *tokenizer) {
+    snprintf(root, 64, "/tmp/d3pkgw.XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+    snprintf(dir, 128, "%s/pkg", root);
+    eng_make_opts_t o = {
+        .size = ENG_MAKE_TINY, .seed = seed, .out_dir = dir, .tokenizer_dir = tokenizer};
+    char errstr[1024] = "";
+    cr_assert_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+}
+
+static void rm_tree(const char *root) {
+    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static svc_buf_t read_all(const char *path) {
+    svc_buf_t b;
+    svc_buf_init(&b, (size_t)1 << 30);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    char   chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        cr_assert_eq(svc_buf_add(&b, chunk, n), SVC_OK);
+    fclose(f);
+    return b;
+}
+
+/* Manifest, package (codes), model load and one forward pass. */
+static void check_package(const char *dir) {
+    char             errstr[1024] = "";
+    eng_mf_verdict_t v;
+    eng_mf_verdict_init(&v);
+    cr_expect_eq(eng_manifest_verify_model(dir, &v, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    eng_mf_verdict_fini(&v);
+
+    eng_package_t *pkg = NULL;
+    cr_assert_eq(eng_package_open(dir, &pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_expect_str_eq(eng_package_code(pkg, 0), "A");
+    cr_expect_str_eq(eng_package_code(pkg, 26), "AA");
+    cr_expect_eq(eng_package_max_length(pkg), 8192);
+    cr_expect(eng_package_noncausal(pkg));
+    cr_expect_str_eq(eng_package_model_id(pkg), "d3stream-synthetic-tiny");
+
+    eng_model_t *m = NULL;
+    cr_assert_eq(eng_model_load(dir, &m, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    eng_model_info_t info;
+    eng_model_get_info(m, &info);
+    cr_expect_eq(info.vocab, eng_tokenizer_n_ids(eng_package_tokenizer(pkg)));
+    cr_expect_eq(info.n_params_text, eng_make_text_params(ENG_MAKE_TINY, info.vocab));
+    int32_t ids[] = {1, 32, eng_package_code_id(pkg, 3), 7, eng_package_code_id(pkg, 254)};
+    float   h[64];
+    cr_assert_eq(eng_model_hidden_size(m), 64);
+    cr_assert_eq(eng_model_forward(m, ids, 5, true, h, NULL, NULL, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    for (size_t i = 0; i < 64; i++)
+        cr_assert(isfinite(h[i]), "h[%zu] = %g", i, (double)h[i]);
+    double probs[4];
+    cr_assert_eq(eng_readout_probs(m, h, 4, 1.0, probs), SVC_OK);
+    cr_expect(fabs(probs[0] + probs[1] + probs[2] + probs[3] - 1.0) < 1e-9);
+    eng_model_free(m);
+    eng_package_free(pkg);
+}
+
+Test(pkgwrite, own_tokenizer_package_verifies_loads_and_runs) {
+    char root[64], dir[128];
+    make_tiny(root, dir, 7, NULL);
+    check_package(dir);
+    rm_tree(root);
+}
+
+Test(pkgwrite, copied_tokenizer_package_verifies_loads_and_runs) {
+    char root[64], dir[128];
+    make_tiny(root, dir, 7, MINI_TOK);
+    check_package(dir);
+    /* the copies are byte for byte, and the mini tokenizer's codes are A..Z, AA..IU */
+    svc_buf_t a = read_all(MINI_TOK "/tokenizer.json");
+    char      p[160];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    svc_buf_t b = read_all(p);
+    cr_expect(a.len == b.len && memcmp(a.data, b.data, a.len) == 0);
+    svc_buf_fini(&a);
+    svc_buf_fini(&b);
+    char           errstr[512];
+    eng_package_t *pkg = NULL;
+    cr_assert_eq(eng_package_open(dir, &pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_expect_str_eq(eng_package_code(pkg, 254), "IU");
+    cr_expect_eq(eng_package_code_id(pkg, 0), 32);
+    eng_package_free(pkg);
+    rm_tree(root);
+}
+
+Test(pkgwrite, same_seed_same_bytes_other_seed_differs) {
+    char r1[64], d1[128], r2[64], d2[128], r3[64], d3[128], p[160];
+    make_tiny(r1, d1, 42, NULL);
+    make_tiny(r2, d2, 42, NULL);
+    make_tiny(r3, d3, 43, NULL);
+    snprintf(p, sizeof p, "%s/model.safetensors", d1);
+    svc_buf_t a = read_all(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", d2);
+    svc_buf_t b = read_all(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", d3);
+    svc_buf_t c = read_all(p);
+    cr_expect(a.len == b.len && memcmp(a.data, b.data, a.len) == 0, "same seed, other bytes");
+    cr_expect(a.len == c.len, "the size depends on the shape only");
+    cr_expect(memcmp(a.data, c.data, a.len) != 0, "another seed, same bytes");
+    svc_buf_fini(&a);
+    svc_buf_fini(&b);
+    svc_buf_fini(&c);
+    rm_tree(r1);
+    rm_tree(r2);
+    rm_tree(r3);
+}
+
+Test(pkgwrite, own_tokenizer_codes_specials_and_prompt) {
+    char root[64], dir[128], errstr[1024] = "";
+    make_tiny(root, dir, 1, NULL);
+    eng_package_t *pkg = NULL;
+    cr_assert_eq(eng_package_open(dir, &pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    const eng_tokenizer_t *tok = eng_package_tokenizer(pkg);
+    eng_ids_t              ids;
+    eng_ids_init(&ids);
+    for (size_t i = 0; i < ENG_N_CODES; i++) {
+        const char *code = eng_package_code(pkg, i);
+        ids.n = 0;
+        cr_assert_eq(eng_tokenizer_encode(tok, code, strlen(code), &ids), SVC_OK);
+        cr_assert_eq(ids.n, 1, "code %s is %zu tokens", code, ids.n);
+        cr_assert_eq(ids.v[0], eng_package_code_id(pkg, i));
+    }
+    ids.n = 0;
+    cr_assert_eq(eng_tokenizer_encode(tok, "<|im_start|>", 12, &ids), SVC_OK);
+    cr_expect_eq(ids.n, 1);
+    cr_expect_geq(ids.v[0], 256 + 229);
+    ids.n = 0;
+    cr_assert_eq(eng_tokenizer_encode(tok, " the", 4, &ids), SVC_OK);
+    cr_expect_eq(ids.n, 1, "the English merges make \" the\" one token");
+    eng_ids_fini(&ids);
+
+    /* the D3-Nano example request renders and tokenizes */
+    svc_buf_t body = read_all(NANO_REQ), out;
+    svc_buf_init(&out, (size_t)1 << 24);
+    int rc = ops_prompt_body(pkg, dir, body.data, body.len, &out, errstr, sizeof errstr);
+    cr_expect_eq(rc, OPS_EXIT_OK, "%s", errstr);
+    cr_expect_not_null(strstr(out.data, "\"n_tokens\":"));
+    svc_buf_fini(&out);
+    svc_buf_fini(&body);
+    eng_package_free(pkg);
+    rm_tree(root);
+}
+
+Test(pkgwrite, q4nx_is_refused_clearly) {
+    eng_make_opts_t o = {.size = ENG_MAKE_TINY, .format = ENG_MAKE_Q4NX, .out_dir = "/nonexistent"};
+    char            errstr[256] = "";
+    cr_expect_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_ERR_UNSUPPORTED);
+    cr_expect_not_null(strstr(errstr, "not built yet"), "%s", errstr);
+}
+
+/* Shapes: element counts of the text towers, nothing written.
+ * Expected nano range: Qwen3.5-2B is a ~2B model including its vision tower;
+ * from the shapes in /work/shared/docs/Q4NX.md section 2.1 (hidden 2048,
+ * 24 layers 18 DeltaNet + 6 full, FFN 6144, vocab 248320) the text tower is
+ * 508,559,360 embedding + 18 x 58,814,624 + 6 x 52,433,408 + 2,048 = 1,881,825,088. A
+ * window of [1.8e9, 2.0e9] catches any wrong width or layer count. */
+Test(pkgwrite, parameter_counts) {
+    uint64_t nano = eng_make_text_params(ENG_MAKE_NANO, 0);
+    uint64_t lite = eng_make_text_params(ENG_MAKE_LITE, 0);
+    cr_expect(nano > 1800000000ull && nano < 2000000000ull, "nano %llu", (unsigned long long)nano);
+    cr_expect_eq(nano, 1881825088ull, "nano %llu", (unsigned long long)nano);
+    /* 0.8B total with vision; the text tower with its 254M-element embedding */
+    cr_expect(lite > 650000000ull && lite < 800000000ull, "lite %llu", (unsigned long long)lite);
+    /* tiny with tiny-upstream's vocabulary has exactly the fixture's count */
+    cr_expect_eq(eng_make_text_params(ENG_MAKE_TINY, 4048), 509920);
+    eng_make_size_t s;
+    cr_expect(eng_make_size_parse("nano", &s) && s == ENG_MAKE_NANO);
+    cr_expect(!eng_make_size_parse("huge", &s));
+    cr_expect_str_eq(eng_make_size_name(ENG_MAKE_LITE), "lite");
+}
