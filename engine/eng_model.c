@@ -1,178 +1,52 @@
 /*
- * eng_model.c -- loads the Qwen3.5 text tower of an upstream package
- * (SPEC e.1, e.6): config.json text_config, model.safetensors, and the
- * code readout (readout.safetensors, SPEC d.5), and computes the readout
- * probabilities (SPEC d.5-d.7, b.2).
+ * eng_model.c -- loads the Qwen3.5 text tower of a package (SPEC e.1,
+ * e.6): config.json (eng_model_cfg.c), the weights from model.safetensors
+ * or, for a FastFlowLM package, model.q4nx (Q4NX.md), and the code readout
+ * (readout.safetensors, SPEC d.5); and computes the readout probabilities
+ * (SPEC d.5-d.7, b.2).
  *
  * Weights are checked against the config (presence, dtype, shape) and
  * converted to fp32 once here ("repack at load"), so the forward pass never
  * looks at a file and the mappings are closed before eng_model_load
  * returns. Messages name the file and the key or tensor at fault.
+ *
+ * Both weight files go through one table of tensors and shapes (ld_tower
+ * and below); only ld_take differs: a safetensors tensor is converted
+ * as stored, a q4nx one is dequantised by eng_q4nx_tensor_f32, which also
+ * undoes the converter's transforms (norm + 1, -exp(A_log), conv1d
+ * transpose, q_proj regroup) and follows the tied embedding to the Q8
+ * lm_head, so both paths fill the same HF-convention fp32 arrays.
  */
 #include "eng_model_int.h"
+#include "eng_q4nx_int.h"
 #include "eng_st_int.h"
 
-#include <jansson.h>
 #include <math.h>
+#include <sys/stat.h>
 
 /* ---------------------------------------------------------------------
- * config.json
+ * model.safetensors / model.q4nx / readout.safetensors
  * --------------------------------------------------------------------- */
 
-#define CFG "config.json"
+typedef struct ld {
+    eng_st_t         *st; /* one of st and q */
+    const eng_q4nx_t *q;
+    const char       *file; /* "model.safetensors" */
+    const char       *path;
+    const char       *prefix;
+    char             *errstr;
+    size_t            errstr_size;
+    uint64_t         *numel; /* optional: adds the elements of every tensor taken */
+} ld_t;
 
-typedef struct cfg_ctx {
-    const char *path;
-    char       *errstr;
-    size_t      errstr_size;
-} cfg_ctx_t;
-
-SVC_FMT(2, 3) static svc_err_t cfg_fail(const cfg_ctx_t *c, const char *fmt, ...) {
+SVC_FMT(3, 4) static svc_err_t ld_fail(const ld_t *ld, svc_err_t err, const char *fmt, ...) {
     char    msg[384];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    svc_errf(c->errstr, c->errstr_size, CFG " \"%s\": %s", c->path, msg);
-    return SVC_ERR_FORMAT;
-}
-
-/* text_config.<key>: a positive integer (a count or a width). */
-static svc_err_t cfg_size(const cfg_ctx_t *c, const json_t *tc, const char *key, size_t *out) {
-    const json_t *v = json_object_get(tc, key);
-    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 24))
-        return cfg_fail(c, "text_config.%s must be a positive integer", key);
-    *out = (size_t)json_integer_value(v);
-    return SVC_OK;
-}
-
-/* A positive finite number, looked up in rope_parameters, then in
- * text_config itself (older configs keep rope_theta at the top). */
-static svc_err_t cfg_rope_num(const cfg_ctx_t *c, const json_t *tc, const char *key, double dflt,
-                              double *out) {
-    const json_t *rp = json_object_get(tc, "rope_parameters");
-    const json_t *v = json_is_object(rp) ? json_object_get(rp, key) : NULL;
-    if (!v)
-        v = json_object_get(tc, key);
-    if (!v && dflt > 0) {
-        *out = dflt;
-        return SVC_OK;
-    }
-    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-        return cfg_fail(c, "text_config.rope_parameters.%s must be a positive number", key);
-    *out = json_number_value(v);
-    return SVC_OK;
-}
-
-static svc_err_t cfg_layer_types(const cfg_ctx_t *c, const json_t *tc, eng_model_cfg_t *cfg) {
-    const json_t *lt = json_object_get(tc, "layer_types");
-    if (!json_is_array(lt) || json_array_size(lt) != cfg->n_layers)
-        return cfg_fail(c,
-                        "text_config.layer_types must be an array of num_hidden_layers (%zu) "
-                        "strings",
-                        cfg->n_layers);
-    cfg->kinds = calloc(cfg->n_layers, sizeof *cfg->kinds);
-    if (!cfg->kinds)
-        return SVC_ERR_NOMEM;
-    for (size_t i = 0; i < cfg->n_layers; i++) {
-        const char *s = json_string_value(json_array_get(lt, i));
-        if (s && strcmp(s, "linear_attention") == 0)
-            cfg->kinds[i] = ENG_LAYER_LINEAR;
-        else if (s && strcmp(s, "full_attention") == 0)
-            cfg->kinds[i] = ENG_LAYER_FULL;
-        else
-            return cfg_fail(c,
-                            "text_config.layer_types[%zu] is '%s', expected linear_attention "
-                            "or full_attention",
-                            i, s ? s : "(not a string)");
-    }
-    return SVC_OK;
-}
-
-/* rope: rotary dim = head_dim * partial_rotary_factor; mrope_section (if
- * given) must cover exactly rot_dim / 2 frequencies. */
-static svc_err_t cfg_rope(const cfg_ctx_t *c, const json_t *tc, eng_model_cfg_t *cfg) {
-    double theta, prf;
-    if (cfg_rope_num(c, tc, "rope_theta", 0, &theta) ||
-        cfg_rope_num(c, tc, "partial_rotary_factor", 1.0, &prf))
-        return SVC_ERR_FORMAT;
-    double rd = (double)cfg->head_dim * prf;
-    if (prf > 1.0 || rd != floor(rd) || ((size_t)rd % 2) != 0 || rd < 2)
-        return cfg_fail(c,
-                        "text_config.rope_parameters.partial_rotary_factor %g gives no even "
-                        "rotary dimension of head_dim %zu",
-                        prf, cfg->head_dim);
-    cfg->theta = (float)theta;
-    cfg->rot_dim = (size_t)rd;
-    const json_t *rp = json_object_get(tc, "rope_parameters");
-    const json_t *sec = json_is_object(rp) ? json_object_get(rp, "mrope_section") : NULL;
-    const json_t *il = json_is_object(rp) ? json_object_get(rp, "mrope_interleaved") : NULL;
-    cfg->section[0] = (int)(cfg->rot_dim / 2);
-    cfg->section[1] = cfg->section[2] = 0;
-    cfg->interleaved = il ? json_is_true(il) : false;
-    if (!sec)
-        return SVC_OK;
-    long sum = 0;
-    for (size_t i = 0; i < 3 && json_is_array(sec); i++) {
-        const json_t *v = json_array_get(sec, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 4096)
-            break;
-        cfg->section[i] = (int)json_integer_value(v);
-        sum += cfg->section[i];
-        if (i == 2 && json_array_size(sec) == 3 && sum == (long)(cfg->rot_dim / 2))
-            return SVC_OK;
-    }
-    return cfg_fail(c,
-                    "text_config.rope_parameters.mrope_section must be 3 integers summing to "
-                    "rotary dim / 2 = %zu",
-                    cfg->rot_dim / 2);
-}
-
-static svc_err_t cfg_sizes(const cfg_ctx_t *c, const json_t *tc, eng_model_cfg_t *cfg) {
-    if (cfg_size(c, tc, "hidden_size", &cfg->hidden) ||
-        cfg_size(c, tc, "num_hidden_layers", &cfg->n_layers) ||
-        cfg_size(c, tc, "intermediate_size", &cfg->inter) ||
-        cfg_size(c, tc, "vocab_size", &cfg->vocab) ||
-        cfg_size(c, tc, "num_attention_heads", &cfg->n_heads) ||
-        cfg_size(c, tc, "num_key_value_heads", &cfg->n_kv) ||
-        cfg_size(c, tc, "head_dim", &cfg->head_dim) ||
-        cfg_size(c, tc, "linear_num_key_heads", &cfg->lin_nk) ||
-        cfg_size(c, tc, "linear_num_value_heads", &cfg->lin_nv) ||
-        cfg_size(c, tc, "linear_key_head_dim", &cfg->lin_dk) ||
-        cfg_size(c, tc, "linear_value_head_dim", &cfg->lin_dv) ||
-        cfg_size(c, tc, "linear_conv_kernel_dim", &cfg->conv_k))
-        return SVC_ERR_FORMAT;
-    if (cfg->n_heads % cfg->n_kv)
-        return cfg_fail(c,
-                        "text_config.num_attention_heads (%zu) must be a multiple of "
-                        "num_key_value_heads (%zu)",
-                        cfg->n_heads, cfg->n_kv);
-    if (cfg->lin_nv % cfg->lin_nk)
-        return cfg_fail(c,
-                        "text_config.linear_num_value_heads (%zu) must be a multiple of "
-                        "linear_num_key_heads (%zu)",
-                        cfg->lin_nv, cfg->lin_nk);
-    return SVC_OK;
-}
-
-static svc_err_t cfg_parse(const json_t *root, const cfg_ctx_t *c, eng_model_cfg_t *cfg) {
-    const json_t *tc = json_object_get(root, "text_config");
-    if (!json_is_object(tc))
-        return cfg_fail(c, "text_config is missing or not an object");
-    svc_err_t err = cfg_sizes(c, tc, cfg);
-    if (err)
-        return err;
-    const json_t *eps = json_object_get(tc, "rms_norm_eps");
-    if (!json_is_number(eps) || !(json_number_value(eps) > 0) || json_number_value(eps) > 1)
-        return cfg_fail(c, "text_config.rms_norm_eps must be a number in (0, 1]");
-    cfg->eps = (float)json_number_value(eps);
-    const json_t *gate = json_object_get(tc, "attn_output_gate");
-    if (gate && !json_is_boolean(gate))
-        return cfg_fail(c, "text_config.attn_output_gate must be true or false");
-    cfg->attn_gate = gate ? json_is_true(gate) : true; /* Qwen3.5's default */
-    if ((err = cfg_rope(c, tc, cfg)))
-        return err;
-    return cfg_layer_types(c, tc, cfg);
+    svc_errf(ld->errstr, ld->errstr_size, "%s \"%s\": %s", ld->file, ld->path, msg);
+    return err;
 }
 
 static char *path_join(const char *dir, const char *name) {
@@ -183,48 +57,31 @@ static char *path_join(const char *dir, const char *name) {
     return p;
 }
 
-static svc_err_t load_config(const char *dir, eng_model_cfg_t *cfg, char *errstr, size_t n) {
-    char *path = path_join(dir, CFG);
-    if (!path)
-        return SVC_ERR_NOMEM;
-    cfg_ctx_t    c = {path, errstr, n};
-    json_error_t jerr;
-    json_t      *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    svc_err_t    err = SVC_OK;
-    if (!root) {
-        svc_errf(errstr, n, CFG " \"%s\": %s (line %d, column %d)", path, jerr.text, jerr.line,
-                 jerr.column);
-        err = SVC_ERR_FORMAT;
-    } else if (!json_is_object(root))
-        err = cfg_fail(&c, "the top level is not a JSON object");
-    else
-        err = cfg_parse(root, &c, cfg);
-    json_decref(root);
-    free(path);
-    return err;
+static uint64_t dims_numel(size_t rank, const uint64_t *dims) {
+    uint64_t n = 1;
+    for (size_t i = 0; i < rank; i++)
+        n *= dims[i];
+    return n;
 }
 
-/* ---------------------------------------------------------------------
- * model.safetensors / readout.safetensors
- * --------------------------------------------------------------------- */
-
-typedef struct ld {
-    eng_st_t   *st;
-    const char *file; /* "model.safetensors" */
-    const char *prefix;
-    char       *errstr;
-    size_t      errstr_size;
-    uint64_t   *numel; /* optional: adds the elements of every tensor taken */
-} ld_t;
-
-SVC_FMT(3, 4) static svc_err_t ld_fail(const ld_t *ld, svc_err_t err, const char *fmt, ...) {
-    char    msg[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    svc_errf(ld->errstr, ld->errstr_size, "%s \"%s\": %s", ld->file, eng_st_path(ld->st), msg);
-    return err;
+/* q4nx: the reader checks presence, storage kind and the (padded) tile grid
+ * against dims, and its one-line message names the file, the stored and the
+ * HF tensor and the expected shape. */
+static svc_err_t ld_take_q4nx(const ld_t *ld, const char *name, size_t rank, const uint64_t *dims,
+                              float **dst) {
+    uint64_t n = dims_numel(rank, dims);
+    float   *w = malloc((size_t)n * sizeof *w);
+    if (!w)
+        return ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+    svc_err_t err = eng_q4nx_tensor_f32(ld->q, name, rank, dims, w, ld->errstr, ld->errstr_size);
+    if (err) {
+        free(w);
+        return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
+    }
+    if (ld->numel)
+        *ld->numel += n;
+    *dst = w;
+    return SVC_OK;
 }
 
 static void shape_str(char *buf, size_t n, size_t rank, const uint64_t *dims) {
@@ -243,6 +100,8 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
                          float **dst) {
     char name[256];
     snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
+    if (ld->q)
+        return ld_take_q4nx(ld, name, rank, dims, dst);
     const eng_st_tensor_t *t = eng_st_find(ld->st, name);
     if (!t)
         return ld_fail(ld, SVC_ERR_FORMAT, "tensor \"%s\" is missing", name);
@@ -376,29 +235,62 @@ static svc_err_t ld_prefix(ld_t *ld) {
     return SVC_OK;
 }
 
+/* The text tower's tensors, in both files' HF names. */
+static svc_err_t ld_tower(const ld_t *ld, eng_model_t *m) {
+    const eng_model_cfg_t *c = &m->cfg;
+    m->layers = calloc(c->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return SVC_ERR_NOMEM;
+    svc_err_t err = ld_mat(ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
+    for (size_t i = 0; !err && i < c->n_layers; i++)
+        err = ld_layer(ld, c, i, &m->layers[i]);
+    if (!err)
+        err = ld_vec(ld, "norm.weight", c->hidden, &m->final_norm);
+    return err;
+}
+
 static svc_err_t load_weights(const char *dir, eng_model_t *m, char *errstr, size_t n) {
     char *path = path_join(dir, "model.safetensors");
     if (!path)
         return SVC_ERR_NOMEM;
-    ld_t      ld = {NULL, "model.safetensors", "", errstr, n, &m->n_params};
+    ld_t      ld = {NULL, NULL, "model.safetensors", path, "", errstr, n, &m->n_params};
     svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
-    free(path);
-    if (err)
-        return err;
-    const eng_model_cfg_t *c = &m->cfg;
-    m->layers = calloc(c->n_layers, sizeof *m->layers);
-    if (!m->layers)
-        err = SVC_ERR_NOMEM;
     if (!err)
         err = ld_prefix(&ld);
     if (!err)
-        err = ld_mat(&ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
-    for (size_t i = 0; !err && i < c->n_layers; i++)
-        err = ld_layer(&ld, c, i, &m->layers[i]);
-    if (!err)
-        err = ld_vec(&ld, "norm.weight", c->hidden, &m->final_norm);
+        err = ld_tower(&ld, m);
     eng_st_close(ld.st);
+    free(path);
     return err;
+}
+
+/* model.q4nx: config.json after the file is open, since FastFlowLM's may
+ * leave the layer kinds to the tensors (eng_model_cfg.c). */
+static svc_err_t load_q4nx(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+    char *path = path_join(dir, "model.q4nx");
+    if (!path)
+        return SVC_ERR_NOMEM;
+    eng_q4nx_t *q = NULL;
+    svc_err_t   err = eng_q4nx_open(path, &q, errstr, n);
+    if (!err)
+        err = eng_model_cfg_load(dir, q, &m->cfg, errstr, n);
+    if (!err) {
+        m->format =
+            eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? ENG_MODEL_Q4NX_GEN_A : ENG_MODEL_Q4NX_GEN_B;
+        ld_t ld = {NULL, q, "model.q4nx", path, "model.language_model.", errstr, n, &m->n_params};
+        err = ld_tower(&ld, m);
+    }
+    eng_q4nx_close(q);
+    free(path);
+    return err;
+}
+
+static bool has_file(const char *dir, const char *name) {
+    char       *path = path_join(dir, name);
+    struct stat sb;
+    bool        ok = path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    free(path);
+    return ok;
 }
 
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5). */
@@ -406,17 +298,19 @@ static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, siz
     char *path = path_join(dir, "readout.safetensors");
     if (!path)
         return SVC_ERR_NOMEM;
-    ld_t      ld = {NULL, "readout.safetensors", "", errstr, n, NULL};
+    ld_t      ld = {NULL, NULL, "readout.safetensors", path, "", errstr, n, NULL};
     svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
-    free(path);
-    if (err)
+    if (err) {
+        free(path);
         return err;
+    }
     if (eng_st_count(ld.st) != 1 || !eng_st_find(ld.st, "weight"))
         err = ld_fail(&ld, SVC_ERR_FORMAT, "must hold exactly one tensor \"weight\" (has %zu)",
                       eng_st_count(ld.st));
     else
         err = ld_mat(&ld, "weight", ENG_N_CODES, m->cfg.hidden, &m->readout);
     eng_st_close(ld.st);
+    free(path);
     return err;
 }
 
@@ -427,8 +321,11 @@ svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr, size_
     eng_model_t *m = calloc(1, sizeof *m);
     if (!m)
         return SVC_ERR_NOMEM;
-    svc_err_t err = load_config(dir, &m->cfg, errstr, errstr_size);
-    if (!err)
+    /* An upstream package wins when both weight files are present. */
+    svc_err_t err;
+    if (!has_file(dir, "model.safetensors") && has_file(dir, "model.q4nx"))
+        err = load_q4nx(dir, m, errstr, errstr_size);
+    else if (!(err = eng_model_cfg_load(dir, NULL, &m->cfg, errstr, errstr_size)))
         err = load_weights(dir, m, errstr, errstr_size);
     if (!err)
         err = load_readout(dir, m, errstr, errstr_size);
@@ -466,6 +363,18 @@ void eng_model_free(eng_model_t *m) {
 
 size_t eng_model_hidden_size(const eng_model_t *m) {
     return m->cfg.hidden;
+}
+
+const char *eng_model_format(const eng_model_t *m) {
+    switch (m->format) {
+    case ENG_MODEL_Q4NX_GEN_A:
+        return "q4nx-gen-a";
+    case ENG_MODEL_Q4NX_GEN_B:
+        return "q4nx-gen-b";
+    case ENG_MODEL_SAFETENSORS:
+        break;
+    }
+    return "safetensors";
 }
 
 void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info) {

@@ -81,13 +81,35 @@ typedef struct eng_layer {
     float *k_norm; /* (hd), (1 + w) */
 } eng_layer_t;
 
+/* Where the weights came from (eng_model_format). */
+typedef enum eng_model_fmt {
+    ENG_MODEL_SAFETENSORS = 0,
+    ENG_MODEL_Q4NX_GEN_A = 1,
+    ENG_MODEL_Q4NX_GEN_B = 2,
+} eng_model_fmt_t;
+
 struct eng_model {
     eng_model_cfg_t cfg;
+    eng_model_fmt_t format;
     float          *embed;      /* (vocab, H) */
     float          *final_norm; /* (H), (1 + w) */
     eng_layer_t    *layers;     /* (L) */
     float          *readout;    /* (255, H) */
     uint64_t        n_params;   /* elements of the text tensors loaded (not the readout) */
 };
+
+struct eng_q4nx;
+
+/**
+ * @brief Reads dir/config.json into *cfg (eng_model_cfg.c): the Hugging Face
+ *   layout (text_config object) or FastFlowLM's, whose text keys sit at the
+ *   top level (Q4NX.md §6).
+ * @param q the opened model.q4nx, or NULL: where FastFlowLM's config leaves
+ *   the layer kinds out, they are read off its tensors.
+ * @returns SVC_OK; SVC_ERR_FORMAT with one line naming the file and key;
+ *   SVC_ERR_NOMEM. cfg->kinds is owned by the caller on success and failure.
+ */
+SVC_WUR svc_err_t eng_model_cfg_load(const char *dir, const struct eng_q4nx *q,
+                                     eng_model_cfg_t *cfg, char *errstr, size_t errstr_size);
 
 #endif /* D3STREAM_ENG_MODEL_INT_H */

@@ -128,28 +128,6 @@ const char *eng_make_size_name(eng_make_size_t size) {
  * Tensor list (SPEC e.6 names, the shapes eng_model.c checks)
  * --------------------------------------------------------------------- */
 
-typedef enum pw_init {
-    PW_LINEAR,    /* [out, in]: N(0, 0.9 / sqrt(in)), ~0.02 at nano's widths */
-    PW_EMBED,     /* N(0, 0.1) */
-    PW_NORM_1P,   /* (1 + w) RMSNorms: N(0, 0.1), so the gain is near 1 */
-    PW_NORM_GATE, /* linear_attn.norm multiplies by plain w: 1 + N(0, 0.1) */
-    PW_CONV,      /* N(0, 0.3) as the golden script */
-    PW_A_LOG,     /* U(-0.69, 2.08) = log U(0.5, 8): decay rates of the golden script */
-    PW_DT_BIAS,   /* U(-1.5, 1.0) */
-} pw_init_t;
-
-typedef struct pw_tensor {
-    char      name[128];
-    size_t    rank;
-    uint64_t  dims[PW_MAX_RANK];
-    pw_init_t init;
-} pw_tensor_t;
-
-typedef struct pw_list {
-    pw_tensor_t *v;
-    size_t       n, cap;
-} pw_list_t;
-
 static svc_err_t pw_add(pw_list_t *l, const char *suffix, pw_init_t init, size_t rank, uint64_t d0,
                         uint64_t d1, uint64_t d2) {
     if (l->n == l->cap) {
@@ -211,7 +189,7 @@ static int pw_cmp(const void *a, const void *b) {
 }
 
 /* Every text-tower tensor, sorted by name (the safetensors convention). */
-static svc_err_t pw_tensors(const pw_shape_t *s, size_t vocab, pw_list_t *l) {
+svc_err_t pw_tensors(const pw_shape_t *s, size_t vocab, pw_list_t *l) {
     uint64_t  H = s->hidden, I = s->inter;
     svc_err_t err = pw_add(l, "embed_tokens.weight", PW_EMBED, 2, vocab, H, 0);
     if (!err)
@@ -230,7 +208,7 @@ static svc_err_t pw_tensors(const pw_shape_t *s, size_t vocab, pw_list_t *l) {
     return err;
 }
 
-static uint64_t pw_numel(const pw_tensor_t *t) {
+uint64_t pw_numel(const pw_tensor_t *t) {
     uint64_t n = 1;
     for (size_t i = 0; i < t->rank; i++)
         n *= t->dims[i];
@@ -466,10 +444,33 @@ static svc_err_t st_tensor(const pw_ctx_t *c, pw_out_t *o, const pw_tensor_t *t,
     return err;
 }
 
-static svc_err_t st_write(const pw_ctx_t *c, const char *name, const pw_tensor_t *v, size_t n,
-                          bool f32, double scale) {
+/* One tensor from fill, whole, written as F32 in chunks. */
+static svc_err_t st_tensor_filled(const pw_ctx_t *c, pw_out_t *o, const pw_tensor_t *t,
+                                  const pw_fill_t *fill, uint8_t *buf) {
+    uint64_t n = pw_numel(t);
+    float   *x = malloc((size_t)n * sizeof *x);
+    if (!x)
+        return SVC_ERR_NOMEM;
+    svc_err_t err = fill->fn(t, x, fill->user, c->errstr, c->errstr_size);
+    for (uint64_t at = 0; at < n && !err; at += PW_CHUNK) {
+        size_t k = n - at < PW_CHUNK ? (size_t)(n - at) : PW_CHUNK;
+        for (size_t i = 0; i < k; i++) {
+            uint32_t u;
+            memcpy(&u, &x[at + i], sizeof u);
+            for (size_t j = 0; j < 4; j++)
+                buf[i * 4 + j] = (uint8_t)(u >> (8 * j)); /* little-endian */
+        }
+        err = pw_put(c, o, buf, k * 4);
+    }
+    free(x);
+    return err;
+}
+
+svc_err_t pw_st_write(const pw_ctx_t *c, const char *name, const pw_tensor_t *v, size_t n, bool f32,
+                      double scale, const pw_fill_t *fill) {
     svc_buf_t hdr;
     svc_buf_init(&hdr, (size_t)ENG_ST_MAX_HEADER + 8);
+    f32 = f32 || fill;
     svc_err_t err = st_header(v, n, f32 ? "F32" : "BF16", f32 ? 4 : 2, &hdr);
     uint8_t  *buf = malloc(PW_CHUNK * 4);
     pw_out_t  o = {0};
@@ -489,24 +490,40 @@ static svc_err_t st_write(const pw_ctx_t *c, const char *name, const pw_tensor_t
     o.next_report = f32 ? UINT64_MAX : 0;
     err = pw_put(c, &o, hdr.data, hdr.len);
     for (size_t i = 0; i < n && !err; i++)
-        err = st_tensor(c, &o, &v[i], f32, scale, buf);
+        err = fill ? st_tensor_filled(c, &o, &v[i], fill, buf)
+                   : st_tensor(c, &o, &v[i], f32, scale, buf);
     free(buf);
     svc_buf_fini(&hdr);
     return pw_close(c, &o, err);
+}
+
+svc_err_t pw_readout(const pw_ctx_t *c) {
+    /* readout `weight` [255, hidden] f32 (SPEC d.5); 1/sqrt(hidden) keeps
+     * the logits of a unit-RMS final hidden state near N(0, 1). */
+    pw_tensor_t ro = {"weight", 2, {ENG_N_CODES, c->shape->hidden, 0}, PW_LINEAR};
+    return pw_st_write(c, "readout.safetensors", &ro, 1, true, inv_sqrt((double)c->shape->hidden),
+                       NULL);
 }
 
 svc_err_t pw_weights(const pw_ctx_t *c) {
     pw_list_t l = {0};
     svc_err_t err = pw_tensors(c->shape, c->vocab, &l);
     if (!err)
-        err = st_write(c, "model.safetensors", l.v, l.n, false, 1.0);
+        err = pw_st_write(c, "model.safetensors", l.v, l.n, false, 1.0, NULL);
     free(l.v);
-    if (err)
-        return err;
-    /* readout `weight` [255, hidden] f32 (SPEC d.5); 1/sqrt(hidden) keeps
-     * the logits of a unit-RMS final hidden state near N(0, 1). */
-    pw_tensor_t ro = {"weight", 2, {ENG_N_CODES, c->shape->hidden, 0}, PW_LINEAR};
-    return st_write(c, "readout.safetensors", &ro, 1, true, inv_sqrt((double)c->shape->hidden));
+    return err ? err : pw_readout(c);
+}
+
+void pw_gen_f32(const pw_ctx_t *c, const pw_tensor_t *t, float *out) {
+    pw_rng_t r;
+    rng_seed(&r, c->opts->seed, t->name);
+    uint64_t n = pw_numel(t);
+    double   lin_std = t->rank == 2 ? 0.9 * inv_sqrt((double)t->dims[1]) : 0;
+    for (uint64_t i = 0; i < n; i++) {
+        /* the same draws and rounding as st_tensor's BF16 path */
+        uint32_t u = (uint32_t)f32_to_bf16((float)pw_value(&r, t, lin_std)) << 16;
+        memcpy(&out[i], &u, sizeof u);
+    }
 }
 
 /* ---------------------------------------------------------------------
@@ -514,7 +531,7 @@ svc_err_t pw_weights(const pw_ctx_t *c) {
  * --------------------------------------------------------------------- */
 
 /* mkdir -p */
-static svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n) {
+svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n) {
     char  *p = strdup(dir);
     size_t len = p ? strlen(p) : 0;
     if (!p)
@@ -538,11 +555,9 @@ static svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n) {
 svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t errstr_size) {
     if (errstr_size)
         errstr[0] = '\0';
-    if (opts->format == ENG_MAKE_Q4NX) {
-        svc_errf(errstr, errstr_size,
-                 "--format q4nx is not built yet (issue 3, Q4NX writer); use --format "
-                 "safetensors");
-        return SVC_ERR_UNSUPPORTED;
+    if (opts->twin_dir && opts->format != ENG_MAKE_Q4NX) {
+        svc_errf(errstr, errstr_size, "a twin package is written for --format q4nx only");
+        return SVC_ERR_INVALID;
     }
     pw_ctx_t  c = {.opts = opts,
                    .shape = pw_shape_get(opts->size),
@@ -557,11 +572,11 @@ svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t err
          * tokenizer are never looked up). */
         size_t n_ids = eng_tokenizer_n_ids(c.tok);
         c.vocab = opts->size == ENG_MAKE_TINY || n_ids > c.shape->vocab ? n_ids : c.shape->vocab;
-        err = pw_weights(&c);
+        err = opts->format == ENG_MAKE_Q4NX ? pw_q4nx_package(&c) : pw_weights(&c);
     }
-    if (!err)
+    if (!err && opts->format != ENG_MAKE_Q4NX)
         err = pw_meta(&c);
-    if (!err)
+    if (!err && opts->format != ENG_MAKE_Q4NX)
         err = pw_manifest(&c);
     if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
         svc_errf(errstr, errstr_size, "out of memory writing \"%s\"", opts->out_dir);

@@ -32,6 +32,33 @@ typedef struct pw_shape {
 const pw_shape_t *pw_shape_get(eng_make_size_t size);
 bool              pw_layer_is_full(const pw_shape_t *s, size_t i);
 
+typedef enum pw_init {
+    PW_LINEAR,    /* [out, in]: N(0, 0.9 / sqrt(in)), ~0.02 at nano's widths */
+    PW_EMBED,     /* N(0, 0.1) */
+    PW_NORM_1P,   /* (1 + w) RMSNorms: N(0, 0.1), so the gain is near 1 */
+    PW_NORM_GATE, /* linear_attn.norm multiplies by plain w: 1 + N(0, 0.1) */
+    PW_CONV,      /* N(0, 0.3) as the golden script */
+    PW_A_LOG,     /* U(-0.69, 2.08) = log U(0.5, 8): decay rates of the golden script */
+    PW_DT_BIAS,   /* U(-1.5, 1.0) */
+} pw_init_t;
+
+typedef struct pw_tensor {
+    char      name[128];
+    size_t    rank;
+    uint64_t  dims[PW_MAX_RANK];
+    pw_init_t init;
+} pw_tensor_t;
+
+typedef struct pw_list {
+    pw_tensor_t *v;
+    size_t       n, cap;
+} pw_list_t;
+
+/* Every text-tower tensor of shape s with vocab rows, sorted by name (the
+ * safetensors convention); the caller frees l->v. */
+SVC_WUR svc_err_t pw_tensors(const pw_shape_t *s, size_t vocab, pw_list_t *l);
+uint64_t          pw_numel(const pw_tensor_t *t);
+
 /* ---- the package being written ---- */
 
 typedef struct pw_ctx {
@@ -41,10 +68,13 @@ typedef struct pw_ctx {
     eng_tokenizer_t       *tok;                   /* the written tokenizer, UPSTREAM mode */
     char                   codes[ENG_N_CODES][3]; /* "A".."Z", "AA".. */
     int32_t                code_ids[ENG_N_CODES];
+    const char            *twin_of; /* the q4nx package this one is the twin of, or NULL */
     char                  *errstr;
     size_t                 errstr_size;
 } pw_ctx_t;
 
+/* mkdir -p dir. */
+SVC_WUR svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n);
 /* dir/name, malloc'd (NULL when out of memory). */
 char *pw_path(const char *dir, const char *name);
 /* Writes n bytes to dir/name (replacing it). */
@@ -59,10 +89,38 @@ SVC_WUR svc_err_t pw_tokenizer(pw_ctx_t *c);
 
 /* eng_pkgwrite.c: model.safetensors and readout.safetensors. */
 SVC_WUR svc_err_t pw_weights(const pw_ctx_t *c);
+SVC_WUR svc_err_t pw_readout(const pw_ctx_t *c);
+
+/* Tensor t's values exactly as model.safetensors of the same seed holds
+ * them (BF16-rounded), whole, into out (pw_numel(t) floats). */
+void pw_gen_f32(const pw_ctx_t *c, const pw_tensor_t *t, float *out);
+
+/* Where pw_st_write takes a tensor's values from instead of the seeded
+ * generator: the whole tensor into out, then written as F32. */
+typedef struct pw_fill {
+    svc_err_t (*fn)(const pw_tensor_t *t, float *out, void *user, char *errstr, size_t errstr_size);
+    void *user;
+} pw_fill_t;
+
+/* Writes dir/name as safetensors holding tensors v[0..n-1] (sorted by name):
+ * seeded values (BF16, or F32 times scale), or fill's (F32) when given. */
+SVC_WUR svc_err_t pw_st_write(const pw_ctx_t *c, const char *name, const pw_tensor_t *v, size_t n,
+                              bool f32, double scale, const pw_fill_t *fill);
+
+/* eng_pkgwrite_q4nx.c: the D3-Nano-NPU2 file set (model.q4nx, FastFlowLM
+ * config.json, MANIFEST.sha256) after the tokenizer, and the --twin package. */
+SVC_WUR svc_err_t pw_q4nx_package(pw_ctx_t *c);
 
 /* eng_pkgwrite_meta.c: config.json, decision_config.json, chat_template.jinja,
- * README.md (before the manifest) and MODEL_MANIFEST.json (last). */
+ * README.md (before the manifest) and MODEL_MANIFEST.json (last). For a
+ * q4nx package (c->opts->format) config.json has FastFlowLM's layout and the
+ * README says so; for a twin (c->twin_of) the README says what it is. */
 SVC_WUR svc_err_t pw_meta(const pw_ctx_t *c);
+/* The Hugging Face text_config object of c's shape (new reference, NULL
+ * when out of memory). */
+json_t *pw_text_config(const pw_ctx_t *c);
+/* image/video/vision token ids into root when the tokenizer has them. */
+SVC_WUR svc_err_t pw_special_ids(const pw_ctx_t *c, json_t *root);
 SVC_WUR svc_err_t pw_manifest(const pw_ctx_t *c);
 
 #endif /* D3STREAM_ENG_PKGWRITE_INT_H */

@@ -44,7 +44,7 @@ static json_t *layer_types(const pw_shape_t *s) {
     return a;
 }
 
-static json_t *text_config(const pw_ctx_t *c) {
+json_t *pw_text_config(const pw_ctx_t *c) {
     const pw_shape_t *s = c->shape;
     json_t           *rope = json_pack("{sbs[iii]sfsfss}", "mrope_interleaved", 1, "mrope_section",
                                        s->mrope[0], s->mrope[1], s->mrope[2], "partial_rotary_factor", 0.25,
@@ -74,7 +74,7 @@ static json_t *text_config(const pw_ctx_t *c) {
 }
 
 /* image/video/vision token ids when the tokenizer has them. */
-static svc_err_t special_ids(const pw_ctx_t *c, json_t *root) {
+svc_err_t pw_special_ids(const pw_ctx_t *c, json_t *root) {
     static const char *const keys[][2] = {
         {"image_token_id", "<|image_pad|>"},
         {"video_token_id", "<|video_pad|>"},
@@ -89,12 +89,43 @@ static svc_err_t special_ids(const pw_ctx_t *c, json_t *root) {
     return SVC_OK;
 }
 
+/* FastFlowLM's config.json (Q4NX.md §6): the HF config with text_config
+ * flattened to the top level, plus FLM keys. Only keys §6 documents are
+ * written, and of the FLM-only ones only those whose value is known for a
+ * text-only package: no vision_model_weight / vision_config (there is no
+ * vision tower, and a non-empty vision_model_weight marks a VLM), no
+ * addr_qk / addr_kv (engine memory layout, 2B values unconfirmed).
+ * model_type "qwen3_5_text": §6 leaves qwen3_5 vs qwen3_5_text open, and
+ * the flattened keys are the text model's. rope_theta is written both at
+ * the top level (FLM's LM_Config reads it there, else 0) and in
+ * rope_parameters. flm_version: D3-NANO-NPU2.md's "FastFlowLM 1.0.11 or
+ * later". */
+static json_t *flm_config(const pw_ctx_t *c) {
+    json_t *root = pw_text_config(c);
+    if (!root)
+        return NULL;
+    json_t *arch = json_pack("[s]", "Qwen3_5ForConditionalGeneration");
+    if (!arch || json_object_set_new(root, "architectures", arch) ||
+        json_object_set_new(root, "model_type", json_string("qwen3_5_text")) ||
+        json_object_set_new(root, "rope_theta", json_real(1e7)) ||
+        json_object_set_new(root, "flm_version", json_string("1.0.11")) ||
+        /* Gen-B keeps one table, lm_head, for both ends (Q4NX.md §0.2) */
+        json_object_set_new(root, "tie_word_embeddings", json_true())) {
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
 static svc_err_t write_config(const pw_ctx_t *c) {
     json_t *root =
-        json_pack("{s[s]sssssosbss}", "architectures", "Qwen3_5ForConditionalGeneration", "dtype",
-                  "bfloat16", "model_type", "qwen3_5", "text_config", text_config(c),
-                  "tie_word_embeddings", c->shape->tied, "transformers_version", "5.24.0");
-    svc_err_t err = root ? special_ids(c, root) : SVC_ERR_NOMEM;
+        c->opts->format == ENG_MAKE_Q4NX
+            ? flm_config(c)
+            : json_pack("{s[s]sssssosbss}", "architectures", "Qwen3_5ForConditionalGeneration",
+                        "dtype", "bfloat16", "model_type", "qwen3_5", "text_config",
+                        pw_text_config(c), "tie_word_embeddings", c->shape->tied,
+                        "transformers_version", "5.24.0");
+    svc_err_t err = root ? pw_special_ids(c, root) : SVC_ERR_NOMEM;
     if (!err)
         err = pw_write_json(c, "config.json", root, JSON_SORT_KEYS);
     json_decref(root);
@@ -132,6 +163,25 @@ static const char CHAT_TEMPLATE[] =
     "{{ message.content }}<|im_end|>\n{% endfor -%}\n"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif -%}\n";
 
+/* What differs from the upstream layout, for the q4nx package and its twin. */
+static svc_err_t readme_format(const pw_ctx_t *c, svc_buf_t *b) {
+    if (c->opts->format == ENG_MAKE_Q4NX)
+        return svc_buf_addf(
+            b, "\nFormat: the D3-Nano-NPU2 file set. model.q4nx is FastFlowLM's Q4NX\n"
+               "container (Gen-B: Q4_K projections, Q8 alpha/beta/out_proj and the tied\n"
+               "embedding as lm_head), quantised from the same BF16 values the safetensors\n"
+               "package of this seed holds; config.json has FastFlowLM's flattened layout;\n"
+               "MANIFEST.sha256 (sha256sum format) lists every file. There is no\n"
+               "vision_weight.q4nx: the package is text only.\n");
+    if (c->twin_of)
+        return svc_buf_addf(b,
+                            "\nTwin: model.safetensors holds, as F32, the dequantised weights of "
+                            "the q4nx\npackage \"%s\", read back through d3stream's Q4NX reader, "
+                            "so both\npackages load the same numbers.\n",
+                            c->twin_of);
+    return SVC_OK;
+}
+
 static svc_err_t write_readme(const pw_ctx_t *c) {
     svc_buf_t b;
     svc_buf_init(&b, 1 << 16);
@@ -145,7 +195,7 @@ static svc_err_t write_readme(const pw_ctx_t *c) {
         "the readout is random too. Use it to measure speed and memory, never quality.\n\n"
         "Tokenizer: %s.\n\n"
         "chat_template.jinja is a placeholder whose SHA-256 is not one of the pinned\n"
-        "decision3 templates, so d3stream warns about it. MODEL_MANIFEST.json lists the\n"
+        "decision3 templates, so d3stream warns about it. The manifest lists the\n"
         "SHA-256 of every file here; regenerate rather than edit.\n\n"
         "Licence: Apache-2.0.\n",
         c->shape->name, (unsigned long long)c->opts->seed, c->shape->name,
@@ -155,6 +205,8 @@ static svc_err_t write_readme(const pw_ctx_t *c) {
                                : "a small byte-level BPE written by d3stream (256 byte symbols, "
                                  "the answer codes\nA..Z and AA..IU as single tokens, a few "
                                  "English merges, the Qwen chat special tokens)");
+    if (!err)
+        err = readme_format(c, &b);
     if (!err)
         err = pw_write_file(c, "README.md", b.data, b.len);
     svc_buf_fini(&b);

@@ -174,12 +174,15 @@ size_t eng_image_tokens(uint32_t width, uint32_t height);
 typedef struct eng_model eng_model_t;
 
 /**
- * @brief Loads the text tower of an upstream package directory:
- *        config.json (text_config), model.safetensors (text tensors under
- *        "model.language_model." or "language_model."; vision tensors are
- *        ignored) and readout.safetensors (`weight` [255, hidden_size]).
- *        Every tensor is checked (presence, dtype BF16/F16/F32, shape) and
- *        converted to fp32 once; no file stays mapped afterwards.
+ * @brief Loads the text tower of a package directory: config.json,
+ *        the weights and readout.safetensors (`weight` [255, hidden_size]).
+ *        Weights: model.safetensors (text tensors under "model.language_model."
+ *        or "language_model."; vision tensors are ignored), else model.q4nx
+ *        (FastFlowLM's container, Gen-A or Gen-B, dequantised and its
+ *        transforms undone, Q4NX.md §8). config.json is the Hugging Face
+ *        layout (text_config) or FastFlowLM's flattened one (Q4NX.md §6).
+ *        Every tensor is checked (presence, dtype, shape) and converted to
+ *        fp32 once; no file stays mapped afterwards.
  * @param errstr on failure one line naming the file and the key or tensor,
  *        e.g. `model.safetensors "d/model.safetensors": tensor
  *        "model.language_model.norm.weight": shape [65], expected [64]`.
@@ -192,6 +195,10 @@ SVC_WUR svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errst
 void eng_model_free(eng_model_t *m);
 
 size_t eng_model_hidden_size(const eng_model_t *m);
+
+/* The weights file a loaded model came from: "safetensors" (model.safetensors),
+ * "q4nx-gen-a" or "q4nx-gen-b" (model.q4nx, Q4NX.md §0.2). Static string. */
+const char *eng_model_format(const eng_model_t *m);
 
 /* What a loaded text tower was built from (text_config) and how many
  * parameters it holds, for `d3stream inspect` and the manifest's
@@ -338,19 +345,23 @@ typedef enum eng_make_size {
 
 typedef enum eng_make_format {
     ENG_MAKE_SAFETENSORS = 0, /* BF16 model.safetensors (SPEC e.1) */
-    ENG_MAKE_Q4NX = 1,        /* Gen-B model.q4nx: not built yet (needs the Q4NX writer) */
+    ENG_MAKE_Q4NX = 1,        /* the D3-Nano-NPU2 file set: Gen-B model.q4nx, MANIFEST.sha256 */
 } eng_make_format_t;
 
 /* Called while model.safetensors is written: bytes done of total. */
 typedef void (*eng_make_progress_fn)(uint64_t done, uint64_t total, void *user);
 
 typedef struct eng_make_opts {
-    eng_make_size_t      size;
-    eng_make_format_t    format;
-    uint64_t             seed;
-    const char          *out_dir;       /* created if missing; files in it are replaced */
-    const char          *tokenizer_dir; /* optional: copy its tokenizer files, else our own */
-    eng_make_progress_fn progress;      /* optional */
+    eng_make_size_t   size;
+    eng_make_format_t format;
+    uint64_t          seed;
+    const char       *out_dir;       /* created if missing; files in it are replaced */
+    const char       *tokenizer_dir; /* optional: copy its tokenizer files, else our own */
+    /* optional, ENG_MAKE_Q4NX only: also write an upstream package here whose
+     * model.safetensors (F32) holds the dequantised q4nx values, read back
+     * through the q4nx reader, with the same tokenizer, readout and codes. */
+    const char          *twin_dir;
+    eng_make_progress_fn progress; /* optional */
     void                *progress_user;
 } eng_make_opts_t;
 
@@ -369,7 +380,12 @@ uint64_t eng_make_text_params(eng_make_size_t size, size_t vocab);
  *        decision_config.json, tokenizer.json + tokenizer_config.json,
  *        chat_template.jinja, README.md and MODEL_MANIFEST.json. The weights
  *        depend only on seed and size (same on every machine).
- * @returns SVC_OK; SVC_ERR_UNSUPPORTED for ENG_MAKE_Q4NX; SVC_ERR_IO,
+ *        ENG_MAKE_Q4NX writes the D3-Nano-NPU2 file set instead: model.q4nx
+ *        (Gen-B, the same BF16 values quantised tensor by tensor), FastFlowLM's
+ *        flattened config.json (Q4NX.md §6), the same readout, decision config,
+ *        tokenizer and template, README.md and MANIFEST.sha256; plus the twin
+ *        package in opts->twin_dir when given.
+ * @returns SVC_OK; SVC_ERR_INVALID (twin_dir without ENG_MAKE_Q4NX); SVC_ERR_IO,
  *          SVC_ERR_FORMAT (a --tokenizer that cannot give 255 single-token
  *          codes), SVC_ERR_NOMEM, with errstr naming the file.
  * @remark Does not check whether out_dir is empty; the caller decides.

@@ -9,6 +9,7 @@
 #include "ops_int.h"
 
 #include "eng_manifest_int.h"
+#include "eng_q4nx_int.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -19,11 +20,13 @@ static const char INSPECT_HELP[] =
     "\n"
     "Describes the package in DIR and checks it:\n"
     "  format          upstream safetensors (model.safetensors), or q4nx\n"
-    "                  (model.q4nx: not supported yet)\n"
+    "                  (model.q4nx, FastFlowLM's container: its generation, A or B,\n"
+    "                  and how many tensors of each storage kind it holds)\n"
     "  architecture    hidden size, layers and their kinds (L = Gated DeltaNet,\n"
     "                  F = full attention), heads, kv heads, head dims, DeltaNet\n"
     "                  heads, intermediate size, vocabulary, rope theta and\n"
-    "                  partial rotary factor (from config.json text_config)\n"
+    "                  partial rotary factor (from config.json: text_config, or\n"
+    "                  FastFlowLM's flattened layout)\n"
     "  parameters      text (elements of the loaded text-tower tensors), readout\n"
     "                  (255 x hidden), compared with MODEL_MANIFEST.json parameters\n"
     "  readout         the answer codes (count and the first few), temperature,\n"
@@ -72,21 +75,45 @@ static void put_error(insp_t *in, const char *key, const char *msg) {
 
 /* ---------------------------------------------------------------- gather */
 
-/* "safetensors", "q4nx" or "unknown"; only safetensors is loaded. */
+/* model.q4nx: generation and tensors per storage kind (Q4NX.md §0.2, §8). */
+static void gather_q4nx(insp_t *in, json_t *f) {
+    char        path[4096], errstr[1024];
+    eng_q4nx_t *q = NULL;
+    if (snprintf(path, sizeof path, "%s/model.q4nx", in->dir) >= (int)sizeof path)
+        return;
+    if (eng_q4nx_open(path, &q, errstr, sizeof errstr)) {
+        put_error(in, "model_error", errstr);
+        return;
+    }
+    size_t counts[ENG_Q4NX_KIND_COUNT] = {0};
+    for (size_t i = 0; i < eng_q4nx_count(q); i++)
+        counts[eng_q4nx_at(q, i)->kind]++;
+    json_t *kinds = json_object();
+    for (size_t k = 0; k < ENG_Q4NX_KIND_COUNT; k++)
+        if (counts[k])
+            put(kinds, eng_q4nx_kind_name((eng_q4nx_kind_t)k), json_integer((json_int_t)counts[k]));
+    put(f, "generation", json_string(eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? "A" : "B"));
+    put(f, "q8_raster", json_string(eng_q4nx_q8_raster(q) == ENG_Q4NX_RASTER_A ? "A" : "B"));
+    put(f, "tensors", json_integer((json_int_t)eng_q4nx_count(q)));
+    put(f, "kinds", kinds);
+    eng_q4nx_close(q);
+}
+
+/* "safetensors", "q4nx" or "unknown". model.safetensors wins when both are
+ * there, as in eng_model_load. */
 static const char *gather_format(insp_t *in) {
     const char *fmt = "unknown";
-    if (is_file(in->dir, "model.q4nx"))
-        fmt = "q4nx";
-    else if (is_file(in->dir, "model.safetensors") ||
-             is_file(in->dir, "model.safetensors.index.json"))
+    if (is_file(in->dir, "model.safetensors") || is_file(in->dir, "model.safetensors.index.json"))
         fmt = "safetensors";
+    else if (is_file(in->dir, "model.q4nx"))
+        fmt = "q4nx";
     json_t *f = json_object();
     put(f, "name", json_string(fmt));
-    put(f, "supported", json_boolean(fmt[0] == 's'));
-    put(in->root, "format", f);
+    put(f, "supported", json_boolean(fmt[0] != 'u'));
     if (fmt[0] == 'q')
-        put_error(in, "model_error", "model.q4nx: the q4nx format is not supported yet");
-    else if (fmt[0] == 'u')
+        gather_q4nx(in, f);
+    put(in->root, "format", f);
+    if (fmt[0] == 'u')
         put_error(in, "model_error", "no model.safetensors (nor model.q4nx) in the package");
     return fmt;
 }
@@ -186,6 +213,7 @@ static void gather_model(insp_t *in) {
     }
     eng_model_info_t mi;
     eng_model_get_info(m, &mi);
+    put(json_object_get(in->root, "format"), "loaded_as", json_string(eng_model_format(m)));
     gather_architecture(in, m, &mi);
     gather_params(in, &mi);
     eng_model_free(m);
@@ -259,7 +287,7 @@ static void gather(insp_t *in) {
     else
         gather_package(in, pkg);
     eng_package_free(pkg);
-    if (fmt[0] == 's')
+    if (fmt[0] != 'u' && !json_object_get(in->root, "model_error"))
         gather_model(in);
     gather_chat_template(in);
     gather_manifest(in);
@@ -372,15 +400,30 @@ static void print_manifest(const json_t *m) {
                ok ? " (matches the manifest)" : "");
 }
 
+/* "q4nx Gen-B (model.q4nx: 70 tensors, Q4_K 30, Q8 14, BF16 20, F32 6)" */
+static void print_q4nx(const json_t *fmt) {
+    const json_t *kinds = json_object_get(fmt, "kinds");
+    const char   *k;
+    const json_t *v;
+    printf("format         q4nx Gen-%s (model.q4nx: %lld tensors", gets_(fmt, "generation"),
+           (long long)geti(fmt, "tensors"));
+    json_object_foreach((json_t *)kinds, k, v) {
+        printf(", %s %lld", k, (long long)json_integer_value(v));
+    }
+    printf(")\n");
+}
+
 static void print_text(const json_t *root) {
     const json_t *fmt = json_object_get(root, "format");
     const char   *name = gets_(fmt, "name");
     printf("package        %s\n", gets_(root, "package"));
     if (json_object_get(root, "model_id"))
         printf("model id       %s\n", gets_(root, "model_id"));
-    printf("format         %s\n", strcmp(name, "safetensors") == 0 ? "upstream safetensors"
-                                  : strcmp(name, "q4nx") == 0      ? "q4nx (not supported yet)"
-                                                                   : "unknown");
+    if (strcmp(name, "q4nx") == 0)
+        print_q4nx(fmt);
+    else
+        printf("format         %s\n",
+               strcmp(name, "safetensors") == 0 ? "upstream safetensors" : "unknown");
     if (json_object_get(root, "package_error"))
         printf("package        cannot be read: %s\n", gets_(root, "package_error"));
     if (json_object_get(root, "model_error"))

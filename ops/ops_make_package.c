@@ -10,7 +10,8 @@
 
 static const char MAKE_HELP[] =
     "Usage: d3stream make-package --size tiny|lite|nano --out DIR [--seed N]\n"
-    "                             [--format safetensors|q4nx] [--tokenizer DIR] [--force]\n"
+    "                             [--format safetensors|q4nx] [--twin DIR] [--tokenizer DIR]\n"
+    "                             [--force]\n"
     "\n"
     "Writes a complete decision3 package with RANDOM weights: config.json,\n"
     "model.safetensors (BF16), readout.safetensors, decision_config.json,\n"
@@ -29,8 +30,17 @@ static const char MAKE_HELP[] =
     "                 tokenizer); the answer codes are the first 255 of A..Z, AA..ZZ\n"
     "                 that are single tokens. Default: a small byte-level BPE\n"
     "                 tokenizer with the chat special tokens and codes A..Z, AA..IU.\n"
-    "  --format F     safetensors (default). q4nx (the Q4_K generation) is not built\n"
-    "                 yet (issue 3, Q4NX writer) and fails with exit status 2.\n"
+    "  --format F     safetensors (default), or q4nx: the D3-Nano-NPU2 file set,\n"
+    "                 model.q4nx (FastFlowLM's Q4NX, Gen-B: Q4_K projections, Q8\n"
+    "                 alpha/beta/out_proj and tied embedding) quantised from the same\n"
+    "                 BF16 values, FastFlowLM's flattened config.json, readout,\n"
+    "                 decision config, tokenizer, chat template, README.md and\n"
+    "                 MANIFEST.sha256 (instead of MODEL_MANIFEST.json)\n"
+    "  --twin DIR     with --format q4nx: also write an upstream safetensors package\n"
+    "                 into DIR whose model.safetensors holds, as F32, the dequantised\n"
+    "                 q4nx weights (read back through d3stream's Q4NX reader), with the\n"
+    "                 same tokenizer, readout and codes, and its own MODEL_MANIFEST.json:\n"
+    "                 both packages load the same numbers. Same rules as --out.\n"
     "\n"
     "lite and nano keep the real 248,320-row embedding whatever the tokenizer.\n"
     "Progress goes to stderr for lite and nano.\n"
@@ -45,7 +55,7 @@ typedef struct make_args {
 
 static void make_progress(uint64_t done, uint64_t total, void *user) {
     (void)user;
-    fprintf(stderr, "d3stream make-package: model.safetensors %llu / %llu MB (%d%%)\n",
+    fprintf(stderr, "d3stream make-package: weights %llu / %llu MB of BF16 (%d%%)\n",
             (unsigned long long)(done >> 20), (unsigned long long)(total >> 20),
             total ? (int)(done * 100 / total) : 100);
 }
@@ -92,6 +102,9 @@ static int parse_opt(int c, make_args_t *a) {
     case 't':
         a->opts.tokenizer_dir = optarg;
         return 0;
+    case 'T':
+        a->opts.twin_dir = optarg;
+        return 0;
     case 'F':
         a->force = true;
         return 0;
@@ -114,18 +127,23 @@ static bool dir_non_empty(const char *dir) {
 }
 
 static int make_run(make_args_t *a) {
-    if (a->opts.format == ENG_MAKE_Q4NX) {
-        ops_fail("make-package", "--format q4nx is not built yet (issue 3, Q4NX writer); use "
-                                 "--format safetensors");
+    if (a->opts.twin_dir && a->opts.format != ENG_MAKE_Q4NX) {
+        ops_fail("make-package", "--twin needs --format q4nx");
         return OPS_EXIT_USAGE;
     }
-    if (!a->force && dir_non_empty(a->opts.out_dir)) {
-        ops_fail("make-package",
-                 "--out \"%s\" exists and is not empty (use --force to write "
-                 "into it)",
-                 a->opts.out_dir);
+    if (a->opts.twin_dir && strcmp(a->opts.twin_dir, a->opts.out_dir) == 0) {
+        ops_fail("make-package", "--twin must name another directory than --out");
         return OPS_EXIT_USAGE;
     }
+    const char *dirs[2][2] = {{"--out", a->opts.out_dir}, {"--twin", a->opts.twin_dir}};
+    for (size_t i = 0; i < 2; i++)
+        if (dirs[i][1] && !a->force && dir_non_empty(dirs[i][1])) {
+            ops_fail("make-package",
+                     "%s \"%s\" exists and is not empty (use --force to write "
+                     "into it)",
+                     dirs[i][0], dirs[i][1]);
+            return OPS_EXIT_USAGE;
+        }
     if (a->opts.size != ENG_MAKE_TINY)
         a->opts.progress = make_progress;
     char errstr[1024];
@@ -137,6 +155,9 @@ static int make_run(make_args_t *a) {
             "d3stream make-package: wrote %s (synthetic %s, seed %llu): random weights, "
             "meaningless answers\n",
             a->opts.out_dir, eng_make_size_name(a->opts.size), (unsigned long long)a->opts.seed);
+    if (a->opts.twin_dir)
+        fprintf(stderr, "d3stream make-package: wrote %s, the safetensors twin of %s\n",
+                a->opts.twin_dir, a->opts.out_dir);
     return OPS_EXIT_OK;
 }
 
@@ -147,6 +168,7 @@ int ops_cmd_make_package(int argc, char **argv) {
         {"seed", required_argument, NULL, 'n'},
         {"out", required_argument, NULL, 'o'},
         {"tokenizer", required_argument, NULL, 't'},
+        {"twin", required_argument, NULL, 'T'},
         {"force", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},

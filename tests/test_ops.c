@@ -430,3 +430,59 @@ Test(ops, tampered_package) {
     free(err);
     remove_tree(dir);
 }
+
+/* make-package --format q4nx --twin, then inspect and ask on the q4nx
+ * package (MANIFEST.sha256, model.q4nx) through the binary. */
+Test(ops, q4nx_package_inspect_and_ask) {
+    char dir[64], cmd[4096];
+    snprintf(dir, sizeof dir, "/tmp/d3ops-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' make-package --size tiny --format q4nx --seed 4 --out '%s/q' --twin '%s/t' "
+             "2>&1",
+             binary(), dir, dir);
+    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s/q'", binary(), dir);
+    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "format         q4nx Gen-B (model.q4nx: "), "%s", out.data);
+    cr_assert(strstr(out.data, "q4_k "), "%s", out.data);
+    cr_assert(strstr(out.data, "manifest       MANIFEST.sha256: ok"), "%s", out.data);
+    cr_assert(strstr(out.data, "  ok        model.q4nx"), "%s", out.data);
+    cr_assert(strstr(out.data, "verdict        ok"), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect --json --model '%s/q'", binary(), dir);
+    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    json_t *r = json_loads(out.data, 0, NULL);
+    cr_assert(r, "not JSON: %s", out.data);
+    const json_t *fmt = json_object_get(r, "format");
+    cr_expect_str_eq(json_string_value(json_object_get(fmt, "name")), "q4nx");
+    cr_expect_str_eq(json_string_value(json_object_get(fmt, "loaded_as")), "q4nx-gen-b");
+    cr_expect_str_eq(json_string_value(json_object_get(fmt, "generation")), "B");
+    json_decref(r);
+    svc_buf_fini(&out);
+    /* ask answers on the q4nx package and on its twin, alike */
+    char answers[2][4096];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "'%s' ask --model '%s/%s' '%s/ops/examples/d3-nano-npu2.json' "
+                 "2>/dev/null",
+                 binary(), dir, i ? "t" : "q", D3_SOURCE_DIR);
+        cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+        const char *a = strstr(out.data, "\"answers\":");
+        cr_assert(a && strstr(a, "\"probabilities\":{\"returns\":"), "%s", out.data);
+        snprintf(answers[i], sizeof answers[i], "%s", a);
+        svc_buf_fini(&out);
+    }
+    cr_expect_str_eq(answers[0], answers[1]);
+    /* a tampered model.q4nx is refused, naming the file */
+    snprintf(cmd, sizeof cmd, "printf 'x' >> '%s/q/model.q4nx'", dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "'%s' ask --model '%s/q' '%s/ops/examples/d3-nano-npu2.json' 2>&1",
+             binary(), dir, D3_SOURCE_DIR);
+    cr_assert_eq(run(cmd, &out), 3, "%s", out.data);
+    cr_assert(strstr(out.data, "model.q4nx"), "%s", out.data);
+    svc_buf_fini(&out);
+    remove_tree(dir);
+}

@@ -9,6 +9,7 @@
 #include "ops.h"
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <ftw.h>
 #include <math.h>
 #include <unistd.h>
@@ -173,11 +174,38 @@ Test(pkgwrite, own_tokenizer_codes_specials_and_prompt) {
     rm_tree(root);
 }
 
-Test(pkgwrite, q4nx_is_refused_clearly) {
-    eng_make_opts_t o = {.size = ENG_MAKE_TINY, .format = ENG_MAKE_Q4NX, .out_dir = "/nonexistent"};
-    char            errstr[256] = "";
-    cr_expect_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_ERR_UNSUPPORTED);
-    cr_expect_not_null(strstr(errstr, "not built yet"), "%s", errstr);
+Test(pkgwrite, q4nx_package_file_set) {
+    char root[64], dir[128], errstr[1024] = "";
+    snprintf(root, sizeof root, "/tmp/d3pkgw.XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+    snprintf(dir, sizeof dir, "%s/q4nx", root);
+    eng_make_opts_t o = {.size = ENG_MAKE_TINY, .format = ENG_MAKE_Q4NX, .seed = 3, .out_dir = dir};
+    cr_assert_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    static const char *const files[] = {
+        "MANIFEST.sha256",      "README.md",  "chat_template.jinja", "config.json",
+        "decision_config.json", "model.q4nx", "readout.safetensors", "tokenizer.json",
+        "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char p[200];
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        cr_expect_eq(access(p, R_OK), 0, "%s is missing", files[i]);
+    }
+    char p[200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    cr_expect_neq(access(p, F_OK), 0, "a q4nx package has no model.safetensors");
+    /* FastFlowLM's config.json: text keys at the top level (Q4NX.md §6) */
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_t *cfg = json_load_file(p, 0, NULL);
+    cr_assert_not_null(cfg);
+    cr_expect_null(json_object_get(cfg, "text_config"));
+    cr_expect_eq(json_integer_value(json_object_get(cfg, "hidden_size")), 64);
+    cr_expect_str_eq(json_string_value(json_object_get(cfg, "model_type")), "qwen3_5_text");
+    json_decref(cfg);
+    snprintf(p, sizeof p, "%s/README.md", dir);
+    svc_buf_t readme = read_all(p);
+    cr_expect_not_null(strstr(readme.data, "meaningless"));
+    svc_buf_fini(&readme);
+    rm_tree(root);
 }
 
 /* Shapes: element counts of the text towers, nothing written.

@@ -1,0 +1,152 @@
+/*
+ * eng_pkgwrite_q4nx.c -- `make-package --format q4nx`: the D3-Nano-NPU2
+ * file set (/work/shared/docs/D3-NANO-NPU2.md "Files") with synthetic
+ * weights, and the `--twin` upstream package that holds the q4nx values.
+ *
+ * model.q4nx is written by the Gen-B writer (eng_q4nx_write.c) from the
+ * very values model.safetensors of the same seed holds (BF16-rounded), so
+ * the difference between the two packages is the quantisation alone. One
+ * tensor at a time is generated in f32, added (encoded at once) and freed:
+ * the writer keeps only the encoded bytes until finish, about 0.3 of the
+ * BF16 size, never every f32 weight.
+ *
+ * The twin reads every tensor back through eng_q4nx_tensor_f32 -- the
+ * function eng_model_load uses for model.q4nx -- and stores it as F32,
+ * because BF16 cannot hold the dequantised values exactly. Loading either
+ * package therefore gives the same fp32 arrays, bit for bit.
+ */
+#include "eng_manifest_int.h"
+#include "eng_pkgwrite_int.h"
+#include "eng_q4nx_int.h"
+
+/* Every file of the q4nx package before MANIFEST.sha256, in name order.
+ * Not written: vision_weight.q4nx (the synthetic package is text only) and
+ * LICENSE (D3-NANO-NPU2.md lists it; README.md states the licence). */
+static const char *const Q4NX_FILES[] = {
+    "README.md",  "chat_template.jinja", "config.json",    "decision_config.json",
+    "model.q4nx", "readout.safetensors", "tokenizer.json", "tokenizer_config.json",
+};
+
+/* model.q4nx, tensor by tensor. */
+static svc_err_t write_q4nx(const pw_ctx_t *c) {
+    pw_list_t          l = {0};
+    eng_q4nx_writer_t *w = NULL;
+    svc_err_t          err = pw_tensors(c->shape, c->vocab, &l);
+    if (!err)
+        err = eng_q4nx_writer_new(c->shape->head_dim, &w);
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; !err && i < l.n; i++)
+        total += pw_numel(&l.v[i]);
+    for (size_t i = 0; !err && i < l.n; i++) {
+        const pw_tensor_t *t = &l.v[i];
+        float             *x = malloc((size_t)pw_numel(t) * sizeof *x);
+        if (!x) {
+            err = SVC_ERR_NOMEM;
+            break;
+        }
+        pw_gen_f32(c, t, x);
+        err = eng_q4nx_writer_add(w, t->name, t->rank, t->dims, x, ENG_Q4NX_AUTO, c->errstr,
+                                  c->errstr_size);
+        free(x);
+        /* in BF16 bytes, as the safetensors writer reports, every 5% */
+        uint64_t before = done * 20 / (total ? total : 1);
+        done += pw_numel(t);
+        if (c->opts->progress && (done * 20 / (total ? total : 1) != before || done == total))
+            c->opts->progress(2 * done, 2 * total, c->opts->progress_user);
+    }
+    char *path = err ? NULL : pw_path(c->opts->out_dir, "model.q4nx");
+    if (!err && !path)
+        err = SVC_ERR_NOMEM;
+    if (!err)
+        err = eng_q4nx_writer_finish(w, path, c->errstr, c->errstr_size);
+    free(path);
+    eng_q4nx_writer_free(w);
+    free(l.v);
+    return err;
+}
+
+/* MANIFEST.sha256 as sha256sum(1) writes it: "<hex>  <name>\n". */
+static svc_err_t write_sha256sum(const pw_ctx_t *c) {
+    svc_buf_t b;
+    svc_buf_init(&b, 1 << 16);
+    svc_err_t err = SVC_OK;
+    for (size_t i = 0; !err && i < sizeof Q4NX_FILES / sizeof Q4NX_FILES[0]; i++) {
+        char  hex[ENG_SHA256_HEX + 1];
+        char *path = pw_path(c->opts->out_dir, Q4NX_FILES[i]);
+        err = path ? eng_sha256_file(path, hex, NULL, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;
+        free(path);
+        if (!err)
+            err = svc_buf_addf(&b, "%s  %s\n", hex, Q4NX_FILES[i]);
+    }
+    if (!err)
+        err = pw_write_file(c, "MANIFEST.sha256", b.data, b.len);
+    svc_buf_fini(&b);
+    return err;
+}
+
+/* ---- the twin ---- */
+
+static svc_err_t fill_q4nx(const pw_tensor_t *t, float *out, void *user, char *errstr,
+                           size_t errstr_size) {
+    return eng_q4nx_tensor_f32(user, t->name, t->rank, t->dims, out, errstr, errstr_size);
+}
+
+/* An upstream package in opts->twin_dir: the same tokenizer (written or
+ * copied again, byte for byte), codes, readout and decision config; its
+ * model.safetensors from model.q4nx. */
+static svc_err_t write_twin(const pw_ctx_t *c) {
+    eng_make_opts_t o = *c->opts;
+    o.out_dir = c->opts->twin_dir;
+    o.twin_dir = NULL;
+    o.format = ENG_MAKE_SAFETENSORS;
+    o.progress = NULL;
+    pw_ctx_t    t = {.opts = &o,
+                     .shape = c->shape,
+                     .twin_of = c->opts->out_dir,
+                     .errstr = c->errstr,
+                     .errstr_size = c->errstr_size};
+    char       *qpath = pw_path(c->opts->out_dir, "model.q4nx");
+    eng_q4nx_t *q = NULL;
+    pw_list_t   l = {0};
+    svc_err_t   err = qpath ? pw_mkdirs(o.out_dir, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;
+    if (!err)
+        err = pw_tokenizer(&t);
+    t.vocab = c->vocab;
+    if (!err && eng_tokenizer_n_ids(t.tok) != eng_tokenizer_n_ids(c->tok)) {
+        svc_errf(c->errstr, c->errstr_size, "twin \"%s\": its tokenizer differs from the package's",
+                 o.out_dir);
+        err = SVC_ERR_INTERNAL;
+    }
+    if (!err)
+        err = eng_q4nx_open(qpath, &q, c->errstr, c->errstr_size);
+    if (!err)
+        err = pw_tensors(c->shape, c->vocab, &l);
+    if (!err) {
+        pw_fill_t fill = {fill_q4nx, q};
+        err = pw_st_write(&t, "model.safetensors", l.v, l.n, true, 1.0, &fill);
+    }
+    if (!err)
+        err = pw_readout(&t);
+    if (!err)
+        err = pw_meta(&t);
+    if (!err)
+        err = pw_manifest(&t);
+    free(l.v);
+    eng_q4nx_close(q);
+    eng_tokenizer_free(t.tok);
+    free(qpath);
+    return err;
+}
+
+svc_err_t pw_q4nx_package(pw_ctx_t *c) {
+    svc_err_t err = write_q4nx(c);
+    if (!err)
+        err = pw_readout(c);
+    if (!err)
+        err = pw_meta(c);
+    if (!err)
+        err = write_sha256sum(c);
+    if (!err && c->opts->twin_dir)
+        err = write_twin(c);
+    return err;
+}
