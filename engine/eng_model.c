@@ -1,9 +1,10 @@
 /*
  * eng_model.c -- loads the Qwen3.5 text tower of a package (SPEC e.1,
  * e.6): config.json (eng_model_cfg.c), the weights from model.safetensors
- * or, for a FastFlowLM package, model.q4nx (Q4NX.md), and the code readout
- * (readout.safetensors, SPEC d.5); and computes the readout probabilities
- * (SPEC d.5-d.7, b.2).
+ * or its shards (eng_st_set.c) or, for a FastFlowLM package, model.q4nx
+ * (Q4NX.md), and the code readout (readout.safetensors, SPEC d.5); checks
+ * the manifest's parameter counts (SPEC e.3); and computes the readout
+ * probabilities (SPEC d.5-d.7, b.2).
  *
  * Weights are checked against the config (presence, dtype, shape) and
  * converted to fp32 once here ("repack at load"), so the forward pass never
@@ -21,17 +22,22 @@
 #include "eng_q4nx_int.h"
 #include "eng_st_int.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <sys/stat.h>
+
+/* SPEC e.1: the upstream weights, one file or an index and its shards. */
+#define ST_SINGLE "model.safetensors"
+#define ST_INDEX  "model.safetensors.index.json"
 
 /* ---------------------------------------------------------------------
  * model.safetensors / model.q4nx / readout.safetensors
  * --------------------------------------------------------------------- */
 
 typedef struct ld {
-    eng_st_t         *st; /* one of st and q */
+    eng_st_set_t     *set; /* one of set and q */
     const eng_q4nx_t *q;
-    const char       *file; /* "model.safetensors" */
+    const char       *file; /* "model.safetensors", "model.safetensors.index.json" */
     const char       *path;
     const char       *prefix;
     char             *errstr;
@@ -39,15 +45,19 @@ typedef struct ld {
     uint64_t         *numel; /* optional: adds the elements of every tensor taken */
 } ld_t;
 
-SVC_FMT(3, 4) static svc_err_t ld_fail(const ld_t *ld, svc_err_t err, const char *fmt, ...) {
+SVC_FMT(5, 6)
+static svc_err_t ld_fail_in(const ld_t *ld, const char *file, const char *path, svc_err_t err,
+                            const char *fmt, ...) {
     char    msg[384];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    svc_errf(ld->errstr, ld->errstr_size, "%s \"%s\": %s", ld->file, ld->path, msg);
+    svc_errf(ld->errstr, ld->errstr_size, "%s \"%s\": %s", file, path, msg);
     return err;
 }
+
+#define ld_fail(ld, err, ...) ld_fail_in((ld), (ld)->file, (ld)->path, (err), __VA_ARGS__)
 
 static char *path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -102,13 +112,16 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
     snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
     if (ld->q)
         return ld_take_q4nx(ld, name, rank, dims, dst);
-    const eng_st_tensor_t *t = eng_st_find(ld->st, name);
-    if (!t)
-        return ld_fail(ld, SVC_ERR_FORMAT, "tensor \"%s\" is missing", name);
+    /* A bad tensor is reported against the file that holds it (a shard). */
+    const eng_st_tensor_t *t;
+    const char            *file, *path;
+    svc_err_t err = eng_st_set_find(ld->set, name, &t, &file, &path, ld->errstr, ld->errstr_size);
+    if (err)
+        return err;
     if (t->dtype != ENG_DT_BF16 && t->dtype != ENG_DT_F16 && t->dtype != ENG_DT_F32)
-        return ld_fail(ld, SVC_ERR_UNSUPPORTED,
-                       "tensor \"%s\": dtype %s, expected BF16, F16 or F32", name,
-                       eng_dtype_name(t->dtype));
+        return ld_fail_in(ld, file, path, SVC_ERR_UNSUPPORTED,
+                          "tensor \"%s\": dtype %s, expected BF16, F16 or F32", name,
+                          eng_dtype_name(t->dtype));
     bool same = t->rank == rank;
     for (size_t i = 0; same && i < rank; i++)
         same = t->shape[i] == dims[i];
@@ -116,12 +129,13 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
         char got[128], want[128];
         shape_str(got, sizeof got, t->rank, t->shape);
         shape_str(want, sizeof want, rank, dims);
-        return ld_fail(ld, SVC_ERR_FORMAT, "tensor \"%s\": shape %s, expected %s", name, got, want);
+        return ld_fail_in(ld, file, path, SVC_ERR_FORMAT, "tensor \"%s\": shape %s, expected %s",
+                          name, got, want);
     }
     float *w = malloc((size_t)eng_st_numel(t) * sizeof *w);
     if (!w)
         return ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
-    svc_err_t err = eng_st_to_f32(t, w);
+    err = eng_st_to_f32(t, w);
     SVC_ASSERT(err == SVC_OK); /* dtype checked above */
     if (ld->numel)
         *ld->numel += eng_st_numel(t);
@@ -213,8 +227,8 @@ static svc_err_t ld_prefix(ld_t *ld) {
     static const char *const text[] = {"model.language_model.", "language_model."};
     static const char *const vision[] = {"model.visual.", "visual."};
     const char              *found = NULL;
-    for (size_t i = 0; i < eng_st_count(ld->st); i++) {
-        const char *name = eng_st_at(ld->st, i)->name;
+    for (size_t i = 0; i < eng_st_set_count(ld->set); i++) {
+        const char *name = eng_st_set_at(ld->set, i)->name;
         const char *p = starts_with(name, text[0])   ? text[0]
                         : starts_with(name, text[1]) ? text[1]
                                                      : NULL;
@@ -249,18 +263,21 @@ static svc_err_t ld_tower(const ld_t *ld, eng_model_t *m) {
     return err;
 }
 
-static svc_err_t load_weights(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    char *path = path_join(dir, "model.safetensors");
-    if (!path)
-        return SVC_ERR_NOMEM;
-    ld_t      ld = {NULL, NULL, "model.safetensors", path, "", errstr, n, &m->n_params};
-    svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
-    if (!err)
+/* model.safetensors, or the shards of model.safetensors.index.json: the
+ * same loader either way, only the lookup of a name differs (eng_st_set.c). */
+static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, char *errstr,
+                              size_t n) {
+    ld_t      ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params};
+    svc_err_t err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
+                            : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
+    if (!err) {
+        ld.file = eng_st_set_file(ld.set);
+        ld.path = eng_st_set_path(ld.set);
         err = ld_prefix(&ld);
+    }
     if (!err)
         err = ld_tower(&ld, m);
-    eng_st_close(ld.st);
-    free(path);
+    eng_st_set_close(ld.set);
     return err;
 }
 
@@ -295,22 +312,17 @@ static bool has_file(const char *dir, const char *name) {
 
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5). */
 static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    char *path = path_join(dir, "readout.safetensors");
-    if (!path)
-        return SVC_ERR_NOMEM;
-    ld_t      ld = {NULL, NULL, "readout.safetensors", path, "", errstr, n, NULL};
-    svc_err_t err = eng_st_open(path, &ld.st, errstr, n);
-    if (err) {
-        free(path);
+    ld_t      ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
+    svc_err_t err = eng_st_set_open_file(dir, ld.file, &ld.set, errstr, n);
+    if (err)
         return err;
-    }
-    if (eng_st_count(ld.st) != 1 || !eng_st_find(ld.st, "weight"))
+    ld.path = eng_st_set_path(ld.set);
+    if (eng_st_set_count(ld.set) != 1 || strcmp(eng_st_set_at(ld.set, 0)->name, "weight") != 0)
         err = ld_fail(&ld, SVC_ERR_FORMAT, "must hold exactly one tensor \"weight\" (has %zu)",
-                      eng_st_count(ld.st));
+                      eng_st_set_count(ld.set));
     else
         err = ld_mat(&ld, "weight", ENG_N_CODES, m->cfg.hidden, &m->readout);
-    eng_st_close(ld.st);
-    free(path);
+    eng_st_set_close(ld.set);
     return err;
 }
 
@@ -321,12 +333,15 @@ svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr, size_
     eng_model_t *m = calloc(1, sizeof *m);
     if (!m)
         return SVC_ERR_NOMEM;
-    /* An upstream package wins when both weight files are present. */
+    /* An upstream package (single file or sharded) wins when both kinds of
+     * weights are present; with neither, the message names model.safetensors. */
+    bool      single = has_file(dir, ST_SINGLE);
+    bool      sharded = !single && has_file(dir, ST_INDEX);
     svc_err_t err;
-    if (!has_file(dir, "model.safetensors") && has_file(dir, "model.q4nx"))
+    if (!single && !sharded && has_file(dir, "model.q4nx"))
         err = load_q4nx(dir, m, errstr, errstr_size);
     else if (!(err = eng_model_cfg_load(dir, NULL, &m->cfg, errstr, errstr_size)))
-        err = load_weights(dir, m, errstr, errstr_size);
+        err = load_weights(dir, sharded, m, errstr, errstr_size);
     if (!err)
         err = load_readout(dir, m, errstr, errstr_size);
     if (err) {
@@ -405,6 +420,91 @@ void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info) {
         .n_params_text = m->n_params,
         .n_params_readout = (uint64_t)ENG_N_CODES * c->hidden,
     };
+}
+
+/* ---------------------------------------------------------------------
+ * MODEL_MANIFEST.json parameters (SPEC e.3)
+ * --------------------------------------------------------------------- */
+
+#define MF_JSON "MODEL_MANIFEST.json"
+
+SVC_FMT(4, 5)
+static svc_err_t mf_params_fail(const char *path, char *errstr, size_t n, const char *fmt, ...) {
+    char    msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    svc_errf(errstr, n, MF_JSON " \"%s\": %s", path, msg);
+    return SVC_ERR_FORMAT;
+}
+
+/* parameters.<key> as a count; vision may be left out (no tower: 0). */
+static svc_err_t mf_count(const json_t *p, const char *key, bool optional, const char *path,
+                          uint64_t *out, char *errstr, size_t n) {
+    const json_t *v = json_object_get(p, key);
+    *out = 0;
+    if (!v && optional)
+        return SVC_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return mf_params_fail(path, errstr, n, "parameters.%s: expected a non-negative integer",
+                              key);
+    *out = (uint64_t)json_integer_value(v);
+    return SVC_OK;
+}
+
+/* The listed counts against ours: text and readout as loaded, and loaded
+ * as text + readout once vision's share is taken out, since no vision
+ * tower is loaded yet (SPEC e.3). */
+static svc_err_t mf_compare(const json_t *p, const char *path, uint64_t our_text,
+                            uint64_t our_readout, char *errstr, size_t n) {
+    uint64_t  text, vision, readout, loaded;
+    svc_err_t err;
+    if ((err = mf_count(p, "text", false, path, &text, errstr, n)) ||
+        (err = mf_count(p, "vision", true, path, &vision, errstr, n)) ||
+        (err = mf_count(p, "readout", false, path, &readout, errstr, n)) ||
+        (err = mf_count(p, "loaded", false, path, &loaded, errstr, n)))
+        return err;
+    if (text != our_text)
+        return mf_params_fail(path, errstr, n,
+                              "parameters.text: expected %llu, the loaded text tower has %llu",
+                              (unsigned long long)text, (unsigned long long)our_text);
+    if (readout != our_readout)
+        return mf_params_fail(path, errstr, n,
+                              "parameters.readout: expected %llu, the loaded readout has %llu "
+                              "(255 x hidden_size)",
+                              (unsigned long long)readout, (unsigned long long)our_readout);
+    if (loaded < vision || loaded - vision != our_text + our_readout)
+        return mf_params_fail(path, errstr, n,
+                              "parameters.loaded: expected %llu (vision %llu not loaded), "
+                              "loaded %llu (text %llu + readout %llu)",
+                              (unsigned long long)loaded, (unsigned long long)vision,
+                              (unsigned long long)(our_text + our_readout),
+                              (unsigned long long)our_text, (unsigned long long)our_readout);
+    return SVC_OK;
+}
+
+svc_err_t eng_model_check_parameters(const eng_model_t *m, const char *dir, char *errstr,
+                                     size_t errstr_size) {
+    if (!has_file(dir, MF_JSON)) /* MANIFEST.sha256 packages list no counts */
+        return SVC_OK;
+    char *path = path_join(dir, MF_JSON);
+    if (!path)
+        return SVC_ERR_NOMEM;
+    json_error_t  jerr;
+    json_t       *mf = json_load_file(path, 0, &jerr);
+    const json_t *p = json_object_get(mf, "parameters");
+    svc_err_t     err = SVC_OK;
+    if (!mf)
+        err = mf_params_fail(path, errstr, errstr_size, "%s (line %d)", jerr.text, jerr.line);
+    else if (p && !json_is_object(p))
+        err = mf_params_fail(path, errstr, errstr_size, "parameters: expected an object");
+    else if (p)
+        err = mf_compare(p, path, m->n_params, (uint64_t)ENG_N_CODES * m->cfg.hidden, errstr,
+                         errstr_size);
+    json_decref(mf);
+    free(path);
+    return err;
 }
 
 bool eng_model_layer_is_full(const eng_model_t *m, size_t i) {

@@ -102,4 +102,47 @@ void eng_f16_row_to_f32(const void *src, float *dst, size_t n);
  */
 SVC_WUR svc_err_t eng_st_to_f32(const eng_st_tensor_t *t, float *out);
 
+/* ----------------------------------------------------------------------
+ * A set of safetensors files read as one (eng_st_set.c): a package's
+ * model.safetensors, or model.safetensors.index.json and the shards its
+ * weight_map names (SPEC e.1), or any other single file.
+ * ---------------------------------------------------------------------- */
+
+typedef struct eng_st_set eng_st_set_t;
+
+/* dir/file alone, as eng_st_open (same errors). */
+SVC_WUR svc_err_t eng_st_set_open_file(const char *dir, const char *file, eng_st_set_t **out,
+                                       char *errstr, size_t errstr_size);
+/**
+ * @brief Reads dir/index ({"metadata": ..., "weight_map": {tensor: shard}})
+ *   and opens every shard it names once.
+ * @returns SVC_OK with *out (free with eng_st_set_close); SVC_ERR_FORMAT for
+ *   a bad index, a shard name that is not a plain file name in dir (a '/'
+ *   or ".."), or a bad shard; SVC_ERR_IO when a shard cannot be opened;
+ *   SVC_ERR_NOMEM. errstr names the index, and the tensor and shard at fault.
+ */
+SVC_WUR svc_err_t eng_st_set_open_index(const char *dir, const char *index, eng_st_set_t **out,
+                                        char *errstr, size_t errstr_size);
+/* Closes every file; descriptors from the set die with it. NULL is a no-op. */
+void eng_st_set_close(eng_st_set_t *s);
+
+/* The file opened (the single file or the index), its name and path. */
+const char *eng_st_set_file(const eng_st_set_t *s);
+const char *eng_st_set_path(const eng_st_set_t *s);
+/* Every tensor of every file, 0..count-1 (mapped or not). */
+size_t                 eng_st_set_count(const eng_st_set_t *s);
+const eng_st_tensor_t *eng_st_set_at(const eng_st_set_t *s, size_t i);
+
+/**
+ * @brief Looks name up: in the file, or through the weight_map in its shard.
+ * @param shard, shard_path set to the file that holds (or should hold) it,
+ *   owned by s, for messages about the tensor itself.
+ * @returns SVC_OK with *t; SVC_ERR_FORMAT when it is missing (from the file,
+ *   from the weight_map, or from the shard the map names), errstr naming
+ *   the file (the index when sharded), the tensor and the shard.
+ */
+SVC_WUR svc_err_t eng_st_set_find(const eng_st_set_t *s, const char *name,
+                                  const eng_st_tensor_t **t, const char **shard,
+                                  const char **shard_path, char *errstr, size_t errstr_size);
+
 #endif /* D3STREAM_ENG_ST_INT_H */

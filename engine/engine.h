@@ -176,8 +176,11 @@ typedef struct eng_model eng_model_t;
 /**
  * @brief Loads the text tower of a package directory: config.json,
  *        the weights and readout.safetensors (`weight` [255, hidden_size]).
- *        Weights: model.safetensors (text tensors under "model.language_model."
- *        or "language_model."; vision tensors are ignored), else model.q4nx
+ *        Weights: model.safetensors, or model.safetensors.index.json and the
+ *        shards its weight_map names (plain file names in dir, each tensor
+ *        looked up through the map), with text tensors under
+ *        "model.language_model." or "language_model." (vision tensors are
+ *        ignored); else model.q4nx
  *        (FastFlowLM's container, Gen-A or Gen-B, dequantised and its
  *        transforms undone, Q4NX.md §8). config.json is the Hugging Face
  *        layout (text_config) or FastFlowLM's flattened one (Q4NX.md §6).
@@ -216,6 +219,20 @@ typedef struct eng_model_info {
 
 /* Fills *info from a loaded model. */
 void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info);
+
+/**
+ * @brief Checks dir/MODEL_MANIFEST.json `parameters` (SPEC e.3) against the
+ *        loaded model: `text` must equal the text-tower elements loaded,
+ *        `readout` 255 x hidden_size, and `loaded` minus `vision` (no vision
+ *        tower is loaded yet) their sum. `vision` may be left out (0).
+ * @returns SVC_OK, also when there is no MODEL_MANIFEST.json or it lists no
+ *          `parameters`; SVC_ERR_FORMAT with one line naming the file, the
+ *          field, expected and actual, e.g. `MODEL_MANIFEST.json "d/..":
+ *          parameters.text: expected 509921, the loaded text tower has
+ *          509920`; SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_model_check_parameters(const eng_model_t *m, const char *dir, char *errstr,
+                                             size_t errstr_size);
 /* true when decoder layer i (< n_layers) is a full-attention layer, false
  * for a Gated DeltaNet (linear-attention) layer. */
 bool eng_model_layer_is_full(const eng_model_t *m, size_t i);

