@@ -31,7 +31,10 @@ typedef enum svc_err {
     SVC_ERR_FORMAT = -4,    /* a file is not in the expected format */
     SVC_ERR_TOO_LARGE = -5, /* input over a configured limit */
     SVC_ERR_UNSUPPORTED = -6,
-    SVC_ERR_INTERNAL = -7, /* a broken invariant reported, not asserted */
+    SVC_ERR_INTERNAL = -7,  /* a broken invariant reported, not asserted */
+    SVC_ERR_RETRIABLE = -8, /* transient (broker, timeout): the same call may succeed later */
+    SVC_ERR_TXN_ABORT = -9, /* the transaction must be aborted and redone */
+    SVC_ERR_FATAL = -10,    /* the handle is unusable (fenced, idempotence broken): rebuild it */
 } svc_err_t;
 
 static inline const char *svc_err_name(svc_err_t err) {
@@ -52,13 +55,24 @@ static inline const char *svc_err_name(svc_err_t err) {
         return "UNSUPPORTED";
     case SVC_ERR_INTERNAL:
         return "INTERNAL";
+    case SVC_ERR_RETRIABLE:
+        return "RETRIABLE";
+    case SVC_ERR_TXN_ABORT:
+        return "TXN_ABORT";
+    case SVC_ERR_FATAL:
+        return "FATAL";
     }
     return "UNKNOWN";
 }
 
-/* Retriable: the same call may succeed later (memory pressure). */
+/* Retriable: the same call may succeed later (memory pressure, a broker). */
 static inline bool svc_err_is_retriable(svc_err_t err) {
-    return err == SVC_ERR_NOMEM;
+    return err == SVC_ERR_NOMEM || err == SVC_ERR_RETRIABLE;
+}
+
+/* Fatal: the handle that returned it can do nothing more; rebuild it. */
+static inline bool svc_err_is_fatal(svc_err_t err) {
+    return err == SVC_ERR_FATAL;
 }
 
 /* Broken invariants abort with file:line; bad input never reaches here. */
