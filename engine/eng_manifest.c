@@ -7,6 +7,7 @@
  * compared, and the first bad file is named in a one-line message.
  */
 #include "eng_manifest_int.h"
+#include "eng_util_int.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -330,14 +331,6 @@ SVC_FMT(3, 4) static svc_err_t mf_fail(const mf_ctx_t *c, svc_err_t err, const c
     return err;
 }
 
-static char *path_join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char  *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 /* Relative, no ".." component, no empty name: cannot escape the package. */
 static bool name_is_safe(const char *name) {
     if (!name[0] || name[0] == '/')
@@ -367,7 +360,7 @@ static bool is_hex64(const char *s, bool lower_only) {
 /* Hashes one listed file into f: OK, MISMATCH or MISSING. Other I/O errors
  * stop the whole verification (a permission problem is not a verdict). */
 static svc_err_t check_file(const mf_ctx_t *c, eng_mf_file_t *f) {
-    char *path = path_join(c->dir, f->name);
+    char *path = eng_path_join(c->dir, f->name);
     if (!path)
         return mf_fail(c, SVC_ERR_NOMEM, "out of memory");
     struct stat sb;
@@ -497,7 +490,7 @@ static svc_err_t sum_parse(const mf_ctx_t *c, eng_mf_verdict_t *v, char *text, s
 svc_err_t eng_manifest_verify_sha256sum(const char *dir, eng_mf_verdict_t *v, char *errstr,
                                         size_t errstr_size) {
     mf_ctx_t  c = {dir, MF_SUM, errstr, errstr_size};
-    char     *path = path_join(dir, MF_SUM);
+    char     *path = eng_path_join(dir, MF_SUM);
     svc_buf_t text;
     svc_buf_init(&text, MF_SUM_MAX);
     if (!path)
@@ -517,7 +510,7 @@ svc_err_t eng_manifest_verify_sha256sum(const char *dir, eng_mf_verdict_t *v, ch
  * ====================================================================== */
 
 static json_t *load_json(const mf_ctx_t *c, const char *name, bool must_exist, svc_err_t *err) {
-    char *path = path_join(c->dir, name);
+    char *path = eng_path_join(c->dir, name);
     *err = SVC_OK;
     if (!path) {
         *err = mf_fail(c, SVC_ERR_NOMEM, "out of memory");
@@ -589,17 +582,9 @@ static svc_err_t mf_files_bytes(const mf_ctx_t *c, const json_t *fb, eng_mf_verd
     return SVC_OK;
 }
 
-static bool file_exists(const char *dir, const char *name) {
-    char       *path = path_join(dir, name);
-    struct stat sb;
-    bool        ok = path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-    free(path);
-    return ok;
-}
-
 /* A file the family loads that exists but is not listed becomes UNLISTED. */
 static svc_err_t require_listed(const mf_ctx_t *c, eng_mf_verdict_t *v, const char *name) {
-    if (!name_is_safe(name) || !file_exists(c->dir, name))
+    if (!name_is_safe(name) || !eng_dir_has_file(c->dir, name))
         return SVC_OK;
     eng_mf_file_t *f = verdict_find(v, name);
     if (f && f->expected[0])
@@ -709,7 +694,7 @@ static svc_err_t id_add_file(const mf_ctx_t *c, const eng_mf_verdict_t *v, json_
     if (f && f->actual[0])
         memcpy(hex, f->actual, sizeof hex);
     else {
-        char     *path = path_join(c->dir, name);
+        char     *path = eng_path_join(c->dir, name);
         svc_err_t err = path ? eng_sha256_file(path, hex, NULL, c->errstr, c->errstr_size)
                              : mf_fail(c, SVC_ERR_NOMEM, "out of memory");
         free(path);
@@ -732,11 +717,11 @@ static svc_err_t id_files_json(const mf_ctx_t *c, const eng_mf_verdict_t *v, jso
     svc_err_t      err = SVC_OK;
     struct dirent *de;
     while (!err && (de = readdir(d)) != NULL)
-        if (ends_with(de->d_name, ".safetensors") && file_exists(c->dir, de->d_name))
+        if (ends_with(de->d_name, ".safetensors") && eng_dir_has_file(c->dir, de->d_name))
             err = id_add_file(c, v, files, de->d_name);
     closedir(d);
     for (size_t i = 0; i < sizeof id_files / sizeof id_files[0] && !err; i++)
-        if (file_exists(c->dir, id_files[i]))
+        if (eng_dir_has_file(c->dir, id_files[i]))
             err = id_add_file(c, v, files, id_files[i]);
     return err;
 }

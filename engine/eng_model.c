@@ -21,10 +21,10 @@
 #include "eng_model_int.h"
 #include "eng_q4nx_int.h"
 #include "eng_st_int.h"
+#include "eng_util_int.h"
 
 #include <jansson.h>
 #include <math.h>
-#include <sys/stat.h>
 
 /* SPEC e.1: the upstream weights, one file or an index and its shards. */
 #define ST_SINGLE "model.safetensors"
@@ -58,14 +58,6 @@ static svc_err_t ld_fail_in(const ld_t *ld, const char *file, const char *path, 
 }
 
 #define ld_fail(ld, err, ...) ld_fail_in((ld), (ld)->file, (ld)->path, (err), __VA_ARGS__)
-
-static char *path_join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char  *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
 
 static uint64_t dims_numel(size_t rank, const uint64_t *dims) {
     uint64_t n = 1;
@@ -284,7 +276,7 @@ static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, cha
 /* model.q4nx: config.json after the file is open, since FastFlowLM's may
  * leave the layer kinds to the tensors (eng_model_cfg.c). */
 static svc_err_t load_q4nx(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    char *path = path_join(dir, "model.q4nx");
+    char *path = eng_path_join(dir, "model.q4nx");
     if (!path)
         return SVC_ERR_NOMEM;
     eng_q4nx_t *q = NULL;
@@ -300,14 +292,6 @@ static svc_err_t load_q4nx(const char *dir, eng_model_t *m, char *errstr, size_t
     eng_q4nx_close(q);
     free(path);
     return err;
-}
-
-static bool has_file(const char *dir, const char *name) {
-    char       *path = path_join(dir, name);
-    struct stat sb;
-    bool        ok = path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-    free(path);
-    return ok;
 }
 
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5). */
@@ -335,10 +319,10 @@ svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr, size_
         return SVC_ERR_NOMEM;
     /* An upstream package (single file or sharded) wins when both kinds of
      * weights are present; with neither, the message names model.safetensors. */
-    bool      single = has_file(dir, ST_SINGLE);
-    bool      sharded = !single && has_file(dir, ST_INDEX);
+    bool      single = eng_dir_has_file(dir, ST_SINGLE);
+    bool      sharded = !single && eng_dir_has_file(dir, ST_INDEX);
     svc_err_t err;
-    if (!single && !sharded && has_file(dir, "model.q4nx"))
+    if (!single && !sharded && eng_dir_has_file(dir, "model.q4nx"))
         err = load_q4nx(dir, m, errstr, errstr_size);
     else if (!(err = eng_model_cfg_load(dir, NULL, &m->cfg, errstr, errstr_size)))
         err = load_weights(dir, sharded, m, errstr, errstr_size);
@@ -486,9 +470,9 @@ static svc_err_t mf_compare(const json_t *p, const char *path, uint64_t our_text
 
 svc_err_t eng_model_check_parameters(const eng_model_t *m, const char *dir, char *errstr,
                                      size_t errstr_size) {
-    if (!has_file(dir, MF_JSON)) /* MANIFEST.sha256 packages list no counts */
+    if (!eng_dir_has_file(dir, MF_JSON)) /* MANIFEST.sha256 packages list no counts */
         return SVC_OK;
-    char *path = path_join(dir, MF_JSON);
+    char *path = eng_path_join(dir, MF_JSON);
     if (!path)
         return SVC_ERR_NOMEM;
     json_error_t  jerr;

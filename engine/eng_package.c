@@ -7,6 +7,8 @@
  */
 #include "engine.h"
 
+#include "eng_util_int.h"
+
 #include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
@@ -29,22 +31,9 @@ typedef struct pkg_err {
     size_t size;
 } pkg_err_t;
 
-static char *path_join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char  *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* Loads a JSON object file with jansson; messages carry file and position. */
 static json_t *load_object(const char *dir, const char *name, pkg_err_t *e) {
-    char *path = path_join(dir, name);
+    char *path = eng_path_join(dir, name);
     if (!path) {
         svc_errf(e->buf, e->size, "out of memory");
         return NULL;
@@ -200,11 +189,11 @@ static svc_err_t read_decision_config(eng_package_t *pkg, pkg_err_t *e) {
 }
 
 static svc_err_t load_tokenizer(eng_package_t *pkg, pkg_err_t *e) {
-    char     *json_path = path_join(pkg->dir, "tokenizer.json");
-    char     *cfg_path = path_join(pkg->dir, "tokenizer_config.json");
+    char     *json_path = eng_path_join(pkg->dir, "tokenizer.json");
+    char     *cfg_path = eng_path_join(pkg->dir, "tokenizer_config.json");
     svc_err_t err = SVC_ERR_NOMEM;
     if (json_path && cfg_path)
-        err = eng_tokenizer_load(json_path, file_exists(cfg_path) ? cfg_path : NULL,
+        err = eng_tokenizer_load(json_path, eng_is_file(cfg_path) ? cfg_path : NULL,
                                  ENG_TOK_UPSTREAM, &pkg->tok, e->buf, e->size);
     free(json_path);
     free(cfg_path);
@@ -233,10 +222,10 @@ static svc_err_t check_codes(eng_package_t *pkg, pkg_err_t *e) {
 
 /* MODEL_MANIFEST.json model_name, else the directory's last component. */
 static svc_err_t find_model_id(eng_package_t *pkg) {
-    char *path = path_join(pkg->dir, "MODEL_MANIFEST.json");
+    char *path = eng_path_join(pkg->dir, "MODEL_MANIFEST.json");
     if (!path)
         return SVC_ERR_NOMEM;
-    json_t *man = file_exists(path) ? json_load_file(path, 0, NULL) : NULL;
+    json_t *man = eng_is_file(path) ? json_load_file(path, 0, NULL) : NULL;
     free(path);
     const json_t *name = man ? json_object_get(man, "model_name") : NULL;
     if (json_is_string(name) && json_string_length(name) > 0)

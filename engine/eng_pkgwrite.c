@@ -41,6 +41,13 @@
  * tokens per question"), 8,192 for tiny (its max_position_embeddings).
  * --------------------------------------------------------------------- */
 
+/* lite and nano differ only in hidden and FFN widths (see above). */
+#define QWEN35_SHAPE(name, real, hidden, inter)                                                    \
+    {                                                                                              \
+        name, real, hidden, 24, inter, 8, 2, 256, 16, 16, 128, 128, 4, 248320, 262144, 32768,      \
+            {11, 11, 10}, true, true                                                               \
+    }
+
 static const pw_shape_t SHAPES[] = {
     [ENG_MAKE_TINY] = {"tiny",
                        "tiny-upstream test fixture",
@@ -61,44 +68,8 @@ static const pw_shape_t SHAPES[] = {
                        {1, 1, 0},
                        false,
                        false},
-    [ENG_MAKE_LITE] = {"lite",
-                       "Qwen3.5-0.8B",
-                       1024,
-                       24,
-                       3584,
-                       8,
-                       2,
-                       256,
-                       16,
-                       16,
-                       128,
-                       128,
-                       4,
-                       248320,
-                       262144,
-                       32768,
-                       {11, 11, 10},
-                       true,
-                       true},
-    [ENG_MAKE_NANO] = {"nano",
-                       "Qwen3.5-2B",
-                       2048,
-                       24,
-                       6144,
-                       8,
-                       2,
-                       256,
-                       16,
-                       16,
-                       128,
-                       128,
-                       4,
-                       248320,
-                       262144,
-                       32768,
-                       {11, 11, 10},
-                       true,
-                       true},
+    [ENG_MAKE_LITE] = QWEN35_SHAPE("lite", "Qwen3.5-0.8B", 1024, 3584),
+    [ENG_MAKE_NANO] = QWEN35_SHAPE("nano", "Qwen3.5-2B", 2048, 6144),
 };
 
 const pw_shape_t *pw_shape_get(eng_make_size_t size) {
@@ -324,14 +295,6 @@ static double pw_value(pw_rng_t *r, const pw_tensor_t *t, double lin_std) {
  * Files
  * --------------------------------------------------------------------- */
 
-char *pw_path(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char  *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 typedef struct pw_out {
     FILE       *f;
     char       *path;
@@ -341,7 +304,7 @@ typedef struct pw_out {
 
 static svc_err_t pw_open(const pw_ctx_t *c, const char *name, pw_out_t *o) {
     o->name = name;
-    o->path = pw_path(c->opts->out_dir, name);
+    o->path = eng_path_join(c->opts->out_dir, name);
     if (!o->path)
         return SVC_ERR_NOMEM;
     o->f = fopen(o->path, "wb");

@@ -7,6 +7,7 @@
 #define D3STREAM_ENG_PKGWRITE_INT_H
 
 #include "engine.h"
+#include "eng_util_int.h"
 
 #include <jansson.h>
 
@@ -75,8 +76,6 @@ typedef struct pw_ctx {
 
 /* mkdir -p dir. */
 SVC_WUR svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n);
-/* dir/name, malloc'd (NULL when out of memory). */
-char *pw_path(const char *dir, const char *name);
 /* Writes n bytes to dir/name (replacing it). */
 SVC_WUR svc_err_t pw_write_file(const pw_ctx_t *c, const char *name, const void *p, size_t n);
 /* Dumps j (not consumed) to dir/name with 2-space indent and a final newline. */

@@ -241,7 +241,7 @@ static svc_err_t hash_files(const pw_ctx_t *c, eng_mf_verdict_t *v) {
     v->cap = n;
     for (size_t i = 0; i < n; i++) {
         eng_mf_file_t *f = &v->files[v->n];
-        char          *path = pw_path(c->opts->out_dir, FILES[i]);
+        char          *path = eng_path_join(c->opts->out_dir, FILES[i]);
         if (!path || !(f->name = strdup(FILES[i]))) {
             free(path);
             return SVC_ERR_NOMEM;

@@ -54,7 +54,7 @@ static svc_err_t write_q4nx(const pw_ctx_t *c) {
         if (c->opts->progress && (done * 20 / (total ? total : 1) != before || done == total))
             c->opts->progress(2 * done, 2 * total, c->opts->progress_user);
     }
-    char *path = err ? NULL : pw_path(c->opts->out_dir, "model.q4nx");
+    char *path = err ? NULL : eng_path_join(c->opts->out_dir, "model.q4nx");
     if (!err && !path)
         err = SVC_ERR_NOMEM;
     if (!err)
@@ -72,7 +72,7 @@ static svc_err_t write_sha256sum(const pw_ctx_t *c) {
     svc_err_t err = SVC_OK;
     for (size_t i = 0; !err && i < sizeof Q4NX_FILES / sizeof Q4NX_FILES[0]; i++) {
         char  hex[ENG_SHA256_HEX + 1];
-        char *path = pw_path(c->opts->out_dir, Q4NX_FILES[i]);
+        char *path = eng_path_join(c->opts->out_dir, Q4NX_FILES[i]);
         err = path ? eng_sha256_file(path, hex, NULL, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;
         free(path);
         if (!err)
@@ -105,7 +105,7 @@ static svc_err_t write_twin(const pw_ctx_t *c) {
                      .twin_of = c->opts->out_dir,
                      .errstr = c->errstr,
                      .errstr_size = c->errstr_size};
-    char       *qpath = pw_path(c->opts->out_dir, "model.q4nx");
+    char       *qpath = eng_path_join(c->opts->out_dir, "model.q4nx");
     eng_q4nx_t *q = NULL;
     pw_list_t   l = {0};
     svc_err_t   err = qpath ? pw_mkdirs(o.out_dir, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;

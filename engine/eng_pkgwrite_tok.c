@@ -230,7 +230,7 @@ static svc_err_t own_tokenizer(const pw_ctx_t *c) {
 /* ---- --tokenizer DIR: byte-for-byte copies ---- */
 
 static svc_err_t copy_file(const pw_ctx_t *c, const char *name) {
-    char     *src = pw_path(c->opts->tokenizer_dir, name);
+    char     *src = eng_path_join(c->opts->tokenizer_dir, name);
     FILE     *f = src ? fopen(src, "rb") : NULL;
     svc_buf_t b;
     svc_buf_init(&b, (size_t)1 << 30);
@@ -319,8 +319,8 @@ svc_err_t pw_tokenizer(pw_ctx_t *c) {
             err = copy_file(c, "tokenizer_config.json");
     } else
         err = own_tokenizer(c);
-    char *tj = err ? NULL : pw_path(c->opts->out_dir, "tokenizer.json");
-    char *cj = err ? NULL : pw_path(c->opts->out_dir, "tokenizer_config.json");
+    char *tj = err ? NULL : eng_path_join(c->opts->out_dir, "tokenizer.json");
+    char *cj = err ? NULL : eng_path_join(c->opts->out_dir, "tokenizer_config.json");
     if (!err && (!tj || !cj))
         err = SVC_ERR_NOMEM;
     if (!err)

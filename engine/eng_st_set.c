@@ -10,6 +10,7 @@
  * mapped is not found, as transformers would not load it either.
  */
 #include "eng_st_int.h"
+#include "eng_util_int.h"
 
 #include <jansson.h>
 
@@ -30,17 +31,9 @@ struct eng_st_set {
     size_t      count; /* tensors over every shard */
 };
 
-static char *st_join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char  *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 static svc_err_t set_new(const char *dir, const char *file, eng_st_set_t **out) {
     eng_st_set_t *s = calloc(1, sizeof *s);
-    if (!s || !(s->path = st_join(dir, file))) {
+    if (!s || !(s->path = eng_path_join(dir, file))) {
         free(s);
         return SVC_ERR_NOMEM;
     }
@@ -121,7 +114,7 @@ static svc_err_t set_shard(eng_st_set_t *s, const char *dir, const char *tensor,
                         "tensor \"%s\": shard \"%s\" must be a file name inside the package "
                         "(no '/', no '..')",
                         tensor, name);
-    char *path = st_join(dir, name);
+    char *path = eng_path_join(dir, name);
     if (!path)
         return SVC_ERR_NOMEM;
     char      why[512] = "";

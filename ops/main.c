@@ -21,8 +21,9 @@ static const char USAGE[] =
     "  tokenize  token ids of text, with a package's tokenizer.json\n"
     "  version   version and the compute features of this machine\n"
     "  make-package  a synthetic package with random weights (meaningless answers)\n"
+    "  serve     answer requests from a Kafka topic onto a results topic (at least once)\n"
     "\n"
-    "Coming with later issues: serve, http, bench.\n"
+    "Coming with later issues: http, bench.\n"
     "\n"
     "'d3stream <command> --help' explains each command.\n";
 
@@ -39,6 +40,7 @@ static const struct {
     {"tokenize", ops_cmd_tokenize},
     {"version", ops_cmd_version},
     {"make-package", ops_cmd_make_package},
+    {"serve", ops_cmd_serve},
 };
 
 int main(int argc, char **argv) {

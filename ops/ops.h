@@ -25,6 +25,7 @@ int ops_cmd_version(int argc, char **argv);
 int ops_cmd_make_package(int argc, char **argv);
 int ops_cmd_ask(int argc, char **argv);
 int ops_cmd_inspect(int argc, char **argv);
+int ops_cmd_serve(int argc, char **argv);
 
 /**
  * @brief What `d3stream prompt` prints for one request body (without the

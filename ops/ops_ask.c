@@ -11,7 +11,6 @@
 
 #include <getopt.h>
 #include <jansson.h>
-#include <sys/stat.h>
 
 static const char ASK_HELP[] =
     "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [FILE]\n"
@@ -44,21 +43,14 @@ static const char ASK_HELP[] =
 
 /* ---------------------------------------------------------------- checks */
 
-static bool is_file(const char *dir, const char *name) {
-    char        path[4096];
-    struct stat sb;
-    int         n = snprintf(path, sizeof path, "%s/%s", dir, name);
-    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 svc_err_t ops_manifest_verify(const char *dir, const char **which, eng_mf_verdict_t *v,
                               char *errstr, size_t errstr_size) {
     *which = NULL;
-    if (is_file(dir, OPS_MF_JSON)) {
+    if (ops_is_file(dir, OPS_MF_JSON)) {
         *which = OPS_MF_JSON;
         return eng_manifest_verify_model(dir, v, errstr, errstr_size);
     }
-    if (is_file(dir, OPS_MF_SUM)) {
+    if (ops_is_file(dir, OPS_MF_SUM)) {
         *which = OPS_MF_SUM;
         return eng_manifest_verify_sha256sum(dir, v, errstr, errstr_size);
     }
@@ -188,28 +180,15 @@ static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng
 
 int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, char *errstr,
                  size_t errstr_size) {
-    const char      *names[3];
-    sch_model_info_t info;
-    ops_model_info(a->pkg, a->dir, false, names, &info);
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
     sch_request_t *req = NULL;
     eng_answers_t *ans = NULL;
-    sch_error_t    e;
-    sch_error_init(&e);
-    int rc;
-    if (sch_request_decode(body, len, &limits, &info, &req, &e) != SVC_OK) {
-        rc = OPS_EXIT_VERDICT;
-        if (sch_error_encode(&e, out)) {
-            svc_errf(errstr, errstr_size, "cannot write the result");
-            rc = OPS_EXIT_FAILURE;
-        }
-    } else if (eng_answer_request(a->pkg, a->model, req, &ans, errstr, errstr_size))
-        rc = OPS_EXIT_FAILURE;
-    else
-        rc = write_answers(a, req, ans, out, errstr, errstr_size);
+    int rc = ops_decode_request(a->pkg, a->dir, false, body, len, &req, out, errstr, errstr_size);
+    if (rc == OPS_EXIT_OK)
+        rc = eng_answer_request(a->pkg, a->model, req, &ans, errstr, errstr_size)
+                 ? OPS_EXIT_FAILURE
+                 : write_answers(a, req, ans, out, errstr, errstr_size);
     eng_answers_free(ans);
     sch_request_free(req);
-    sch_error_fini(&e);
     return rc;
 }
 
@@ -224,8 +203,7 @@ static int ask_run(const ops_ask_t *a, const char *path) {
         rc = ops_ask_body(a, body.data, body.len, &out, errstr, sizeof errstr);
         if (rc == OPS_EXIT_FAILURE)
             ops_fail("ask", "%s", errstr[0] ? errstr : "cannot answer the request");
-        else if ((out.len && fwrite(out.data, 1, out.len, stdout) != out.len) ||
-                 fputc('\n', stdout) == EOF)
+        else if (!ops_emit(&out))
             rc = OPS_EXIT_FAILURE;
     }
     svc_buf_fini(&body);
@@ -259,6 +237,11 @@ static int ask_package(const char *dir, bool no_verify, const char *path) {
     return rc;
 }
 
+/* serve loads its package through the same checks (ops_int.h). */
+int ops_ask_verify(const char *dir, bool no_verify, char *sha) {
+    return ask_verify(dir, no_verify, sha);
+}
+
 int ops_cmd_ask(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -269,34 +252,18 @@ int ops_cmd_ask(int argc, char **argv) {
     };
     const char *dir = NULL;
     bool        no_verify = false;
-    int         c;
+    int         c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            dir = optarg;
-            break;
-        case 'd':
-            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
-                ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)",
-                         optarg);
-                return OPS_EXIT_USAGE;
-            }
-            break;
-        case 'n':
+        if (c == 'n')
             no_verify = true;
-            break;
-        case 'h':
-            fputs(ASK_HELP, stdout);
-            return OPS_EXIT_OK;
-        default:
-            fputs(ASK_HELP, stderr);
+        else if (c == 'd' && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
+            ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)", optarg);
             return OPS_EXIT_USAGE;
-        }
+        } else if (c != 'd' && (rc = ops_opt_common(c, ASK_HELP, &dir)) >= 0)
+            return rc;
     }
-    if (!dir || argc - optind > 1) {
-        fputs(ASK_HELP, stderr);
-        return OPS_EXIT_USAGE;
-    }
+    if ((rc = ops_opt_end(argc, ASK_HELP, dir, 1)) >= 0)
+        return rc;
     return ask_package(dir, no_verify, optind < argc ? argv[optind] : NULL);
 }

@@ -9,6 +9,7 @@
 
 #include <getopt.h>
 #include <jansson.h>
+#include <sys/stat.h>
 
 #ifndef D3_VERSION
 #define D3_VERSION "dev"
@@ -29,8 +30,7 @@ void ops_fail(const char *cmd, const char *fmt, ...) {
     fputc('\n', stderr);
 }
 
-/* Writes b to stdout followed by a newline; false when stdout failed. */
-static bool emit(const svc_buf_t *b) {
+bool ops_emit(const svc_buf_t *b) {
     if (b->len && fwrite(b->data, 1, b->len, stdout) != b->len)
         return false;
     return fputc('\n', stdout) != EOF;
@@ -94,7 +94,7 @@ static int tokenize_text(const eng_tokenizer_t *tok) {
         ops_fail("tokenize", "%s", errstr);
     else if (eng_tokenizer_encode(tok, in.data, in.len, &ids))
         ops_fail("tokenize", "stdin is not UTF-8 text");
-    else if (ops_add_ids(&out, &ids) || !emit(&out))
+    else if (ops_add_ids(&out, &ids) || !ops_emit(&out))
         ops_fail("tokenize", "cannot write the result");
     else
         rc = OPS_EXIT_OK;
@@ -121,7 +121,7 @@ static int tokenize_line(const eng_tokenizer_t *tok, const char *line, size_t le
         if (eng_tokenizer_encode(tok, json_string_value(text), json_string_length(text), &ids))
             ops_fail("tokenize", "stdin line %zu: the text cannot be encoded", lineno);
         else if (svc_buf_adds(out, "{\"ids\":") || ops_add_ids(out, &ids) ||
-                 svc_buf_addc(out, '}') || !emit(out))
+                 svc_buf_addc(out, '}') || !ops_emit(out))
             ops_fail("tokenize", "cannot write the result");
         else
             rc = OPS_EXIT_OK;
@@ -179,12 +179,8 @@ int ops_cmd_tokenize(int argc, char **argv) {
         case 'j':
             jsonl = true;
             break;
-        case 'h':
-            fputs(TOKENIZE_HELP, stdout);
-            return OPS_EXIT_OK;
-        default:
-            fputs(TOKENIZE_HELP, stderr);
-            return OPS_EXIT_USAGE;
+        default: /* --help or unknown ('m' is not among the options) */
+            return ops_opt_common(c, TOKENIZE_HELP, NULL);
         }
     }
     if (!tok_path || optind != argc) {
@@ -252,6 +248,50 @@ bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
     return false;
 }
 
+int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
+                       size_t len, sch_request_t **req, svc_buf_t *out, char *errstr,
+                       size_t errstr_size) {
+    const char      *names[3];
+    sch_model_info_t info;
+    ops_model_info(pkg, dir, has_vision, names, &info);
+    sch_limits_t limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_error_t  e;
+    sch_error_init(&e);
+    int rc = OPS_EXIT_OK;
+    if (sch_request_decode(body, len, &limits, &info, req, &e) != SVC_OK) {
+        rc = OPS_EXIT_VERDICT;
+        if (sch_error_encode(&e, out)) {
+            svc_errf(errstr, errstr_size, "cannot write the result");
+            rc = OPS_EXIT_FAILURE;
+        }
+    }
+    sch_error_fini(&e);
+    return rc;
+}
+
+bool ops_is_file(const char *dir, const char *name) {
+    char        path[4096];
+    struct stat sb;
+    int         n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+int ops_opt_common(int c, const char *help, const char **dir) {
+    if (c == 'm') {
+        *dir = optarg;
+        return -1;
+    }
+    fputs(help, c == 'h' ? stdout : stderr);
+    return c == 'h' ? OPS_EXIT_OK : OPS_EXIT_USAGE;
+}
+
+int ops_opt_end(int argc, const char *help, const char *dir, int max_files) {
+    if (dir && argc - optind <= max_files)
+        return -1;
+    fputs(help, stderr);
+    return OPS_EXIT_USAGE;
+}
+
 static int simple_opts(const char *cmd, int argc, char **argv, const char *help) {
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     int                        c;
@@ -286,7 +326,7 @@ int ops_cmd_validate(int argc, char **argv) {
     sch_error_t    err;
     sch_error_init(&err);
     bool ok = sch_request_decode(body.data, body.len, &limits, NULL, &req, &err) == SVC_OK;
-    if (sch_verdict_encode(req, ok ? NULL : &err, &out) || !emit(&out)) {
+    if (sch_verdict_encode(req, ok ? NULL : &err, &out) || !ops_emit(&out)) {
         ops_fail("validate", "cannot write the verdict");
         rc = OPS_EXIT_FAILURE;
     } else

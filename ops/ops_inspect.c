@@ -13,7 +13,6 @@
 
 #include <getopt.h>
 #include <jansson.h>
-#include <sys/stat.h>
 
 static const char INSPECT_HELP[] =
     "Usage: d3stream inspect --model DIR [--json]\n"
@@ -54,13 +53,6 @@ typedef struct insp {
     bool        params_bad;   /* exit 1 */
     bool        unreadable;   /* exit 3 */
 } insp_t;
-
-static bool is_file(const char *dir, const char *name) {
-    char        path[4096];
-    struct stat sb;
-    int         n = snprintf(path, sizeof path, "%s/%s", dir, name);
-    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
 
 /* json_object_set_new that tolerates a NULL value (out of memory): the key
  * is then absent, which the printers treat as unknown. */
@@ -104,9 +96,10 @@ static void gather_q4nx(insp_t *in, json_t *f) {
  * there, as in eng_model_load. */
 static const char *gather_format(insp_t *in) {
     const char *fmt = "unknown";
-    if (is_file(in->dir, "model.safetensors") || is_file(in->dir, "model.safetensors.index.json"))
+    if (ops_is_file(in->dir, "model.safetensors") ||
+        ops_is_file(in->dir, "model.safetensors.index.json"))
         fmt = "safetensors";
-    else if (is_file(in->dir, "model.q4nx"))
+    else if (ops_is_file(in->dir, "model.q4nx"))
         fmt = "q4nx";
     json_t *f = json_object();
     put(f, "name", json_string(fmt));
@@ -475,27 +468,15 @@ int ops_cmd_inspect(int argc, char **argv) {
     };
     const char *dir = NULL;
     bool        as_json = false;
-    int         c;
+    int         c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            dir = optarg;
-            break;
-        case 'j':
+        if (c == 'j')
             as_json = true;
-            break;
-        case 'h':
-            fputs(INSPECT_HELP, stdout);
-            return OPS_EXIT_OK;
-        default:
-            fputs(INSPECT_HELP, stderr);
-            return OPS_EXIT_USAGE;
-        }
+        else if ((rc = ops_opt_common(c, INSPECT_HELP, &dir)) >= 0)
+            return rc;
     }
-    if (!dir || optind != argc) {
-        fputs(INSPECT_HELP, stderr);
-        return OPS_EXIT_USAGE;
-    }
+    if ((rc = ops_opt_end(argc, INSPECT_HELP, dir, 0)) >= 0)
+        return rc;
     return inspect_run(dir, as_json);
 }

@@ -14,6 +14,27 @@ SVC_WUR svc_err_t ops_add_ids(svc_buf_t *out, const eng_ids_t *ids);
  * Returns false (after printing why) when the input cannot be read. */
 bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body);
 
+/* Writes b to stdout followed by a newline; false when stdout failed. */
+bool ops_emit(const svc_buf_t *b);
+
+/* A regular file name in dir. */
+bool ops_is_file(const char *dir, const char *name);
+
+/* The --model DIR and --help cases (and any unknown option) of a getopt
+ * loop over a command's options: -1 to go on (*dir set for 'm'), else the
+ * exit status with the help printed (stdout for --help, stderr else). */
+int ops_opt_common(int c, const char *help, const char **dir);
+/* After the options: -1 when a --model DIR was given with at most max_files
+ * FILE operands, else the usage status with the help on stderr. */
+int ops_opt_end(int argc, const char *help, const char *dir, int max_files);
+
+/* Decodes body for the package opened from dir (ops_model_info). Returns
+ * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with
+ * the whole-request error written to out, or OPS_EXIT_FAILURE (errstr). */
+int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
+                       size_t len, sch_request_t **req, svc_buf_t *out, char *errstr,
+                       size_t errstr_size);
+
 /* ---- package checks shared by ask and inspect (ops_ask.c) ---- */
 
 #define OPS_MF_JSON "MODEL_MANIFEST.json"
@@ -37,5 +58,10 @@ void ops_chat_template_warn(const char *cmd, const char *dir);
  * the "exact" profile and whether images are rendered (has_vision). */
 void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
                     const char *names[3], sch_model_info_t *info);
+
+/* The manifest check `ask` makes before loading (ops_ask.c), shared with
+ * serve: sha (ENG_SHA256_HEX + 1 bytes) gets meta.model_sha256 ("" when unknown). Returns
+ * OPS_EXIT_OK or the exit status (messages say "d3stream ask:"). */
+int ops_ask_verify(const char *dir, bool no_verify, char *sha);
 
 #endif

@@ -103,24 +103,11 @@ static svc_err_t add_request(svc_buf_t *out, const eng_package_t *pkg, const sch
 
 int ops_prompt_body(const eng_package_t *pkg, const char *dir, const char *body, size_t len,
                     svc_buf_t *out, char *errstr, size_t errstr_size) {
-    const char      *names[3];
-    sch_model_info_t info;
-    ops_model_info(pkg, dir, true, names, &info);
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
     sch_request_t *req = NULL;
-    sch_error_t    e;
-    sch_error_init(&e);
-    int rc = OPS_EXIT_OK;
-    if (sch_request_decode(body, len, &limits, &info, &req, &e) != SVC_OK) {
-        rc = OPS_EXIT_VERDICT;
-        if (sch_error_encode(&e, out)) {
-            svc_errf(errstr, errstr_size, "cannot write the result");
-            rc = OPS_EXIT_FAILURE;
-        }
-    } else if (add_request(out, pkg, req, errstr, errstr_size))
+    int rc = ops_decode_request(pkg, dir, true, body, len, &req, out, errstr, errstr_size);
+    if (rc == OPS_EXIT_OK && add_request(out, pkg, req, errstr, errstr_size))
         rc = OPS_EXIT_FAILURE;
     sch_request_free(req);
-    sch_error_fini(&e);
     return rc;
 }
 
@@ -131,8 +118,7 @@ static int prompt_run(const eng_package_t *pkg, const char *dir, const svc_buf_t
     int  rc = ops_prompt_body(pkg, dir, body->data, body->len, &out, errstr, sizeof errstr);
     if (rc == OPS_EXIT_FAILURE)
         ops_fail("prompt", "%s", errstr[0] ? errstr : "cannot write the result");
-    else if ((out.len && fwrite(out.data, 1, out.len, stdout) != out.len) ||
-             fputc('\n', stdout) == EOF)
+    else if (!ops_emit(&out))
         rc = OPS_EXIT_FAILURE;
     svc_buf_fini(&out);
     return rc;
@@ -145,25 +131,13 @@ int ops_cmd_prompt(int argc, char **argv) {
         {NULL, 0, NULL, 0},
     };
     const char *dir = NULL;
-    int         c;
+    int         c, rc;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            dir = optarg;
-            break;
-        case 'h':
-            fputs(PROMPT_HELP, stdout);
-            return OPS_EXIT_OK;
-        default:
-            fputs(PROMPT_HELP, stderr);
-            return OPS_EXIT_USAGE;
-        }
-    }
-    if (!dir || argc - optind > 1) {
-        fputs(PROMPT_HELP, stderr);
-        return OPS_EXIT_USAGE;
-    }
+    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1)
+        if ((rc = ops_opt_common(c, PROMPT_HELP, &dir)) >= 0)
+            return rc;
+    if ((rc = ops_opt_end(argc, PROMPT_HELP, dir, 1)) >= 0)
+        return rc;
     char           errstr[1024];
     eng_package_t *pkg = NULL;
     if (eng_package_open(dir, &pkg, errstr, sizeof errstr)) {
@@ -171,7 +145,7 @@ int ops_cmd_prompt(int argc, char **argv) {
         return OPS_EXIT_FAILURE;
     }
     svc_buf_t body;
-    int       rc = OPS_EXIT_FAILURE;
+    rc = OPS_EXIT_FAILURE;
     if (ops_read_request("prompt", optind < argc ? argv[optind] : NULL, &body))
         rc = prompt_run(pkg, dir, &body);
     svc_buf_fini(&body);

@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 
 #include "sch_avro_int.h"
+#include "sch_int.h"
 
 struct sch_avro_writer {
     atomic_int          refs;
@@ -81,6 +82,14 @@ static const char *short_name(const char *name) {
     return dot ? dot + 1 : name;
 }
 
+/* The fields of s when it is a record definition (*name its name), else NULL. */
+static json_t *record_fields(json_t *s, const char **name) {
+    const char *type = json_string_value(json_object_get(s, "type"));
+    json_t     *fields = json_object_get(s, "fields");
+    *name = json_string_value(json_object_get(s, "name"));
+    return type && strcmp(type, "record") == 0 && *name && json_is_array(fields) ? fields : NULL;
+}
+
 /* Collects every record definition of a schema: short name -> fields. */
 static void collect_records(json_t *s, json_t *records) {
     if (json_is_array(s)) {
@@ -91,10 +100,9 @@ static void collect_records(json_t *s, json_t *records) {
     }
     if (!json_is_object(s))
         return;
-    const char *type = json_string_value(json_object_get(s, "type"));
-    const char *name = json_string_value(json_object_get(s, "name"));
-    json_t     *fields = json_object_get(s, "fields");
-    if (type && strcmp(type, "record") == 0 && name && json_is_array(fields)) {
+    const char *name;
+    json_t     *fields = record_fields(s, &name);
+    if (fields) {
         json_object_set(records, short_name(name), fields);
         size_t  i;
         json_t *f;
@@ -128,10 +136,9 @@ static bool prune(json_t *s, json_t *wrecords, char *errstr, size_t errstr_size)
     }
     if (!json_is_object(s))
         return true;
-    const char *type = json_string_value(json_object_get(s, "type"));
-    const char *name = json_string_value(json_object_get(s, "name"));
-    json_t     *fields = json_object_get(s, "fields");
-    if (type && strcmp(type, "record") == 0 && name && json_is_array(fields)) {
+    const char *name;
+    json_t     *fields = record_fields(s, &name);
+    if (fields) {
         json_t *wf = json_object_get(wrecords, short_name(name));
         for (size_t i = 0; wf && i < json_array_size(fields);) {
             json_t     *f = json_array_get(fields, i);
@@ -504,6 +511,86 @@ int sch_av_get_str(avro_value_t *v, const char **s, size_t *len) {
         return rc;
     *len = size ? size - 1 : 0;
     return 0;
+}
+
+int sch_av_set_opt_str(avro_value_t *u, const char *s, size_t len) {
+    avro_value_t b;
+    if (!s)
+        return sch_av_set_branch(u, AVRO_NULL, NULL, &b);
+    return sch_av_set_branch(u, AVRO_STRING, NULL, &b) || sch_av_set_str(&b, s, len);
+}
+
+/* ---- JSON <-> Avro mapping helpers ------------------------------------------ */
+
+bool sch_av_key_in(const char *k, size_t n, const char *const *names) {
+    for (size_t i = 0; names[i]; i++)
+        if (sch_str_is(k, n, names[i]))
+            return true;
+    return false;
+}
+
+bool sch_av_keys_within(const sch_json_t *o, const char *const *names) {
+    if (sch_json_type(o) != SCH_JSON_OBJECT)
+        return false;
+    for (size_t i = 0; i < sch_json_size(o); i++) {
+        size_t      n;
+        const char *k = sch_json_key_at(o, i, &n);
+        if (!sch_av_key_in(k, n, names))
+            return false;
+    }
+    return true;
+}
+
+svc_err_t sch_av_parse_body(const char *json, size_t len, const char *kind, sch_jdoc_t **doc,
+                            char *errstr, size_t errstr_size) {
+    sch_jfail_t fail;
+    char        msg[256];
+    *doc = sch_json_parse(json, len, &fail, msg, sizeof msg);
+    if (*doc)
+        return SVC_OK;
+    svc_errf(errstr, errstr_size, "%s is not JSON: %s", kind, msg);
+    return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : SVC_ERR_INVALID;
+}
+
+svc_err_t sch_av_encode_end(svc_err_t err, avro_value_t *rec, sch_jdoc_t *doc, svc_buf_t *out,
+                            char *errstr, size_t errstr_size) {
+    if (!err)
+        err = sch_av_write(rec, out, errstr, errstr_size);
+    avro_value_decref(rec);
+    sch_jdoc_free(doc);
+    return err;
+}
+
+svc_err_t sch_av_bad(sch_av_dec_t *d, const char *what, const char *why) {
+    svc_errf(d->errstr, d->errstr_size, "avro %s field %s: %s", d->kind, what, why);
+    return SVC_ERR_FORMAT;
+}
+
+svc_err_t sch_av_w_key(sch_av_dec_t *d, bool *first, const char *key, size_t n) {
+    svc_err_t err = *first ? SVC_OK : svc_buf_addc(d->out, ',');
+    *first = false;
+    if (!err)
+        err = sch_json_write_string(d->out, key, n);
+    return err ? err : svc_buf_addc(d->out, ':');
+}
+
+svc_err_t sch_av_w_str(sch_av_dec_t *d, avro_value_t *v, const char *what) {
+    const char *s;
+    size_t      n;
+    return sch_av_get_str(v, &s, &n) ? sch_av_bad(d, what, "not a string")
+                                     : sch_json_write_string(d->out, s, n);
+}
+
+svc_err_t sch_av_decode_end(svc_err_t err, sch_av_dec_t *d, size_t start, sch_av_decoded_t *dv) {
+    if (!err)
+        err = svc_buf_addc(d->out, '}');
+    if (err) {
+        d->out->len = start; /* no half-written body */
+        if (d->out->data)
+            d->out->data[start] = '\0';
+    }
+    sch_av_decoded_fini(dv);
+    return err;
 }
 
 /* ---- Confluent framing ------------------------------------------------------ */

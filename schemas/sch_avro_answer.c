@@ -29,21 +29,6 @@ static svc_err_t av_fail(enc_t *e, const char *what) {
     return SVC_ERR_INTERNAL;
 }
 
-static bool only_keys(const sch_json_t *o, const char *const *names) {
-    if (sch_json_type(o) != SCH_JSON_OBJECT)
-        return false;
-    for (size_t i = 0; i < sch_json_size(o); i++) {
-        size_t      n;
-        const char *k = sch_json_key_at(o, i, &n);
-        bool        ok = false;
-        for (size_t j = 0; names[j] && !ok; j++)
-            ok = sch_str_is(k, n, names[j]);
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
 static const sch_json_t *get(const sch_json_t *o, const char *key) {
     return sch_json_get(o, key, strlen(key));
 }
@@ -62,18 +47,17 @@ static svc_err_t set_str(enc_t *e, avro_value_t *rec, const char *name, const sc
 /* An optional ["null", "string"] field; JSON null and absence both map to null. */
 static svc_err_t set_opt_str(enc_t *e, avro_value_t *rec, const char *name, const sch_json_t *o) {
     const sch_json_t *j = get(o, name);
-    avro_value_t      u, b;
+    avro_value_t      u;
+    size_t            n = 0;
+    const char       *s = NULL;
     if (!sch_av_field(rec, name, &u))
         return av_fail(e, name);
-    if (!j || sch_json_type(j) == SCH_JSON_NULL)
-        return sch_av_set_branch(&u, AVRO_NULL, NULL, &b) ? av_fail(e, name) : SVC_OK;
-    if (sch_json_type(j) != SCH_JSON_STRING)
-        return shape(e, name);
-    size_t      n;
-    const char *s = sch_json_string(j, &n);
-    return sch_av_set_branch(&u, AVRO_STRING, NULL, &b) || sch_av_set_str(&b, s, n)
-               ? av_fail(e, name)
-               : SVC_OK;
+    if (j && sch_json_type(j) != SCH_JSON_NULL) {
+        if (sch_json_type(j) != SCH_JSON_STRING)
+            return shape(e, name);
+        s = sch_json_string(j, &n);
+    }
+    return sch_av_set_opt_str(&u, s, n) ? av_fail(e, name) : SVC_OK;
 }
 
 static bool is_number(const sch_json_t *j) {
@@ -144,7 +128,7 @@ static svc_err_t set_answer(enc_t *e, avro_value_t *u, const sch_json_t *a) {
     if (!type)
         return shape(e, "answers.<id>");
     if (get(a, "error")) {
-        if (!only_keys(a, K_ERROR) || sch_av_set_branch(u, AVRO_RECORD, "ErrorAnswer", &r))
+        if (!sch_av_keys_within(a, K_ERROR) || sch_av_set_branch(u, AVRO_RECORD, "ErrorAnswer", &r))
             return shape(e, "answers.<id>");
         svc_buf_t text;
         svc_buf_init(&text, (size_t)1 << 20);
@@ -157,15 +141,16 @@ static svc_err_t set_answer(enc_t *e, avro_value_t *u, const sch_json_t *a) {
         return err ? err : set_opt_str(e, &r, "message", a);
     }
     if (sch_str_is(t, n, "choice")) {
-        if (!only_keys(a, K_CHOICE) || sch_av_set_branch(u, AVRO_RECORD, "ChoiceAnswer", &r))
+        if (!sch_av_keys_within(a, K_CHOICE) ||
+            sch_av_set_branch(u, AVRO_RECORD, "ChoiceAnswer", &r))
             return shape(e, "answers.<id>");
         err = set_str(e, &r, "choice", a);
     } else if (sch_str_is(t, n, "noul")) {
-        if (!only_keys(a, K_NOUL) || sch_av_set_branch(u, AVRO_RECORD, "NoulAnswer", &r))
+        if (!sch_av_keys_within(a, K_NOUL) || sch_av_set_branch(u, AVRO_RECORD, "NoulAnswer", &r))
             return shape(e, "answers.<id>");
         err = set_num(e, &r, "noul", a);
     } else if (sch_str_is(t, n, "score")) {
-        if (!only_keys(a, K_SCORE) || sch_av_set_branch(u, AVRO_RECORD, "ScoreAnswer", &r))
+        if (!sch_av_keys_within(a, K_SCORE) || sch_av_set_branch(u, AVRO_RECORD, "ScoreAnswer", &r))
             return shape(e, "answers.<id>");
         err = set_num(e, &r, "score", a);
         if (!err)
@@ -181,21 +166,27 @@ static svc_err_t set_answer(enc_t *e, avro_value_t *u, const sch_json_t *a) {
     return err ? err : set_opt_str(e, &r, "input_coverage", a);
 }
 
-static svc_err_t set_answers(enc_t *e, avro_value_t *m, const sch_json_t *as) {
+/* Map m (field `what`) from the JSON object j, each entry set with fn. */
+static svc_err_t set_entries(enc_t *e, avro_value_t *m, const sch_json_t *j, const char *what,
+                             svc_err_t (*fn)(enc_t *, avro_value_t *, const sch_json_t *)) {
     avro_value_t item;
-    if (!as || sch_json_type(as) != SCH_JSON_OBJECT)
-        return shape(e, "answers");
+    if (!j || sch_json_type(j) != SCH_JSON_OBJECT)
+        return shape(e, what);
     svc_err_t err = SVC_OK;
-    for (size_t i = 0; i < sch_json_size(as) && !err; i++) {
+    for (size_t i = 0; i < sch_json_size(j) && !err; i++) {
         size_t      n;
-        const char *k = sch_json_key_at(as, i, &n);
+        const char *k = sch_json_key_at(j, i, &n);
         if (memchr(k, '\0', n))
-            return shape(e, "answers");
+            return shape(e, what);
         if (avro_value_add(m, k, &item, NULL, NULL))
-            return av_fail(e, "answers");
-        err = set_answer(e, &item, sch_json_at(as, i));
+            return av_fail(e, what);
+        err = fn(e, &item, sch_json_at(j, i));
     }
     return err;
+}
+
+static svc_err_t set_answers(enc_t *e, avro_value_t *m, const sch_json_t *as) {
+    return set_entries(e, m, as, "answers", set_answer);
 }
 
 static const char *const K_USAGE[] = {"input_tokens", "output_tokens", NULL};
@@ -204,7 +195,7 @@ static const char *const K_META[] = {
     "accelerator", "device",   "queue_ms",     "compute_ms", NULL};
 
 static svc_err_t set_usage(enc_t *e, avro_value_t *r, const sch_json_t *u) {
-    if (!only_keys(u, K_USAGE))
+    if (!sch_av_keys_within(u, K_USAGE))
         return shape(e, "usage");
     svc_err_t err = set_long(e, r, "input_tokens", u);
     return err ? err : set_long(e, r, "output_tokens", u);
@@ -213,7 +204,7 @@ static svc_err_t set_usage(enc_t *e, avro_value_t *r, const sch_json_t *u) {
 static svc_err_t set_meta(enc_t *e, avro_value_t *r, const sch_json_t *m) {
     static const char *const STRS[] = {"model_id", "model_sha256", "profile", "numerics",
                                        "engine",   "accelerator",  "device"};
-    if (!only_keys(m, K_META))
+    if (!sch_av_keys_within(m, K_META))
         return shape(e, "meta");
     svc_err_t err = set_opt_str(e, r, "revision", m);
     for (size_t i = 0; i < 7 && !err; i++)
@@ -241,7 +232,7 @@ static svc_err_t set_opt_rec(enc_t *e, avro_value_t *rec, const char *name, cons
 static svc_err_t set_state_answer(enc_t *e, avro_value_t *r, const sch_json_t *s) {
     static const char *const K[] = {"model", "answers", "usage", "meta", NULL};
     avro_value_t             f;
-    if (!only_keys(s, K) || !get(s, "usage"))
+    if (!sch_av_keys_within(s, K) || !get(s, "usage"))
         return shape(e, "states.<name>");
     svc_err_t err = set_str(e, r, "model", s);
     if (!err)
@@ -254,25 +245,12 @@ static svc_err_t set_state_answer(enc_t *e, avro_value_t *r, const sch_json_t *s
 }
 
 static svc_err_t set_states(enc_t *e, avro_value_t *m, const sch_json_t *st) {
-    avro_value_t item;
-    if (sch_json_type(st) != SCH_JSON_OBJECT)
-        return shape(e, "states");
-    svc_err_t err = SVC_OK;
-    for (size_t i = 0; i < sch_json_size(st) && !err; i++) {
-        size_t      n;
-        const char *k = sch_json_key_at(st, i, &n);
-        if (memchr(k, '\0', n))
-            return shape(e, "states");
-        if (avro_value_add(m, k, &item, NULL, NULL))
-            return av_fail(e, "states");
-        err = set_state_answer(e, &item, sch_json_at(st, i));
-    }
-    return err;
+    return set_entries(e, m, st, "states", set_state_answer);
 }
 
 static svc_err_t set_error(enc_t *e, avro_value_t *r, const sch_json_t *x) {
     static const char *const K[] = {"code", "message", NULL};
-    if (!only_keys(x, K))
+    if (!sch_av_keys_within(x, K))
         return shape(e, "error");
     svc_err_t err = set_str(e, r, "code", x);
     return err ? err : set_str(e, r, "message", x);
@@ -283,21 +261,15 @@ static const char *const K_TOP[] = {"model", "answers", "usage", "meta", "states
 svc_err_t sch_avro_answer_from_json(const char *json, size_t len, svc_buf_t *out, char *errstr,
                                     size_t errstr_size) {
     enc_t       e = {errstr, errstr_size};
-    sch_jfail_t fail;
-    char        msg[256];
-    sch_jdoc_t *doc = sch_json_parse(json, len, &fail, msg, sizeof msg);
-    if (!doc) {
-        svc_errf(errstr, errstr_size, "answer is not JSON: %s", msg);
-        return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : SVC_ERR_INVALID;
-    }
+    sch_jdoc_t *doc;
+    svc_err_t   err = sch_av_parse_body(json, len, "answer", &doc, errstr, errstr_size);
+    if (err)
+        return err;
     const sch_json_t *b = sch_jdoc_root(doc);
     avro_value_t      rec;
-    svc_err_t         err = only_keys(b, K_TOP) ? SVC_OK : shape(&e, "<top level>");
-    if (err) {
-        sch_jdoc_free(doc);
-        return err;
-    }
-    err = sch_av_new_value(SCH_AVRO_ANSWER, &rec, errstr, errstr_size);
+    err = sch_av_keys_within(b, K_TOP) ? SVC_OK : shape(&e, "<top level>");
+    if (!err)
+        err = sch_av_new_value(SCH_AVRO_ANSWER, &rec, errstr, errstr_size);
     if (err) {
         sch_jdoc_free(doc);
         return err;
@@ -313,47 +285,24 @@ svc_err_t sch_avro_answer_from_json(const char *json, size_t len, svc_buf_t *out
         err = set_opt_rec(&e, &rec, "states", b, set_states, AVRO_MAP, NULL);
     if (!err)
         err = set_opt_rec(&e, &rec, "error", b, set_error, AVRO_RECORD, "Error");
-    if (!err)
-        err = sch_av_write(&rec, out, errstr, errstr_size);
-    avro_value_decref(&rec);
-    sch_jdoc_free(doc);
-    return err;
+    return sch_av_encode_end(err, &rec, doc, out, errstr, errstr_size);
 }
 
 /* ---- Avro -> JSON ------------------------------------------------------------ */
 
-typedef struct dec {
-    svc_buf_t *out;
-    char      *errstr;
-    size_t     errstr_size;
-} dec_t;
-
-static svc_err_t bad(dec_t *d, const char *what, const char *why) {
-    svc_errf(d->errstr, d->errstr_size, "avro answer field %s: %s", what, why);
-    return SVC_ERR_FORMAT;
-}
+typedef sch_av_dec_t dec_t;
 
 /* `,"key":` (no comma when first). */
 static svc_err_t w_key(dec_t *d, bool *first, const char *key) {
-    svc_err_t err = *first ? SVC_OK : svc_buf_addc(d->out, ',');
-    *first = false;
-    if (!err)
-        err = sch_json_write_string(d->out, key, strlen(key));
-    return err ? err : svc_buf_addc(d->out, ':');
-}
-
-static svc_err_t w_str(dec_t *d, avro_value_t *v, const char *what) {
-    const char *s;
-    size_t      n;
-    return sch_av_get_str(v, &s, &n) ? bad(d, what, "not a string")
-                                     : sch_json_write_string(d->out, s, n);
+    return sch_av_w_key(d, first, key, strlen(key));
 }
 
 static svc_err_t w_double(dec_t *d, avro_value_t *v, const char *what) {
     double x;
     if (avro_value_get_double(v, &x))
-        return bad(d, what, "not a double");
-    return isfinite(x) ? sch_json_write_double(d->out, x) : bad(d, what, "not a finite number");
+        return sch_av_bad(d, what, "not a double");
+    return isfinite(x) ? sch_json_write_double(d->out, x)
+                       : sch_av_bad(d, what, "not a finite number");
 }
 
 /* "name":<value> for a required field of rec, written by fn. */
@@ -361,7 +310,7 @@ static svc_err_t w_field(dec_t *d, bool *first, avro_value_t *rec, const char *n
                          svc_err_t (*fn)(dec_t *, avro_value_t *, const char *)) {
     avro_value_t f;
     if (!sch_av_field(rec, name, &f))
-        return bad(d, name, "missing");
+        return sch_av_bad(d, name, "missing");
     svc_err_t err = w_key(d, first, name);
     return err ? err : fn(d, &f, name);
 }
@@ -382,38 +331,47 @@ static svc_err_t w_opt_str(dec_t *d, bool *first, avro_value_t *rec, const char 
     svc_err_t err = w_key(d, first, name);
     if (err)
         return err;
-    return opt_branch(rec, name, &b) ? w_str(d, &b, name) : svc_buf_adds(d->out, "null");
+    return opt_branch(rec, name, &b) ? sch_av_w_str(d, &b, name) : svc_buf_adds(d->out, "null");
 }
 
-/* A map<double> (probabilities) or map<string> (legend), in stored order. */
-static svc_err_t w_map(dec_t *d, avro_value_t *m, const char *what) {
+/* Map m as a JSON object in stored order, each value written by fn. */
+static svc_err_t w_entries(dec_t *d, avro_value_t *m, const char *what,
+                           svc_err_t (*fn)(dec_t *, avro_value_t *, const char *)) {
     size_t    n = 0;
     bool      first = true;
     svc_err_t err =
-        avro_value_get_size(m, &n) ? bad(d, what, "not a map") : svc_buf_addc(d->out, '{');
+        avro_value_get_size(m, &n) ? sch_av_bad(d, what, "not a map") : svc_buf_addc(d->out, '{');
     for (size_t i = 0; i < n && !err; i++) {
         avro_value_t v;
         const char  *k = NULL;
         if (avro_value_get_by_index(m, i, &v, &k))
-            return bad(d, what, "unreadable entry");
+            return sch_av_bad(d, what, "unreadable entry");
         err = w_key(d, &first, k);
         if (!err)
-            err =
-                avro_value_get_type(&v) == AVRO_STRING ? w_str(d, &v, what) : w_double(d, &v, what);
+            err = fn(d, &v, what);
     }
     return err ? err : svc_buf_addc(d->out, '}');
+}
+
+static svc_err_t w_map_value(dec_t *d, avro_value_t *v, const char *what) {
+    return avro_value_get_type(v) == AVRO_STRING ? sch_av_w_str(d, v, what) : w_double(d, v, what);
+}
+
+/* A map<double> (probabilities) or map<string> (legend), in stored order. */
+static svc_err_t w_map(dec_t *d, avro_value_t *m, const char *what) {
+    return w_entries(d, m, what, w_map_value);
 }
 
 static svc_err_t w_type_text(dec_t *d, avro_value_t *v, const char *what) {
     const char *s;
     size_t      n;
     if (sch_av_get_str(v, &s, &n))
-        return bad(d, what, "not a string");
+        return sch_av_bad(d, what, "not a string");
     sch_jfail_t fail;
     char        msg[200];
     sch_jdoc_t *doc = sch_json_parse(s, n, &fail, msg, sizeof msg);
     if (!doc)
-        return bad(d, what, "not JSON text");
+        return sch_av_bad(d, what, "not JSON text");
     svc_err_t err = sch_json_dump_compact(sch_jdoc_root(doc), d->out);
     sch_jdoc_free(doc);
     return err;
@@ -425,12 +383,12 @@ static svc_err_t w_answer(dec_t *d, avro_value_t *u, const char *what) {
     const char  *name;
     bool         first = true;
     if (sch_av_branch(u, &r, &t, &name) || t != AVRO_RECORD || !name)
-        return bad(d, what, "not an answer record");
+        return sch_av_bad(d, what, "not an answer record");
     svc_err_t err = svc_buf_addc(d->out, '{');
     if (!err && strcmp(name, "ErrorAnswer") == 0) {
         err = w_field(d, &first, &r, "type", w_type_text);
         if (!err)
-            err = w_field(d, &first, &r, "error", w_str);
+            err = w_field(d, &first, &r, "error", sch_av_w_str);
         if (!err)
             err = w_opt_str(d, &first, &r, "message", false);
         return err ? err : svc_buf_addc(d->out, '}');
@@ -440,13 +398,13 @@ static svc_err_t w_answer(dec_t *d, avro_value_t *u, const char *what) {
                        : strcmp(name, "ScoreAnswer") == 0 ? "score"
                                                           : NULL;
     if (!type)
-        return bad(d, what, "unknown answer record");
+        return sch_av_bad(d, what, "unknown answer record");
     if (!err)
         err = w_key(d, &first, "type");
     if (!err)
         err = sch_json_write_string(d->out, type, strlen(type));
     if (!err && type[0] == 'c')
-        err = w_field(d, &first, &r, "choice", w_str);
+        err = w_field(d, &first, &r, "choice", sch_av_w_str);
     if (!err && type[0] == 'n')
         err = w_field(d, &first, &r, "noul", w_double);
     if (!err && type[0] == 's')
@@ -464,25 +422,12 @@ static svc_err_t w_answer(dec_t *d, avro_value_t *u, const char *what) {
 }
 
 static svc_err_t w_answers(dec_t *d, avro_value_t *m, const char *what) {
-    size_t    n = 0;
-    bool      first = true;
-    svc_err_t err =
-        avro_value_get_size(m, &n) ? bad(d, what, "not a map") : svc_buf_addc(d->out, '{');
-    for (size_t i = 0; i < n && !err; i++) {
-        avro_value_t v;
-        const char  *k = NULL;
-        if (avro_value_get_by_index(m, i, &v, &k))
-            return bad(d, what, "unreadable entry");
-        err = w_key(d, &first, k);
-        if (!err)
-            err = w_answer(d, &v, what);
-    }
-    return err ? err : svc_buf_addc(d->out, '}');
+    return w_entries(d, m, what, w_answer);
 }
 
 static svc_err_t w_long(dec_t *d, avro_value_t *v, const char *what) {
     int64_t x;
-    return avro_value_get_long(v, &x) ? bad(d, what, "not a long")
+    return avro_value_get_long(v, &x) ? sch_av_bad(d, what, "not a long")
                                       : svc_buf_addf(d->out, "%lld", (long long)x);
 }
 
@@ -504,11 +449,11 @@ static svc_err_t w_meta(dec_t *d, avro_value_t *r, const char *what) {
     svc_err_t                err = svc_buf_addc(d->out, '{');
     (void)what;
     if (!err)
-        err = w_field(d, &first, r, "model_id", w_str);
+        err = w_field(d, &first, r, "model_id", sch_av_w_str);
     if (!err)
         err = w_opt_str(d, &first, r, "revision", true);
     for (size_t i = 0; i < 6 && !err; i++)
-        err = w_field(d, &first, r, STRS[i], w_str);
+        err = w_field(d, &first, r, STRS[i], sch_av_w_str);
     if (!err)
         err = w_field(d, &first, r, "queue_ms", w_double);
     if (!err)
@@ -523,7 +468,7 @@ static svc_err_t w_body(dec_t *d, bool *first, avro_value_t *r, bool top) {
     if (top ? opt_branch(r, "model", &b) : sch_av_field(r, "model", &b)) {
         err = w_key(d, first, "model");
         if (!err)
-            err = w_str(d, &b, "model");
+            err = sch_av_w_str(d, &b, "model");
     }
     if (!err && (top ? opt_branch(r, "answers", &b) : sch_av_field(r, "answers", &b))) {
         err = w_key(d, first, "answers");
@@ -543,25 +488,12 @@ static svc_err_t w_body(dec_t *d, bool *first, avro_value_t *r, bool top) {
     return err;
 }
 
-static svc_err_t w_states(dec_t *d, avro_value_t *m) {
-    size_t    n = 0;
+static svc_err_t w_state(dec_t *d, avro_value_t *v, const char *what) {
     bool      first = true;
-    svc_err_t err =
-        avro_value_get_size(m, &n) ? bad(d, "states", "not a map") : svc_buf_addc(d->out, '{');
-    for (size_t i = 0; i < n && !err; i++) {
-        avro_value_t v;
-        const char  *k = NULL;
-        bool         efirst = true;
-        if (avro_value_get_by_index(m, i, &v, &k))
-            return bad(d, "states", "unreadable entry");
-        err = w_key(d, &first, k);
-        if (!err)
-            err = svc_buf_addc(d->out, '{');
-        if (!err)
-            err = w_body(d, &efirst, &v, false);
-        if (!err)
-            err = svc_buf_addc(d->out, '}');
-    }
+    svc_err_t err = svc_buf_addc(d->out, '{');
+    (void)what;
+    if (!err)
+        err = w_body(d, &first, v, false);
     return err ? err : svc_buf_addc(d->out, '}');
 }
 
@@ -571,7 +503,7 @@ svc_err_t sch_avro_answer_to_json(const sch_avro_writer_t *w, const void *body, 
     svc_err_t        err = sch_av_decode(SCH_AVRO_ANSWER, w, body, len, &dv, errstr, errstr_size);
     if (err)
         return err;
-    dec_t        d = {out, errstr, errstr_size};
+    dec_t        d = {out, "answer", errstr, errstr_size};
     avro_value_t b;
     bool         first = true;
     size_t       start = out->len;
@@ -581,7 +513,7 @@ svc_err_t sch_avro_answer_to_json(const sch_avro_writer_t *w, const void *body, 
     if (!err && opt_branch(&dv.view, "states", &b)) {
         err = w_key(&d, &first, "states");
         if (!err)
-            err = w_states(&d, &b);
+            err = w_entries(&d, &b, "states", w_state);
     }
     if (!err && opt_branch(&dv.view, "error", &b)) {
         bool efirst = true;
@@ -589,19 +521,11 @@ svc_err_t sch_avro_answer_to_json(const sch_avro_writer_t *w, const void *body, 
         if (!err)
             err = svc_buf_addc(out, '{');
         if (!err)
-            err = w_field(&d, &efirst, &b, "code", w_str);
+            err = w_field(&d, &efirst, &b, "code", sch_av_w_str);
         if (!err)
-            err = w_field(&d, &efirst, &b, "message", w_str);
+            err = w_field(&d, &efirst, &b, "message", sch_av_w_str);
         if (!err)
             err = svc_buf_addc(out, '}');
     }
-    if (!err)
-        err = svc_buf_addc(out, '}');
-    if (err) {
-        out->len = start;
-        if (out->data)
-            out->data[start] = '\0';
-    }
-    sch_av_decoded_fini(&dv);
-    return err;
+    return sch_av_decode_end(err, &d, start, &dv);
 }

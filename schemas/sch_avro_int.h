@@ -59,5 +59,41 @@ SVC_WUR int sch_av_set_branch(avro_value_t *u, avro_type_t t, const char *name,
 SVC_WUR int sch_av_set_str(avro_value_t *v, const char *s, size_t len);
 /* Reads a string value: pointer and length without the terminator. */
 SVC_WUR int sch_av_get_str(avro_value_t *v, const char **s, size_t *len);
+/* Selects the string branch of an optional ["null", "string"] union and sets
+ * it to s/len, or the null branch when s is NULL. */
+SVC_WUR int sch_av_set_opt_str(avro_value_t *u, const char *s, size_t len);
+
+/* ---- what the JSON <-> Avro mappings share ------------------------------- */
+
+/* The key k/n is one of names (NULL-terminated). */
+bool sch_av_key_in(const char *k, size_t n, const char *const *names);
+/* An object whose keys are all in names (NULL-terminated). */
+bool sch_av_keys_within(const sch_json_t *o, const char *const *names);
+
+/* Parses the JSON body of a `kind` ("request", "answer") to encode. */
+SVC_WUR svc_err_t sch_av_parse_body(const char *json, size_t len, const char *kind,
+                                    sch_jdoc_t **doc, char *errstr, size_t errstr_size);
+/* Ends an encoding: on success writes rec to out; then frees rec and doc. */
+SVC_WUR svc_err_t sch_av_encode_end(svc_err_t err, avro_value_t *rec, sch_jdoc_t *doc,
+                                    svc_buf_t *out, char *errstr, size_t errstr_size);
+
+/* Avro -> JSON: where the text goes, and the body's kind for errors. */
+typedef struct sch_av_dec {
+    svc_buf_t  *out;
+    const char *kind;
+    char       *errstr;
+    size_t      errstr_size;
+} sch_av_dec_t;
+
+/* "avro <kind> field <what>: <why>"; SVC_ERR_FORMAT. */
+SVC_WUR svc_err_t sch_av_bad(sch_av_dec_t *d, const char *what, const char *why);
+/* `,"key":` (no comma when *first). */
+SVC_WUR svc_err_t sch_av_w_key(sch_av_dec_t *d, bool *first, const char *key, size_t n);
+/* A string value as a JSON string. */
+SVC_WUR svc_err_t sch_av_w_str(sch_av_dec_t *d, avro_value_t *v, const char *what);
+/* Ends a decoding begun at out->len == start: closes the object, or on
+ * error leaves no half-written body; then frees dv. */
+SVC_WUR svc_err_t sch_av_decode_end(svc_err_t err, sch_av_dec_t *d, size_t start,
+                                    sch_av_decoded_t *dv);
 
 #endif /* D3STREAM_SCH_AVRO_INT_H */

@@ -48,6 +48,14 @@ static svc_err_t set_json_branch(enc_t *e, avro_value_t *u, const sch_json_t *j,
     return set_text(e, &text, j, what);
 }
 
+/* An optional ["null", "boolean"] union u: null when j is NULL (absent). */
+static int set_opt_bool(avro_value_t *u, const sch_json_t *j) {
+    avro_value_t b;
+    return j ? sch_av_set_branch(u, AVRO_BOOLEAN, NULL, &b) ||
+                   avro_value_set_boolean(&b, sch_json_bool(j))
+             : sch_av_set_branch(u, AVRO_NULL, NULL, &b);
+}
+
 /* Field `name` of rec, a ["null", "string"] union: null when j is NULL
  * (absent), else j's JSON text. */
 static svc_err_t set_opt_text(enc_t *e, avro_value_t *rec, const char *name, const sch_json_t *j) {
@@ -61,26 +69,6 @@ static svc_err_t set_opt_text(enc_t *e, avro_value_t *rec, const char *name, con
     return set_text(e, &b, j, name);
 }
 
-static bool key_in(const char *k, size_t n, const char *const *names) {
-    for (size_t i = 0; names[i]; i++)
-        if (sch_str_is(k, n, names[i]))
-            return true;
-    return false;
-}
-
-/* An object whose keys are all in names (NULL-terminated). */
-static bool keys_within(const sch_json_t *j, const char *const *names) {
-    if (sch_json_type(j) != SCH_JSON_OBJECT)
-        return false;
-    for (size_t i = 0; i < sch_json_size(j); i++) {
-        size_t      n;
-        const char *k = sch_json_key_at(j, i, &n);
-        if (!key_in(k, n, names))
-            return false;
-    }
-    return true;
-}
-
 static const char *const QUESTION_KEYS[] = {"type",   "instructions",       "criteria", "choices",
                                             "levels", "require_full_input", NULL};
 static const char *const OPTION_KEYS[] = {"deadline_ms", "max_tokens", "profile", "return_meta",
@@ -89,7 +77,8 @@ static const char *const ENTRY_KEYS[] = {"state", "questions", "images", "videos
 
 static svc_err_t set_question(enc_t *e, avro_value_t *u, const sch_json_t *q) {
     static const char *const TYPES[] = {"choice", "noul", "score"};
-    const sch_json_t *type = q && keys_within(q, QUESTION_KEYS) ? sch_json_get(q, "type", 4) : NULL;
+    const sch_json_t        *type =
+        q && sch_av_keys_within(q, QUESTION_KEYS) ? sch_json_get(q, "type", 4) : NULL;
     const sch_json_t *rfi = type ? sch_json_get(q, "require_full_input", 18) : NULL;
     int               t = -1;
     if (type && sch_json_type(type) == SCH_JSON_STRING) {
@@ -101,13 +90,11 @@ static svc_err_t set_question(enc_t *e, avro_value_t *u, const sch_json_t *q) {
     }
     if (t < 0 || (rfi && sch_json_type(rfi) != SCH_JSON_BOOL))
         return set_json_branch(e, u, q, "question");
-    avro_value_t rec, f, b;
+    avro_value_t rec, f;
     if (sch_av_set_branch(u, AVRO_RECORD, "Question", &rec) || !sch_av_field(&rec, "type", &f) ||
         avro_value_set_enum(&f, t) || !sch_av_field(&rec, "require_full_input", &f))
         return av_fail(e, "question");
-    if (rfi ? sch_av_set_branch(&f, AVRO_BOOLEAN, NULL, &b) ||
-                  avro_value_set_boolean(&b, sch_json_bool(rfi))
-            : sch_av_set_branch(&f, AVRO_NULL, NULL, &b))
+    if (set_opt_bool(&f, rfi))
         return av_fail(e, "require_full_input");
     static const char *const TEXTS[] = {"instructions", "criteria", "choices", "levels"};
     svc_err_t                err = SVC_OK;
@@ -196,7 +183,7 @@ static bool number_fits(const sch_json_t *j) {
 }
 
 static bool options_fit(const sch_json_t *o) {
-    if (!keys_within(o, OPTION_KEYS))
+    if (!sch_av_keys_within(o, OPTION_KEYS))
         return false;
     const sch_json_t *d = sch_json_get(o, "deadline_ms", 11);
     const sch_json_t *m = sch_json_get(o, "max_tokens", 10);
@@ -223,7 +210,7 @@ static svc_err_t set_number(enc_t *e, avro_value_t *rec, const char *name, const
 }
 
 static svc_err_t set_options(enc_t *e, avro_value_t *rec, const sch_json_t *o) {
-    avro_value_t u, r, f, b;
+    avro_value_t u, r, f;
     if (!sch_av_field(rec, "options", &u))
         return av_fail(e, "options");
     if (!o)
@@ -241,14 +228,9 @@ static svc_err_t set_options(enc_t *e, avro_value_t *rec, const sch_json_t *o) {
     const sch_json_t *m = sch_json_get(o, "return_meta", 11);
     size_t            n = 0;
     const char       *s = p ? sch_json_string(p, &n) : NULL;
-    if (!sch_av_field(&r, "profile", &f) ||
-        (p ? sch_av_set_branch(&f, AVRO_STRING, NULL, &b) || sch_av_set_str(&b, s, n)
-           : sch_av_set_branch(&f, AVRO_NULL, NULL, &b)))
+    if (!sch_av_field(&r, "profile", &f) || sch_av_set_opt_str(&f, s, n))
         return av_fail(e, "options.profile");
-    if (!sch_av_field(&r, "return_meta", &f) ||
-        (m ? sch_av_set_branch(&f, AVRO_BOOLEAN, NULL, &b) ||
-                 avro_value_set_boolean(&b, sch_json_bool(m))
-           : sch_av_set_branch(&f, AVRO_NULL, NULL, &b)))
+    if (!sch_av_field(&r, "return_meta", &f) || set_opt_bool(&f, m))
         return av_fail(e, "options.return_meta");
     return SVC_OK;
 }
@@ -269,7 +251,7 @@ static svc_err_t set_states(enc_t *e, avro_value_t *rec, const sch_json_t *st) {
         const sch_json_t *ent = sch_json_at(st, i);
         if (avro_value_add(&m, sch_json_key_at(st, i, &n), &item, NULL, NULL))
             return av_fail(e, "states");
-        if (!keys_within(ent, ENTRY_KEYS)) {
+        if (!sch_av_keys_within(ent, ENTRY_KEYS)) {
             err = set_json_branch(e, &item, ent, "states entry");
             continue;
         }
@@ -291,14 +273,14 @@ static const char *const TOP_KEYS[] = {"model",  "state",   "questions", "images
 
 /* The unknown top-level fields as the JSON text of one object, or NULL. */
 static svc_err_t set_extra(enc_t *e, avro_value_t *rec, const sch_json_t *body) {
-    avro_value_t u, b;
+    avro_value_t u;
     svc_buf_t    t;
     svc_buf_init(&t, TEXT_MAX);
     svc_err_t err = SVC_OK;
     for (size_t i = 0; i < sch_json_size(body) && !err; i++) {
         size_t      n;
         const char *k = sch_json_key_at(body, i, &n);
-        if (key_in(k, n, TOP_KEYS))
+        if (sch_av_key_in(k, n, TOP_KEYS))
             continue;
         err = svc_buf_addc(&t, t.len ? ',' : '{');
         if (!err)
@@ -312,9 +294,7 @@ static svc_err_t set_extra(enc_t *e, avro_value_t *rec, const sch_json_t *body) 
         err = svc_buf_addc(&t, '}');
     if (!err && !sch_av_field(rec, "extra", &u))
         err = av_fail(e, "extra");
-    if (!err &&
-        (t.len ? sch_av_set_branch(&u, AVRO_STRING, NULL, &b) || sch_av_set_str(&b, t.data, t.len)
-               : sch_av_set_branch(&u, AVRO_NULL, NULL, &b)))
+    if (!err && sch_av_set_opt_str(&u, t.len ? t.data : NULL, t.len))
         err = av_fail(e, "extra");
     svc_buf_fini(&t);
     return err;
@@ -330,21 +310,16 @@ static svc_err_t set_model(enc_t *e, avro_value_t *rec, const sch_json_t *m) {
         return set_json_branch(e, &u, m, "model");
     size_t      n;
     const char *s = sch_json_string(m, &n);
-    return sch_av_set_branch(&u, AVRO_STRING, NULL, &b) || sch_av_set_str(&b, s, n)
-               ? av_fail(e, "model")
-               : SVC_OK;
+    return sch_av_set_opt_str(&u, s, n) ? av_fail(e, "model") : SVC_OK;
 }
 
 svc_err_t sch_avro_request_from_json(const char *json, size_t len, svc_buf_t *out, char *errstr,
                                      size_t errstr_size) {
     enc_t       e = {errstr, errstr_size};
-    sch_jfail_t fail;
-    char        msg[256];
-    sch_jdoc_t *doc = sch_json_parse(json, len, &fail, msg, sizeof msg);
-    if (!doc) {
-        svc_errf(errstr, errstr_size, "request is not JSON: %s", msg);
-        return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : SVC_ERR_INVALID;
-    }
+    sch_jdoc_t *doc;
+    svc_err_t   err = sch_av_parse_body(json, len, "request", &doc, errstr, errstr_size);
+    if (err)
+        return err;
     const sch_json_t *b = sch_jdoc_root(doc);
     if (sch_json_type(b) != SCH_JSON_OBJECT) {
         svc_errf(errstr, errstr_size,
@@ -353,7 +328,7 @@ svc_err_t sch_avro_request_from_json(const char *json, size_t len, svc_buf_t *ou
         return SVC_ERR_INVALID;
     }
     avro_value_t rec;
-    svc_err_t    err = sch_av_new_value(SCH_AVRO_REQUEST, &rec, errstr, errstr_size);
+    err = sch_av_new_value(SCH_AVRO_REQUEST, &rec, errstr, errstr_size);
     if (err) {
         sch_jdoc_free(doc);
         return err;
@@ -373,47 +348,26 @@ svc_err_t sch_avro_request_from_json(const char *json, size_t len, svc_buf_t *ou
         err = set_states(&e, &rec, sch_json_get(b, "states", 6));
     if (!err)
         err = set_extra(&e, &rec, b);
-    if (!err)
-        err = sch_av_write(&rec, out, errstr, errstr_size);
-    avro_value_decref(&rec);
-    sch_jdoc_free(doc);
-    return err;
+    return sch_av_encode_end(err, &rec, doc, out, errstr, errstr_size);
 }
 
 /* ---- Avro -> JSON ------------------------------------------------------------ */
 
-typedef struct dec {
-    svc_buf_t *out;
-    char      *errstr;
-    size_t     errstr_size;
-} dec_t;
-
-static svc_err_t bad(dec_t *d, const char *what, const char *why) {
-    svc_errf(d->errstr, d->errstr_size, "avro request field %s: %s", what, why);
-    return SVC_ERR_FORMAT;
-}
-
-static svc_err_t w_key(dec_t *d, bool *first, const char *key, size_t n) {
-    svc_err_t err = *first ? SVC_OK : svc_buf_addc(d->out, ',');
-    *first = false;
-    if (!err)
-        err = sch_json_write_string(d->out, key, n);
-    return err ? err : svc_buf_addc(d->out, ':');
-}
+typedef sch_av_dec_t dec_t;
 
 /* Appends a JSON text verbatim after checking that it parses alone. */
 static svc_err_t emit_text(dec_t *d, avro_value_t *v, const char *what) {
     const char *s;
     size_t      n;
     if (sch_av_get_str(v, &s, &n))
-        return bad(d, what, "not a string");
+        return sch_av_bad(d, what, "not a string");
     sch_jfail_t fail;
     char        msg[200];
     char        why[260];
     sch_jdoc_t *doc = sch_json_parse(s, n, &fail, msg, sizeof msg);
     if (!doc) {
         snprintf(why, sizeof why, "not JSON text: %s", msg);
-        return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : bad(d, what, why);
+        return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : sch_av_bad(d, what, why);
     }
     sch_jdoc_free(doc);
     return svc_buf_add(d->out, s, n);
@@ -436,14 +390,7 @@ static bool is_json_rec(avro_type_t t, const char *name) {
 static svc_err_t emit_json_rec(dec_t *d, avro_value_t *rec, const char *what) {
     avro_value_t text;
     return sch_av_field(rec, "json", &text) ? emit_text(d, &text, what)
-                                            : bad(d, what, "Json record without json");
-}
-
-static svc_err_t emit_str(dec_t *d, avro_value_t *v, const char *what) {
-    const char *s;
-    size_t      n;
-    return sch_av_get_str(v, &s, &n) ? bad(d, what, "not a string")
-                                     : sch_json_write_string(d->out, s, n);
+                                            : sch_av_bad(d, what, "Json record without json");
 }
 
 /* "name": <JSON text> for an optional text field of rec. */
@@ -453,37 +400,44 @@ static svc_err_t emit_opt_text(dec_t *d, bool *first, avro_value_t *rec, const c
     const char  *bn;
     if (!opt_field(rec, name, &b, &t, &bn))
         return SVC_OK;
-    svc_err_t err = w_key(d, first, name, strlen(name));
+    svc_err_t err = sch_av_w_key(d, first, name, strlen(name));
     return err ? err : emit_text(d, &b, name);
 }
 
-static svc_err_t emit_question(dec_t *d, avro_value_t *rec) {
-    avro_value_t f, b;
+/* "name": true|false for an optional boolean field of rec (`what` in errors). */
+static svc_err_t emit_opt_bool(dec_t *d, bool *first, avro_value_t *rec, const char *name,
+                               const char *what) {
+    avro_value_t b;
     avro_type_t  t;
     const char  *bn;
+    int          v = 0;
+    if (!opt_field(rec, name, &b, &t, &bn))
+        return SVC_OK;
+    svc_err_t err = sch_av_w_key(d, first, name, strlen(name));
+    if (!err && avro_value_get_boolean(&b, &v))
+        err = sch_av_bad(d, what, "not a boolean");
+    return err ? err : svc_buf_adds(d->out, v ? "true" : "false");
+}
+
+static svc_err_t emit_question(dec_t *d, avro_value_t *rec) {
+    avro_value_t f;
     int          sym;
     bool         first = true;
     if (!sch_av_field(rec, "type", &f) || avro_value_get_enum(&f, &sym))
-        return bad(d, "question.type", "missing");
+        return sch_av_bad(d, "question.type", "missing");
     const char *name = avro_schema_enum_get(avro_value_get_schema(&f), sym);
     if (!name)
-        return bad(d, "question.type", "bad enum symbol");
+        return sch_av_bad(d, "question.type", "bad enum symbol");
     svc_err_t err = svc_buf_addc(d->out, '{');
     if (!err)
-        err = w_key(d, &first, "type", 4);
+        err = sch_av_w_key(d, &first, "type", 4);
     if (!err)
         err = sch_json_write_string(d->out, name, strlen(name));
     static const char *const TEXTS[] = {"instructions", "criteria", "choices", "levels"};
     for (size_t i = 0; i < 4 && !err; i++)
         err = emit_opt_text(d, &first, rec, TEXTS[i]);
-    if (!err && opt_field(rec, "require_full_input", &b, &t, &bn)) {
-        int v = 0;
-        err = w_key(d, &first, "require_full_input", 18);
-        if (!err && avro_value_get_boolean(&b, &v))
-            err = bad(d, "require_full_input", "not a boolean");
-        if (!err)
-            err = svc_buf_adds(d->out, v ? "true" : "false");
-    }
+    if (!err)
+        err = emit_opt_bool(d, &first, rec, "require_full_input", "require_full_input");
     return err ? err : svc_buf_addc(d->out, '}');
 }
 
@@ -492,10 +446,10 @@ static svc_err_t emit_questions(dec_t *d, avro_value_t *b, avro_type_t t, const 
     if (is_json_rec(t, bn))
         return emit_json_rec(d, b, "questions");
     if (t != AVRO_MAP)
-        return bad(d, "questions", "unexpected branch");
+        return sch_av_bad(d, "questions", "unexpected branch");
     size_t    n = 0;
     bool      first = true;
-    svc_err_t err = avro_value_get_size(b, &n) ? bad(d, "questions", "no size") : SVC_OK;
+    svc_err_t err = avro_value_get_size(b, &n) ? sch_av_bad(d, "questions", "no size") : SVC_OK;
     if (!err)
         err = svc_buf_addc(d->out, '{');
     for (size_t i = 0; i < n && !err; i++) {
@@ -504,8 +458,8 @@ static svc_err_t emit_questions(dec_t *d, avro_value_t *b, avro_type_t t, const 
         avro_type_t  qt;
         const char  *qn;
         if (avro_value_get_by_index(b, i, &u, &key) || sch_av_branch(&u, &q, &qt, &qn))
-            return bad(d, "questions", "unreadable entry");
-        err = w_key(d, &first, key, strlen(key));
+            return sch_av_bad(d, "questions", "unreadable entry");
+        err = sch_av_w_key(d, &first, key, strlen(key));
         if (!err)
             err = is_json_rec(qt, qn) ? emit_json_rec(d, &q, "question") : emit_question(d, &q);
     }
@@ -517,14 +471,16 @@ static svc_err_t emit_urls(dec_t *d, avro_value_t *b, avro_type_t t, const char 
     if (is_json_rec(t, bn))
         return emit_json_rec(d, b, what);
     size_t    n = 0;
-    svc_err_t err = t != AVRO_ARRAY || avro_value_get_size(b, &n) ? bad(d, what, "not a list")
-                                                                  : svc_buf_addc(d->out, '[');
+    svc_err_t err = t != AVRO_ARRAY || avro_value_get_size(b, &n)
+                        ? sch_av_bad(d, what, "not a list")
+                        : svc_buf_addc(d->out, '[');
     for (size_t i = 0; i < n && !err; i++) {
         avro_value_t item;
         err = i ? svc_buf_addc(d->out, ',') : SVC_OK;
         if (!err)
-            err = avro_value_get_by_index(b, i, &item, NULL) ? bad(d, what, "unreadable item")
-                                                             : emit_str(d, &item, what);
+            err = avro_value_get_by_index(b, i, &item, NULL)
+                      ? sch_av_bad(d, what, "unreadable item")
+                      : sch_av_w_str(d, &item, what);
     }
     return err ? err : svc_buf_addc(d->out, ']');
 }
@@ -535,7 +491,7 @@ static svc_err_t emit_number(dec_t *d, bool *first, avro_value_t *rec, const cha
     const char  *bn;
     if (!opt_field(rec, name, &b, &t, &bn))
         return SVC_OK;
-    svc_err_t err = w_key(d, first, name, strlen(name));
+    svc_err_t err = sch_av_w_key(d, first, name, strlen(name));
     int64_t   l;
     double    x;
     if (err)
@@ -544,7 +500,7 @@ static svc_err_t emit_number(dec_t *d, bool *first, avro_value_t *rec, const cha
         return svc_buf_addf(d->out, "%lld", (long long)l);
     if (t == AVRO_DOUBLE && !avro_value_get_double(&b, &x))
         return sch_json_write_double(d->out, x);
-    return bad(d, name, "not a number");
+    return sch_av_bad(d, name, "not a number");
 }
 
 static svc_err_t emit_options(dec_t *d, avro_value_t *r, avro_type_t t, const char *bn) {
@@ -560,18 +516,12 @@ static svc_err_t emit_options(dec_t *d, avro_value_t *r, avro_type_t t, const ch
     if (!err)
         err = emit_number(d, &first, r, "max_tokens");
     if (!err && opt_field(r, "profile", &b, &bt, &bbn)) {
-        err = w_key(d, &first, "profile", 7);
+        err = sch_av_w_key(d, &first, "profile", 7);
         if (!err)
-            err = emit_str(d, &b, "options.profile");
+            err = sch_av_w_str(d, &b, "options.profile");
     }
-    if (!err && opt_field(r, "return_meta", &b, &bt, &bbn)) {
-        int v = 0;
-        err = w_key(d, &first, "return_meta", 11);
-        if (!err && avro_value_get_boolean(&b, &v))
-            err = bad(d, "options.return_meta", "not a boolean");
-        if (!err)
-            err = svc_buf_adds(d->out, v ? "true" : "false");
-    }
+    if (!err)
+        err = emit_opt_bool(d, &first, r, "return_meta", "options.return_meta");
     return err ? err : svc_buf_addc(d->out, '}');
 }
 
@@ -582,7 +532,7 @@ static svc_err_t emit_common(dec_t *d, bool *first, avro_value_t *rec) {
     const char  *bn;
     svc_err_t    err = emit_opt_text(d, first, rec, "state");
     if (!err && opt_field(rec, "questions", &b, &t, &bn)) {
-        err = w_key(d, first, "questions", 9);
+        err = sch_av_w_key(d, first, "questions", 9);
         if (!err)
             err = emit_questions(d, &b, t, bn);
     }
@@ -590,7 +540,7 @@ static svc_err_t emit_common(dec_t *d, bool *first, avro_value_t *rec) {
     for (size_t i = 0; i < 2 && !err; i++) {
         if (!opt_field(rec, URLS[i], &b, &t, &bn))
             continue;
-        err = w_key(d, first, URLS[i], 6);
+        err = sch_av_w_key(d, first, URLS[i], 6);
         if (!err)
             err = emit_urls(d, &b, t, bn, URLS[i]);
     }
@@ -602,8 +552,9 @@ static svc_err_t emit_states(dec_t *d, avro_value_t *b, avro_type_t t, const cha
         return emit_json_rec(d, b, "states");
     size_t    n = 0;
     bool      first = true;
-    svc_err_t err = t != AVRO_MAP || avro_value_get_size(b, &n) ? bad(d, "states", "not a map")
-                                                                : svc_buf_addc(d->out, '{');
+    svc_err_t err = t != AVRO_MAP || avro_value_get_size(b, &n)
+                        ? sch_av_bad(d, "states", "not a map")
+                        : svc_buf_addc(d->out, '{');
     for (size_t i = 0; i < n && !err; i++) {
         avro_value_t u, e;
         const char  *key = NULL;
@@ -611,8 +562,8 @@ static svc_err_t emit_states(dec_t *d, avro_value_t *b, avro_type_t t, const cha
         const char  *en;
         bool         efirst = true;
         if (avro_value_get_by_index(b, i, &u, &key) || sch_av_branch(&u, &e, &et, &en))
-            return bad(d, "states", "unreadable entry");
-        err = w_key(d, &first, key, strlen(key));
+            return sch_av_bad(d, "states", "unreadable entry");
+        err = sch_av_w_key(d, &first, key, strlen(key));
         if (!err && is_json_rec(et, en)) {
             err = emit_json_rec(d, &e, "states entry");
             continue;
@@ -632,18 +583,19 @@ static svc_err_t emit_extra(dec_t *d, bool *first, avro_value_t *b) {
     const char *s;
     size_t      n;
     if (sch_av_get_str(b, &s, &n))
-        return bad(d, "extra", "not a string");
+        return sch_av_bad(d, "extra", "not a string");
     sch_jfail_t fail;
     char        msg[200];
     sch_jdoc_t *doc = sch_json_parse(s, n, &fail, msg, sizeof msg);
     if (!doc)
-        return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : bad(d, "extra", "not JSON text");
+        return fail == SCH_JFAIL_NOMEM ? SVC_ERR_NOMEM : sch_av_bad(d, "extra", "not JSON text");
     const sch_json_t *o = sch_jdoc_root(doc);
-    svc_err_t err = sch_json_type(o) == SCH_JSON_OBJECT ? SVC_OK : bad(d, "extra", "not an object");
+    svc_err_t         err =
+        sch_json_type(o) == SCH_JSON_OBJECT ? SVC_OK : sch_av_bad(d, "extra", "not an object");
     for (size_t i = 0; i < sch_json_size(o) && !err; i++) {
         size_t      kn;
         const char *k = sch_json_key_at(o, i, &kn);
-        err = w_key(d, first, k, kn);
+        err = sch_av_w_key(d, first, k, kn);
         if (!err)
             err = sch_json_dump_compact(sch_json_at(o, i), d->out);
     }
@@ -657,7 +609,7 @@ svc_err_t sch_avro_request_to_json(const sch_avro_writer_t *w, const void *body,
     svc_err_t        err = sch_av_decode(SCH_AVRO_REQUEST, w, body, len, &dv, errstr, errstr_size);
     if (err)
         return err;
-    dec_t        d = {out, errstr, errstr_size};
+    dec_t        d = {out, "request", errstr, errstr_size};
     avro_value_t b;
     avro_type_t  t;
     const char  *bn;
@@ -665,31 +617,24 @@ svc_err_t sch_avro_request_to_json(const sch_avro_writer_t *w, const void *body,
     size_t       start = out->len;
     err = svc_buf_addc(out, '{');
     if (!err && opt_field(&dv.view, "model", &b, &t, &bn)) {
-        err = w_key(&d, &first, "model", 5);
+        err = sch_av_w_key(&d, &first, "model", 5);
         if (!err)
-            err = is_json_rec(t, bn) ? emit_json_rec(&d, &b, "model") : emit_str(&d, &b, "model");
+            err =
+                is_json_rec(t, bn) ? emit_json_rec(&d, &b, "model") : sch_av_w_str(&d, &b, "model");
     }
     if (!err)
         err = emit_common(&d, &first, &dv.view);
     if (!err && opt_field(&dv.view, "options", &b, &t, &bn)) {
-        err = w_key(&d, &first, "options", 7);
+        err = sch_av_w_key(&d, &first, "options", 7);
         if (!err)
             err = emit_options(&d, &b, t, bn);
     }
     if (!err && opt_field(&dv.view, "states", &b, &t, &bn)) {
-        err = w_key(&d, &first, "states", 6);
+        err = sch_av_w_key(&d, &first, "states", 6);
         if (!err)
             err = emit_states(&d, &b, t, bn);
     }
     if (!err && opt_field(&dv.view, "extra", &b, &t, &bn))
         err = emit_extra(&d, &first, &b);
-    if (!err)
-        err = svc_buf_addc(out, '}');
-    if (err) {
-        out->len = start; /* no half-written body */
-        if (out->data)
-            out->data[start] = '\0';
-    }
-    sch_av_decoded_fini(&dv);
-    return err;
+    return sch_av_decode_end(err, &d, start, &dv);
 }

@@ -16,6 +16,7 @@
 
 #include "engine.h"
 #include "ops.h"
+#include "test_util.h"
 
 #define PKG     D3_SOURCE_DIR "/tests/fixtures/tiny-upstream"
 #define GOLDEN  D3_SOURCE_DIR "/tests/golden/tower/prompt_d3nano_example.noncausal.d3gt"
@@ -30,24 +31,6 @@ static const char EXAMPLE_BODY[] =
     "\"general\": null}}}}";
 
 /* ------------------------------------------------------------ fixtures */
-
-typedef struct loaded {
-    eng_package_t *pkg;
-    eng_model_t   *model;
-    const char    *dir;
-} loaded_t;
-
-static void load(const char *dir, loaded_t *l) {
-    char errstr[1024] = "";
-    l->dir = dir;
-    cr_assert_eq(eng_package_open(dir, &l->pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
-    cr_assert_eq(eng_model_load(dir, &l->model, errstr, sizeof errstr), SVC_OK, "%s", errstr);
-}
-
-static void unload(loaded_t *l) {
-    eng_model_free(l->model);
-    eng_package_free(l->pkg);
-}
 
 /* Runs body through ops_ask_body; returns the exit status and the parsed
  * output (the caller decrefs). */
@@ -97,14 +80,9 @@ static void check_distribution(const json_t *ans, const char *const *keys, size_
 
 /* Prompt length of question 0 of body on the package (c.7). */
 static size_t prompt_tokens(const loaded_t *l, const char *body, size_t q) {
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req = NULL;
-    sch_error_t    e;
-    sch_error_init(&e);
-    cr_assert_eq(sch_request_decode(body, strlen(body), &limits, NULL, &req, &e), SVC_OK, "%s",
-                 e.message);
-    eng_prompt_t pr;
-    char         errstr[256];
+    sch_request_t *req = decode_valid(body, strlen(body));
+    eng_prompt_t   pr;
+    char           errstr[256];
     eng_prompt_init(&pr);
     const sch_part_t *part = sch_request_part(req, 0);
     cr_assert_eq(eng_prompt_render(l->pkg, part, &part->questions[q], &pr, errstr, sizeof errstr),
@@ -112,7 +90,6 @@ static size_t prompt_tokens(const loaded_t *l, const char *body, size_t q) {
     size_t n = pr.n_tokens;
     eng_prompt_fini(&pr);
     sch_request_free(req);
-    sch_error_fini(&e);
     return n;
 }
 
@@ -185,14 +162,9 @@ Test(answer, matches_tower_golden) {
     }
     loaded_t l;
     load(PKG, &l);
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req = NULL;
-    sch_error_t    e;
-    sch_error_init(&e);
-    cr_assert_eq(sch_request_decode(EXAMPLE_BODY, strlen(EXAMPLE_BODY), &limits, NULL, &req, &e),
-                 SVC_OK);
-    eng_prompt_t pr;
-    char         errstr[512] = "";
+    sch_request_t *req = decode_valid(EXAMPLE_BODY, strlen(EXAMPLE_BODY));
+    eng_prompt_t   pr;
+    char           errstr[512] = "";
     eng_prompt_init(&pr);
     const sch_part_t *part = sch_request_part(req, 0);
     cr_assert_eq(eng_prompt_render(l.pkg, part, &part->questions[0], &pr, errstr, sizeof errstr),
@@ -212,7 +184,6 @@ Test(answer, matches_tower_golden) {
     eng_answers_free(ans);
     eng_prompt_fini(&pr);
     sch_request_free(req);
-    sch_error_fini(&e);
     free(g.ids);
     unload(&l);
 }
@@ -407,12 +378,7 @@ Test(answer, engine_refuses_media) {
     static const char body[] = "{\"state\": \"x\", \"images\": [\"" PNG_1X1
                                "\"], \"questions\": {\"n\": {\"type\": \"noul\", "
                                "\"instructions\": \"Is it?\"}}}";
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req = NULL;
-    sch_error_t    e;
-    sch_error_init(&e);
-    cr_assert_eq(sch_request_decode(body, strlen(body), &limits, NULL, &req, &e), SVC_OK, "%s",
-                 e.message);
+    sch_request_t *req = decode_valid(body, strlen(body));
     eng_answers_t *ans = NULL;
     char           errstr[256] = "";
     cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ans, errstr, sizeof errstr),
@@ -420,7 +386,6 @@ Test(answer, engine_refuses_media) {
     cr_assert_null(ans);
     cr_assert(strstr(errstr, "has no vision tower"), "%s", errstr);
     sch_request_free(req);
-    sch_error_fini(&e);
     unload(&l);
 }
 

@@ -7,6 +7,7 @@
 #include "engine.h"
 #include "eng_manifest_int.h"
 #include "ops.h"
+#include "test_util.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -17,13 +18,6 @@
 #define MINI_TOK D3_SOURCE_DIR "/tests/fixtures/qwen35-mini"
 #define NANO_REQ D3_SOURCE_DIR "/tests/golden/prompt/qwen35mini/d3nano_example.request.json"
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 /* A fresh package dir under a new temp dir; *root receives the temp dir. */
 static void make_tiny(char root[64], char dir[128], uint64_t seed, const char *tokenizer) {
     snprintf(root, 64, "/tmp/d3pkgw.XXXXXX");
@@ -33,10 +27,6 @@ static void make_tiny(char root[64], char dir[128], uint64_t seed, const char *t
         .size = ENG_MAKE_TINY, .seed = seed, .out_dir = dir, .tokenizer_dir = tokenizer};
     char errstr[1024] = "";
     cr_assert_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_OK, "%s", errstr);
-}
-
-static void rm_tree(const char *root) {
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static svc_buf_t read_all(const char *path) {

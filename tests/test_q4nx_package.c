@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "eng_manifest_int.h"
 #include "ops.h"
+#include "test_util.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -23,17 +24,6 @@
 #define EXAMPLE D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
 #define SEED    11
 #define TOL     1e-4
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
-static void rm_tree(const char *root) {
-    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 typedef struct pkgs {
     char root[64], q4nx[128], twin[128], st[128];
@@ -57,24 +47,6 @@ static void make_all(pkgs_t *p) {
     cr_assert_eq(eng_package_make(&s, errstr, sizeof errstr), SVC_OK, "%s", errstr);
 }
 
-typedef struct loaded {
-    eng_package_t *pkg;
-    eng_model_t   *m;
-    const char    *dir;
-} loaded_t;
-
-static void load(const char *dir, loaded_t *l) {
-    char errstr[1024] = "";
-    l->dir = dir;
-    cr_assert_eq(eng_package_open(dir, &l->pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
-    cr_assert_eq(eng_model_load(dir, &l->m, errstr, sizeof errstr), SVC_OK, "%s", errstr);
-}
-
-static void unload(loaded_t *l) {
-    eng_model_free(l->m);
-    eng_package_free(l->pkg);
-}
-
 static svc_buf_t example_body(void) {
     svc_buf_t b;
     char      errstr[256];
@@ -87,7 +59,7 @@ static svc_buf_t example_body(void) {
 static void answer(const loaded_t *l, double probs[3]) {
     static const char *keys[] = {"returns", "billing", "general"};
     svc_buf_t          body = example_body(), out;
-    ops_ask_t          a = {l->pkg, l->m, l->dir, ""};
+    ops_ask_t          a = {l->pkg, l->model, l->dir, ""};
     char               errstr[1024] = "";
     svc_buf_init(&out, (size_t)1 << 24);
     cr_assert_eq(ops_ask_body(&a, body.data, body.len, &out, errstr, sizeof errstr), OPS_EXIT_OK,
@@ -107,19 +79,13 @@ static void answer(const loaded_t *l, double probs[3]) {
 
 /* The example's prompt ids on package l. */
 static void prompt_ids(const loaded_t *l, eng_prompt_t *pr) {
-    svc_buf_t      body = example_body();
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req = NULL;
-    sch_error_t    e;
-    char           errstr[256];
-    sch_error_init(&e);
-    cr_assert_eq(sch_request_decode(body.data, body.len, &limits, NULL, &req, &e), SVC_OK, "%s",
-                 e.message);
+    svc_buf_t         body = example_body();
+    sch_request_t    *req = decode_valid(body.data, body.len);
+    char              errstr[256];
     const sch_part_t *part = sch_request_part(req, 0);
     cr_assert_eq(eng_prompt_render(l->pkg, part, &part->questions[0], pr, errstr, sizeof errstr),
                  SVC_OK, "%s", errstr);
     sch_request_free(req);
-    sch_error_fini(&e);
     svc_buf_fini(&body);
 }
 
@@ -137,14 +103,14 @@ static void on_layer(int layer, const float *state, size_t T, size_t hidden, voi
 static void run_trace(const loaded_t *l, const eng_prompt_t *pr, trace_t *t, float *final) {
     eng_model_info_t mi;
     char             errstr[512];
-    eng_model_get_info(l->m, &mi);
+    eng_model_get_info(l->model, &mi);
     t->T = pr->ids.n;
     t->H = mi.hidden;
     t->n_layers = mi.n_layers;
     t->v = calloc((mi.n_layers + 1) * t->T * t->H, sizeof *t->v);
     cr_assert_not_null(t->v);
-    cr_assert_eq(eng_model_forward(l->m, pr->ids.v, pr->ids.n, eng_package_noncausal(l->pkg), final,
-                                   on_layer, t, errstr, sizeof errstr),
+    cr_assert_eq(eng_model_forward(l->model, pr->ids.v, pr->ids.n, eng_package_noncausal(l->pkg),
+                                   final, on_layer, t, errstr, sizeof errstr),
                  SVC_OK, "%s", errstr);
 }
 
@@ -177,11 +143,11 @@ Test(q4nx_package, twin_matches_and_quantisation_error_is_reported, .timeout = 1
     load(p.q4nx, &q);
     load(p.twin, &t);
     load(p.st, &s);
-    cr_expect_str_eq(eng_model_format(q.m), "q4nx-gen-b");
-    cr_expect_str_eq(eng_model_format(t.m), "safetensors");
+    cr_expect_str_eq(eng_model_format(q.model), "q4nx-gen-b");
+    cr_expect_str_eq(eng_model_format(t.model), "safetensors");
     eng_model_info_t qi, ti;
-    eng_model_get_info(q.m, &qi);
-    eng_model_get_info(t.m, &ti);
+    eng_model_get_info(q.model, &qi);
+    eng_model_get_info(t.model, &ti);
     cr_expect_eq(qi.n_params_text, ti.n_params_text);
     cr_expect_eq(qi.n_params_text, eng_make_text_params(ENG_MAKE_TINY, qi.vocab));
 

@@ -1,0 +1,19 @@
+/*
+ * eng_util_int.h -- small file helpers the engine's files share (private:
+ * nothing outside engine/ includes it).
+ */
+#ifndef D3STREAM_ENG_UTIL_INT_H
+#define D3STREAM_ENG_UTIL_INT_H
+
+#include <stdbool.h>
+
+/* "dir/name", malloc'd; NULL when out of memory. */
+char *eng_path_join(const char *dir, const char *name);
+
+/* path names a regular file. */
+bool eng_is_file(const char *path);
+
+/* dir/name is a regular file (false when out of memory). */
+bool eng_dir_has_file(const char *dir, const char *name);
+
+#endif /* D3STREAM_ENG_UTIL_INT_H */

@@ -1,0 +1,55 @@
+/*
+ * test_util.h -- fixtures the tests share: a package opened and loaded,
+ * a request decoded without model info, a temp tree removed.
+ */
+#ifndef D3STREAM_TEST_UTIL_H
+#define D3STREAM_TEST_UTIL_H
+
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <stdio.h>
+
+#include "engine.h"
+
+typedef struct loaded {
+    eng_package_t *pkg;
+    eng_model_t   *model;
+    const char    *dir;
+} loaded_t;
+
+static inline void load(const char *dir, loaded_t *l) {
+    char errstr[1024] = "";
+    l->dir = dir;
+    cr_assert_eq(eng_package_open(dir, &l->pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_model_load(dir, &l->model, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+}
+
+static inline void unload(loaded_t *l) {
+    eng_model_free(l->model);
+    eng_package_free(l->pkg);
+}
+
+/* body decoded as valid (no model info); the caller frees the request. */
+static inline sch_request_t *decode_valid(const char *body, size_t len) {
+    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req = NULL;
+    sch_error_t    e;
+    sch_error_init(&e);
+    cr_assert_eq(sch_request_decode(body, len, &limits, NULL, &req, &e), SVC_OK, "%s", e.message);
+    sch_error_fini(&e);
+    return req;
+}
+
+static inline int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+/* rm -rf root. */
+static inline void rm_tree(const char *root) {
+    nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+#endif /* D3STREAM_TEST_UTIL_H */
