@@ -12,6 +12,7 @@
  * this file owns their probabilities and messages until eng_answers_free.
  */
 #include "engine.h"
+#include "eng_answer_int.h"
 #include "eng_manifest_int.h"
 
 #include <time.h>
@@ -37,6 +38,15 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The clock options.deadline_ms is measured with (eng_answer_int.h). */
+static eng_answer_clock_fn deadline_clock = now_ms;
+
+eng_answer_clock_fn eng_answer_set_clock(eng_answer_clock_fn fn) {
+    eng_answer_clock_fn prev = deadline_clock;
+    deadline_clock = fn ? fn : now_ms;
+    return prev;
 }
 
 void eng_answers_free(eng_answers_t *ans) {
@@ -112,7 +122,19 @@ typedef struct ans_ctx {
     eng_answer_stats_t  *stats;
     char                *errstr;
     size_t               errstr_size;
+    bool                 has_deadline; /* options.deadline_ms was given */
+    double               start_ms;     /* deadline_clock at the start of the request */
+    double               deadline_ms;
+    bool                 expired; /* sticky: every later question is skipped too */
 } ans_ctx_t;
+
+/* SPEC a.8, b.6: true once more than deadline_ms has passed since the
+ * request started; from then on true for the rest of the request. */
+static bool past_deadline(ans_ctx_t *c) {
+    if (c->has_deadline && !c->expired)
+        c->expired = deadline_clock() - c->start_ms > c->deadline_ms;
+    return c->expired;
+}
 
 /* max_length_exceeded (SPEC b.6, c.7): the question never reaches the
  * model and is not counted in usage (b.5). */
@@ -129,8 +151,12 @@ static svc_err_t too_long(ans_part_t *ap, size_t i, size_t n_tokens, size_t limi
     return SVC_OK;
 }
 
-/* Question i of part: render, check the length, run the tower, read out
- * its options into probs. *used gets the tokens it spent (0 if refused). */
+/* Question i of part: render, check the length, check the deadline, run
+ * the tower, read out its options into probs. *used gets the tokens it
+ * counts in usage (b.5): 0 if too long; its prompt length when answered
+ * or when skipped for the deadline. A question skipped for the deadline is
+ * still rendered and tokenized, even though that work itself comes after
+ * the deadline, since usage counts its prompt; only its forward is saved. */
 static svc_err_t answer_one(ans_ctx_t *c, const sch_part_t *part, size_t i, ans_part_t *ap,
                             double *probs, size_t *used) {
     const sch_question_t *q = &part->questions[i];
@@ -144,6 +170,11 @@ static svc_err_t answer_one(ans_ctx_t *c, const sch_part_t *part, size_t i, ans_
     size_t limit = eng_package_max_length(c->pkg);
     if (c->pr.n_tokens > limit)
         return too_long(ap, i, c->pr.n_tokens, limit);
+    if (past_deadline(c)) { /* b.6: {"type", "error"} only, no message */
+        ap->results[i].error_code = "deadline_exceeded";
+        *used = c->pr.n_tokens;
+        return SVC_OK;
+    }
     err = eng_model_forward(c->model, c->pr.ids.v, c->pr.ids.n, eng_package_noncausal(c->pkg),
                             c->hidden, NULL, NULL, c->errstr, c->errstr_size);
     if (err) {
@@ -198,6 +229,7 @@ static svc_err_t refuse_media(const eng_package_t *pkg, const sch_request_t *req
 svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
                              const sch_request_t *req, eng_answers_t **out, char *errstr,
                              size_t errstr_size) {
+    double start_ms = deadline_clock(); /* options.deadline_ms counts from here */
     *out = NULL;
     svc_err_t err = refuse_media(pkg, req, errstr, errstr_size);
     if (err)
@@ -207,11 +239,15 @@ svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
         svc_errf(errstr, errstr_size, "out of memory for the answers");
         return SVC_ERR_NOMEM;
     }
-    ans_ctx_t c = {.pkg = pkg,
-                   .model = model,
-                   .stats = &ans->stats,
-                   .errstr = errstr,
-                   .errstr_size = errstr_size};
+    const sch_options_t *opt = sch_request_options(req);
+    ans_ctx_t            c = {.pkg = pkg,
+                              .model = model,
+                              .stats = &ans->stats,
+                              .errstr = errstr,
+                              .errstr_size = errstr_size,
+                              .has_deadline = opt->has_deadline,
+                              .start_ms = start_ms,
+                              .deadline_ms = opt->deadline_ms};
     eng_prompt_init(&c.pr);
     c.hidden = malloc(eng_model_hidden_size(model) * sizeof *c.hidden);
     err = c.hidden ? SVC_OK : SVC_ERR_NOMEM;

@@ -305,7 +305,15 @@ typedef struct eng_answer_stats {
  *        (attention mode of the package) and the readout with the
  *        package temperature. usage.input_tokens of a part sums the
  *        prompt lengths of its questions that reached the model.
- *        options.deadline_ms is not applied yet: every valid question runs.
+ *        options.deadline_ms (SPEC a.8) counts from the start of this call
+ *        on the monotonic clock: before each question's forward pass, once
+ *        more than deadline_ms has passed, that question and every later
+ *        one of every part get deadline_exceeded with no message (b.6) --
+ *        after their length check, so max_length_exceeded is unchanged --
+ *        and are still counted in usage (b.5): their prompts are still
+ *        tokenized for that, even after the deadline. (The HTTP shim will
+ *        later want the deadline to count from its receive time; that will
+ *        be a start-time parameter, not needed by today's callers.)
  * @param req decoded against this package; parts with images or videos
  *        are refused (SVC_ERR_UNSUPPORTED) before any forward, since the
  *        text tower has no vision tower -- decode with has_vision false so

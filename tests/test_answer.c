@@ -2,7 +2,8 @@
  * test_answer.c -- requests answered end to end in-process
  * (eng_answer_request through ops_ask_body, the function `d3stream ask`
  * calls) on the tiny upstream package: the response shape of SPEC b, the
- * length limit of c.7, usage of b.5, media refusal, and one question's
+ * length limit of c.7, options.deadline_ms (a.8, b.6), usage of b.5, media
+ * refusal, and one question's
  * probabilities against the transformers golden of the same prompt.
  */
 #include <criterion/criterion.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "eng_answer_int.h"
 #include "engine.h"
 #include "ops.h"
 #include "test_util.h"
@@ -266,6 +268,124 @@ Test(answer, all_too_long_is_still_200) {
     json_decref(r);
     unload(&l);
     remove_dir(dir);
+}
+
+/* ---- options.deadline_ms (a.8, b.5, b.6) ---- */
+
+#define DEADLINE_QUESTIONS                                                                         \
+    "\"questions\": {\"a\": {\"type\": \"noul\", \"instructions\": \"Damaged?\"},"                 \
+    "\"b\": {\"type\": \"noul\", \"instructions\": \"Late?\"},"                                    \
+    "\"c\": {\"type\": \"choice\", \"criteria\": {\"yes\": null, \"no\": null}}}"
+
+/* Answers body in-process; the caller frees *req and the answers. */
+static eng_answers_t *answer_body(const loaded_t *l, const char *body, sch_request_t **req) {
+    *req = decode_valid(body, strlen(body));
+    eng_answers_t *ans = NULL;
+    char           errstr[512] = "";
+    cr_assert_eq(eng_answer_request(l->pkg, l->model, *req, &ans, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    return ans;
+}
+
+static void check_expired(const sch_result_t *r, const char *what) {
+    cr_assert_str_eq(r->error_code, "deadline_exceeded", "%s", what);
+    cr_assert_null(r->error_message, "%s: no message (b.6)", what);
+    cr_assert_null(r->probs, "%s", what);
+}
+
+/* Every question skipped, yet every prompt counted; real clock: 1e-9 ms
+ * has passed once the first prompt is tokenized. */
+Test(answer, deadline_tiny_skips_all) {
+    loaded_t l;
+    load(PKG, &l);
+    static const char body[] = "{\"state\": \"The order arrived damaged.\", " DEADLINE_QUESTIONS
+                               ", \"options\": {\"deadline_ms\": 1e-9}}";
+    sch_request_t      *req;
+    eng_answers_t      *ans = answer_body(&l, body, &req);
+    const sch_result_t *res = eng_answers_results(ans)[0];
+    check_expired(&res[0], "a");
+    check_expired(&res[1], "b");
+    check_expired(&res[2], "c");
+    cr_assert_eq(eng_answers_stats(ans)->n_forward, 0);
+    size_t want =
+        prompt_tokens(&l, body, 0) + prompt_tokens(&l, body, 1) + prompt_tokens(&l, body, 2);
+    cr_assert_eq(eng_answers_input_tokens(ans)[0], want, "usage counts all three (b.5)");
+    svc_buf_t   out;
+    sch_error_t e;
+    sch_error_init(&e);
+    svc_buf_init(&out, 1 << 20);
+    cr_assert_eq(sch_response_encode(req, "tiny-upstream", eng_answers_results(ans),
+                                     eng_answers_input_tokens(ans), NULL, &out, &e),
+                 SVC_OK);
+    cr_assert_eq(svc_buf_addc(&out, '\0'), SVC_OK);
+    cr_assert(strstr(out.data, "\"a\":{\"type\":\"noul\",\"error\":\"deadline_exceeded\"}"), "%s",
+              out.data);
+    cr_assert(strstr(out.data, "\"c\":{\"type\":\"choice\",\"error\":\"deadline_exceeded\"}"), "%s",
+              out.data);
+    char usage[64];
+    snprintf(usage, sizeof usage, "\"input_tokens\":%zu", want);
+    cr_assert(strstr(out.data, usage), "%s", out.data);
+    svc_buf_fini(&out);
+    sch_error_fini(&e);
+    eng_answers_free(ans);
+    sch_request_free(req);
+    unload(&l);
+}
+
+Test(answer, deadline_large_answers_all) {
+    loaded_t l;
+    load(PKG, &l);
+    json_t *r;
+    cr_assert_eq(ask(&l,
+                     "{\"state\": \"The order arrived damaged.\", " DEADLINE_QUESTIONS
+                     ", \"options\": {\"deadline_ms\": 1e9}}",
+                     &r),
+                 OPS_EXIT_OK);
+    const json_t *answers = json_object_get(r, "answers");
+    cr_assert(json_is_number(path2(answers, "a", "noul")), "a is answered");
+    cr_assert(json_is_number(path2(answers, "b", "noul")), "b is answered");
+    static const char *keys[] = {"yes", "no"};
+    check_distribution(json_object_get(answers, "c"), keys, 2);
+    json_decref(r);
+    unload(&l);
+}
+
+/* A fake deadline clock: 10 ms more at every read (eng_answer_int.h). */
+static int    fake_reads;
+static double fake_clock(void) {
+    return 10.0 * fake_reads++;
+}
+
+/* The clock reads 0 at the start, 10 before a's forward (answered), 20
+ * before b's (past 15: skipped); then b, c and the other state's question
+ * are all skipped without reading it again. No real timing involved. */
+Test(answer, deadline_expires_midway) {
+    loaded_t l;
+    load(PKG, &l);
+    static const char body[] =
+        "{\"state\": \"The order arrived damaged.\", " DEADLINE_QUESTIONS
+        ", \"options\": {\"deadline_ms\": 15}, \"states\": {\"second\": {\"state\": \"All good.\", "
+        "\"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"Damaged?\"}}}}}";
+    sch_request_t *req;
+    eng_answer_set_clock(fake_clock);
+    eng_answers_t *ans = answer_body(&l, body, &req);
+    eng_answer_set_clock(NULL);
+    cr_assert_eq(fake_reads, 3, "the clock was read %d times", fake_reads);
+    cr_assert_eq(sch_request_n_parts(req), 2);
+    const sch_result_t *res = eng_answers_results(ans)[0];
+    cr_assert_null(res[0].error_code, "a ran before the deadline: %s", res[0].error_code);
+    cr_assert(res[0].probs && res[0].probs[0] >= 0 && res[0].probs[0] <= 1);
+    check_expired(&res[1], "b");
+    check_expired(&res[2], "c");
+    check_expired(&eng_answers_results(ans)[1][0], "second.q");
+    cr_assert_eq(eng_answers_stats(ans)->n_forward, 1);
+    size_t want =
+        prompt_tokens(&l, body, 0) + prompt_tokens(&l, body, 1) + prompt_tokens(&l, body, 2);
+    cr_assert_eq(eng_answers_input_tokens(ans)[0], want, "usage counts all three (b.5)");
+    cr_assert_gt(eng_answers_input_tokens(ans)[1], 0);
+    eng_answers_free(ans);
+    sch_request_free(req);
+    unload(&l);
 }
 
 /* ---- families, states, meta, media ---- */
