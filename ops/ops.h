@@ -49,12 +49,14 @@ typedef struct ops_ask {
  * @brief What `d3stream ask` prints for one request body (without the final
  *        newline): the response body the HTTP shim sends.
  * @param out appended to; the caller owns it.
+ * @param status optional (may be NULL): the HTTP status of what was written
+ *        (200, or the whole-request error's status).
  * @returns OPS_EXIT_OK (200 body written), OPS_EXIT_VERDICT (the
  *          whole-request error object written) or OPS_EXIT_FAILURE (errstr
  *          says why; nothing useful in out).
  */
-int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, char *errstr,
-                 size_t errstr_size);
+int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, int *status,
+                 char *errstr, size_t errstr_size);
 
 /* Prints a message to stderr as "d3stream <cmd>: ..." */
 SVC_FMT(2, 3) void ops_fail(const char *cmd, const char *fmt, ...);

@@ -142,7 +142,7 @@ static svc_err_t device_label(svc_buf_t *out) {
 
 /* The answers -> the 200 body (or the 500 the encoder decides on). */
 static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
-                         svc_buf_t *out, char *errstr, size_t errstr_size) {
+                         svc_buf_t *out, int *status, char *errstr, size_t errstr_size) {
     svc_buf_t device;
     svc_buf_init(&device, 8192);
     const eng_answer_stats_t *st = eng_answers_stats(ans);
@@ -167,6 +167,7 @@ static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng
                                   eng_answers_input_tokens(ans), &meta, out, &e);
     if (err == SVC_ERR_INVALID && e.code) { /* a non-finite number: 500 */
         rc = OPS_EXIT_VERDICT;
+        *status = e.status;
         err = sch_error_encode(&e, out);
     }
     if (err) {
@@ -178,15 +179,19 @@ static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng
     return rc;
 }
 
-int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, char *errstr,
-                 size_t errstr_size) {
+int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *out, int *status,
+                 char *errstr, size_t errstr_size) {
     sch_request_t *req = NULL;
     eng_answers_t *ans = NULL;
-    int rc = ops_decode_request(a->pkg, a->dir, false, body, len, &req, out, errstr, errstr_size);
+    int            http = 200;
+    int            rc =
+        ops_decode_request(a->pkg, a->dir, false, body, len, &req, out, &http, errstr, errstr_size);
     if (rc == OPS_EXIT_OK)
         rc = eng_answer_request(a->pkg, a->model, req, &ans, errstr, errstr_size)
                  ? OPS_EXIT_FAILURE
-                 : write_answers(a, req, ans, out, errstr, errstr_size);
+                 : write_answers(a, req, ans, out, &http, errstr, errstr_size);
+    if (status)
+        *status = http;
     eng_answers_free(ans);
     sch_request_free(req);
     return rc;
@@ -200,7 +205,7 @@ static int ask_run(const ops_ask_t *a, const char *path) {
     char errstr[1024] = "";
     int  rc = OPS_EXIT_FAILURE;
     if (ops_read_request("ask", path, &body)) {
-        rc = ops_ask_body(a, body.data, body.len, &out, errstr, sizeof errstr);
+        rc = ops_ask_body(a, body.data, body.len, &out, NULL, errstr, sizeof errstr);
         if (rc == OPS_EXIT_FAILURE)
             ops_fail("ask", "%s", errstr[0] ? errstr : "cannot answer the request");
         else if (!ops_emit(&out))

@@ -249,7 +249,7 @@ bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
 }
 
 int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
-                       size_t len, sch_request_t **req, svc_buf_t *out, char *errstr,
+                       size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size) {
     const char      *names[3];
     sch_model_info_t info;
@@ -260,6 +260,8 @@ int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_visio
     int rc = OPS_EXIT_OK;
     if (sch_request_decode(body, len, &limits, &info, req, &e) != SVC_OK) {
         rc = OPS_EXIT_VERDICT;
+        if (status)
+            *status = e.status;
         if (sch_error_encode(&e, out)) {
             svc_errf(errstr, errstr_size, "cannot write the result");
             rc = OPS_EXIT_FAILURE;

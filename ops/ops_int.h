@@ -30,9 +30,10 @@ int ops_opt_end(int argc, const char *help, const char *dir, int max_files);
 
 /* Decodes body for the package opened from dir (ops_model_info). Returns
  * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with
- * the whole-request error written to out, or OPS_EXIT_FAILURE (errstr). */
+ * the whole-request error written to out and its HTTP status in *status
+ * (optional, may be NULL), or OPS_EXIT_FAILURE (errstr). */
 int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
-                       size_t len, sch_request_t **req, svc_buf_t *out, char *errstr,
+                       size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size);
 
 /* ---- package checks shared by ask and inspect (ops_ask.c) ---- */

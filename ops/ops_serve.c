@@ -149,28 +149,6 @@ static void on_revoke(void *user, const char *topic, int32_t partition) {
 
 /* ------------------------------------------------------------ decoding */
 
-/* The HTTP status of one of our error bodies, from its code (SPEC b.7). */
-static int error_status(const char *body, size_t len) {
-    static const struct {
-        const char *code;
-        int         status;
-    } T[] = {{"invalid_request", 400},   {"model_not_found", 404},
-             {"request_too_large", 413}, {"unsupported_surface", 422},
-             {"overloaded", 429},        {"internal_error", 500},
-             {"not_ready", 503}};
-    static const char pre[] = "{\"error\":{\"code\":\"";
-    if (len < sizeof pre - 1 || memcmp(body, pre, sizeof pre - 1) != 0)
-        return 500;
-    const char *c = body + sizeof pre - 1;
-    size_t      rest = len - (sizeof pre - 1);
-    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
-        size_t n = strlen(T[i].code);
-        if (rest > n && memcmp(c, T[i].code, n) == 0 && c[n] == '"')
-            return T[i].status;
-    }
-    return 500;
-}
-
 /* The request id: the request's d3-request-id header when it has a usable
  * one (correlation across hops), else a new one. */
 static bool request_id(const cons_msg_t *msg, char rid[SERVE_RID_MAX + 1]) {
@@ -315,12 +293,11 @@ static int answer(serve_t *s, const cons_msg_t *msg, svc_buf_t *out, char *why, 
         v = json.data;
         vlen = json.len;
     }
-    int rc = ops_ask_body(&s->ask, v ? v : "", vlen, out, why, why_size);
+    int status = 500;
+    int rc = ops_ask_body(&s->ask, v ? v : "", vlen, out, &status, why, why_size);
     svc_buf_fini(&json);
-    if (rc == OPS_EXIT_OK)
-        return 200;
-    if (rc == OPS_EXIT_VERDICT)
-        return error_status(out->data, out->len);
+    if (rc != OPS_EXIT_FAILURE)
+        return status;
     /* The engine failed on this request: the shim would answer 500. */
     char m[1100];
     snprintf(m, sizeof m, "RuntimeError: %s", why[0] ? why : "the request could not be answered");

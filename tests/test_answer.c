@@ -41,7 +41,7 @@ static int ask(const loaded_t *l, const char *body, json_t **out) {
     svc_buf_t buf;
     char      errstr[1024] = "";
     svc_buf_init(&buf, (size_t)1 << 30);
-    int rc = ops_ask_body(&a, body, strlen(body), &buf, errstr, sizeof errstr);
+    int rc = ops_ask_body(&a, body, strlen(body), &buf, NULL, errstr, sizeof errstr);
     cr_assert_neq(rc, OPS_EXIT_FAILURE, "ask failed: %s", errstr);
     json_error_t jerr;
     *out = json_loadb(buf.data, buf.len, 0, &jerr);

@@ -62,8 +62,8 @@ static void answer(const loaded_t *l, double probs[3]) {
     ops_ask_t          a = {l->pkg, l->model, l->dir, ""};
     char               errstr[1024] = "";
     svc_buf_init(&out, (size_t)1 << 24);
-    cr_assert_eq(ops_ask_body(&a, body.data, body.len, &out, errstr, sizeof errstr), OPS_EXIT_OK,
-                 "%s", errstr);
+    cr_assert_eq(ops_ask_body(&a, body.data, body.len, &out, NULL, errstr, sizeof errstr),
+                 OPS_EXIT_OK, "%s", errstr);
     json_t *r = json_loadb(out.data, out.len, 0, NULL);
     cr_assert(r, "not JSON: %s", out.data);
     const json_t *pr =
