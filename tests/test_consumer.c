@@ -13,7 +13,9 @@
 #include "consumer.h"
 #include "cons_track.h"
 
-#define WAIT_MS 30000
+#define TK_START_HINT  "Run ops/test.sh (it starts one), or: "
+#define TK_NAME_PREFIX "d3test-cons-"
+#include "test_kafka_util.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 static uint64_t rng(void) { /* xorshift64: reproducible across runs */
@@ -215,39 +217,6 @@ Test(consumer, conf_errors) {
     cr_assert_null(cons_new(&cc, errstr, sizeof errstr));
 }
 /* ------------------------------------------------------------ real broker */
-
-static int wait_ms(void) {
-    const char *s = getenv("D3_TEST_TIMEOUT_MULT");
-    double      mult = 1.0;
-    if (s && *s) {
-        char  *end;
-        double v = strtod(s, &end);
-        if (*end == '\0' && v >= 1.0 && v <= 100.0)
-            mult = v;
-    }
-    return (int)(WAIT_MS * mult);
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static const char *bootstrap(void) {
-    const char *b = getenv("D3_KAFKA_BOOTSTRAP");
-    if (!b || !*b)
-        cr_assert_fail("D3_KAFKA_BOOTSTRAP is not set: these tests need a real Kafka broker. "
-                       "Run ops/test.sh (it starts one), or: ops/kafka.sh start build/_kafka && "
-                       "export D3_KAFKA_BOOTSTRAP=$(cat build/_kafka/bootstrap)");
-    return b;
-}
-
-static void unique_name(char *buf, size_t size, const char *what) {
-    int n =
-        snprintf(buf, size, "d3test-cons-%s-%ld-%lld", what, (long)getpid(), (long long)time(NULL));
-    cr_assert(n > 0 && (size_t)n < size);
-}
 
 static rd_kafka_t *producer_new(void) {
     char             errstr[512];

@@ -20,48 +20,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_kafka_util.h"
+
 #define N_MSGS  1000 /* messages through the consumer group */
 #define N_PARTS 3    /* partitions of the group test's topic */
 #define N_KEYS  37   /* distinct keys: every partition gets some */
 #define N_TXN   10   /* messages per transaction */
-#define WAIT_MS 30000
 
 /* ---------------------------------------------------------------- helpers */
-
-/* The bound for one wait: 30 s times D3_TEST_TIMEOUT_MULT (>= 1) when set. */
-static int wait_ms(void) {
-    const char *s = getenv("D3_TEST_TIMEOUT_MULT");
-    double      mult = 1.0;
-    if (s && *s) {
-        char  *end;
-        double v = strtod(s, &end);
-        if (*end == '\0' && v >= 1.0 && v <= 100.0)
-            mult = v;
-    }
-    return (int)(WAIT_MS * mult);
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static const char *bootstrap(void) {
-    const char *b = getenv("D3_KAFKA_BOOTSTRAP");
-    if (!b || !*b)
-        cr_assert_fail("D3_KAFKA_BOOTSTRAP is not set: these tests need a real Kafka broker. "
-                       "Run ops/test.sh (it starts one), or start one yourself: "
-                       "ops/kafka.sh start build/_kafka && "
-                       "export D3_KAFKA_BOOTSTRAP=$(cat build/_kafka/bootstrap)");
-    return b;
-}
-
-/* A name no other run uses: d3test-<what>-<pid>-<unix time>. */
-static void unique_name(char *buf, size_t size, const char *what) {
-    int n = snprintf(buf, size, "d3test-%s-%ld-%lld", what, (long)getpid(), (long long)time(NULL));
-    cr_assert(n > 0 && (size_t)n < size);
-}
 
 /* Client errors are printed; a fatal one (idempotence or transactions
  * broken) is kept for the test to fail on. */
@@ -72,26 +38,11 @@ static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
             err == RD_KAFKA_RESP_ERR__FATAL ? " (fatal)" : "", reason);
 }
 
-/* A configuration with bootstrap.servers and the NULL-terminated key, value
- * pairs in kv. */
+/* kv_conf_new with the error callback above. */
 static rd_kafka_conf_t *conf_new(const char *const *kv) {
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    char             errstr[512];
-    cr_assert_eq(rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap(), errstr, sizeof errstr),
-                 RD_KAFKA_CONF_OK, "%s", errstr);
-    for (; kv && kv[0]; kv += 2)
-        cr_assert_eq(rd_kafka_conf_set(conf, kv[0], kv[1], errstr, sizeof errstr), RD_KAFKA_CONF_OK,
-                     "%s=%s: %s", kv[0], kv[1], errstr);
+    rd_kafka_conf_t *conf = kv_conf_new(kv);
     rd_kafka_conf_set_error_cb(conf, on_error);
     return conf;
-}
-
-/* rd_kafka_new; conf is owned by the handle afterwards. */
-static rd_kafka_t *client_new(rd_kafka_type_t type, rd_kafka_conf_t *conf) {
-    char        errstr[512];
-    rd_kafka_t *rk = rd_kafka_new(type, conf, errstr, sizeof errstr);
-    cr_assert_not_null(rk, "rd_kafka_new: %s", errstr);
-    return rk;
 }
 
 /* Fails the test if rd_kafka_fatal_error says the handle is dead. */
@@ -102,49 +53,11 @@ static void assert_not_fatal(rd_kafka_t *rk) {
                  rd_kafka_err2name(err), errstr);
 }
 
-/* Waits until the metadata shows topic with parts partitions, each led. */
-static void wait_topic(rd_kafka_t *rk, const char *topic, int parts) {
-    int64_t deadline = now_ms() + wait_ms();
-    for (;;) {
-        rd_kafka_topic_t               *rkt = rd_kafka_topic_new(rk, topic, NULL);
-        const struct rd_kafka_metadata *md = NULL;
-        rd_kafka_resp_err_t             err = rd_kafka_metadata(rk, 0, rkt, &md, 5000);
-        int                             ready = 0;
-        if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 && md->topics[0].err == 0 &&
-            md->topics[0].partition_cnt == parts) {
-            ready = 1;
-            for (int i = 0; i < parts; i++)
-                if (md->topics[0].partitions[i].leader < 0)
-                    ready = 0;
-        }
-        if (md)
-            rd_kafka_metadata_destroy(md);
-        rd_kafka_topic_destroy(rkt);
-        if (ready)
-            return;
-        cr_assert(now_ms() < deadline, "topic \"%s\" has no %d led partitions after %d ms", topic,
-                  parts, wait_ms());
-        usleep(100 * 1000);
-    }
-}
-
 /* Creates topic with parts partitions (replication factor 1) through the
  * admin API and waits until every partition has a leader. */
 static void create_topic(rd_kafka_t *rk, const char *topic, int parts) {
-    char                 errstr[512];
-    rd_kafka_NewTopic_t *nt = rd_kafka_NewTopic_new(topic, parts, 1, errstr, sizeof errstr);
-    cr_assert_not_null(nt, "NewTopic \"%s\": %s", topic, errstr);
-    rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
-    cr_assert_eq(
-        rd_kafka_AdminOptions_set_operation_timeout(opts, wait_ms(), errstr, sizeof errstr),
-        RD_KAFKA_RESP_ERR_NO_ERROR, "%s", errstr);
-    cr_assert_eq(rd_kafka_AdminOptions_set_request_timeout(opts, wait_ms(), errstr, sizeof errstr),
-                 RD_KAFKA_RESP_ERR_NO_ERROR, "%s", errstr);
-    rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
-    rd_kafka_CreateTopics(rk, &nt, 1, opts, q);
-
-    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, wait_ms() + 5000);
-    cr_assert_not_null(ev, "CreateTopics \"%s\": no result within %d ms", topic, wait_ms());
+    tk_admin_t        a;
+    rd_kafka_event_t *ev = create_topics_begin(&a, rk, topic, parts, true);
     cr_assert_eq(rd_kafka_event_type(ev), RD_KAFKA_EVENT_CREATETOPICS_RESULT);
     cr_assert_eq(rd_kafka_event_error(ev), RD_KAFKA_RESP_ERR_NO_ERROR, "CreateTopics \"%s\": %s",
                  topic, rd_kafka_event_error_string(ev));
@@ -157,11 +70,10 @@ static void create_topic(rd_kafka_t *rk, const char *topic, int parts) {
                  "CreateTopics \"%s\": %s: %s", topic,
                  rd_kafka_err2name(rd_kafka_topic_result_error(res[0])),
                  rd_kafka_topic_result_error_string(res[0]));
-    rd_kafka_event_destroy(ev);
-    rd_kafka_queue_destroy(q);
-    rd_kafka_AdminOptions_destroy(opts);
-    rd_kafka_NewTopic_destroy(nt);
-    wait_topic(rk, topic, parts);
+    create_topics_end(&a);
+    char why[64];
+    snprintf(why, sizeof why, "has no %d led partitions", parts);
+    wait_topic_ready(rk, topic, parts, why);
 }
 
 /* ---------------------------------------------------------------- producer */
@@ -201,7 +113,7 @@ static rd_kafka_t *producer_new(producer_state_t *ps, const char *const *kv) {
     rd_kafka_conf_t *conf = conf_new(kv);
     rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
     rd_kafka_conf_set_opaque(conf, ps);
-    return client_new(RD_KAFKA_PRODUCER, conf);
+    return client_new_conf(RD_KAFKA_PRODUCER, conf);
 }
 
 /* Produces one message, waiting (bounded) while the local queue is full. */
@@ -291,7 +203,7 @@ static rd_kafka_t *group_consumer_new(group_state_t *gs, const char *group, cons
     rd_kafka_conf_t  *conf = conf_new(kv);
     rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
     rd_kafka_conf_set_opaque(conf, gs);
-    rd_kafka_t *rk = client_new(RD_KAFKA_CONSUMER, conf);
+    rd_kafka_t *rk = client_new_conf(RD_KAFKA_CONSUMER, conf);
     rd_kafka_poll_set_consumer(rk);
 
     rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
@@ -519,7 +431,7 @@ static int read_all(const char *topic, const char *isolation, char values[][64],
                               "client.id",
                               "test_kafka-reader",
                               NULL};
-    rd_kafka_t       *rk = client_new(RD_KAFKA_CONSUMER, conf_new(kv));
+    rd_kafka_t       *rk = client_new_conf(RD_KAFKA_CONSUMER, conf_new(kv));
     rd_kafka_poll_set_consumer(rk);
     rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(parts, topic, 0)->offset = RD_KAFKA_OFFSET_BEGINNING;
@@ -532,15 +444,12 @@ static int read_all(const char *topic, const char *isolation, char values[][64],
     for (;;) {
         cr_assert(now_ms() < deadline, "%s reader: no end of partition after %d ms (%d read)",
                   isolation, wait_ms(), n);
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        bool                eof;
+        rd_kafka_message_t *m = reader_poll(rk, isolation, &eof);
+        if (eof)
+            break;
         if (!m)
             continue;
-        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            rd_kafka_message_destroy(m);
-            break;
-        }
-        cr_assert_eq(m->err, RD_KAFKA_RESP_ERR_NO_ERROR, "%s reader: %s", isolation,
-                     rd_kafka_message_errstr(m));
         cr_assert(n < max, "%s reader: more than %d messages", isolation, max);
         cr_assert(m->len < 64);
         memcpy(values[n], m->payload, m->len);

@@ -22,101 +22,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAIT_MS  30000
+#define TK_NAME_PREFIX  "d3test-prod-"
+#define TK_NAME_COUNTER 1
+#include "test_kafka_util.h"
+
 #define N_TXN    10
 #define N_QUEUE  1000
 #define MAX_RECS 64
 
 /* ---------------------------------------------------------------- helpers */
 
-/* The bound for one wait: 30 s times D3_TEST_TIMEOUT_MULT (>= 1) when set. */
-static int wait_ms(void) {
-    const char *s = getenv("D3_TEST_TIMEOUT_MULT");
-    double      mult = 1.0;
-    if (s && *s) {
-        char  *end;
-        double v = strtod(s, &end);
-        if (*end == '\0' && v >= 1.0 && v <= 100.0)
-            mult = v;
-    }
-    return (int)(WAIT_MS * mult);
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static const char *bootstrap(void) {
-    const char *b = getenv("D3_KAFKA_BOOTSTRAP");
-    if (!b || !*b)
-        cr_assert_fail("D3_KAFKA_BOOTSTRAP is not set: these tests need a real Kafka broker. "
-                       "Run ops/test.sh (it starts one), or start one yourself: "
-                       "ops/kafka.sh start build/_kafka && "
-                       "export D3_KAFKA_BOOTSTRAP=$(cat build/_kafka/bootstrap)");
-    return b;
-}
-
-/* A name no other run uses: d3test-prod-<what>-<pid>-<unix time>-<n>. */
-static void unique_name(char *buf, size_t size, const char *what) {
-    static int n_names;
-    int        n = snprintf(buf, size, "d3test-prod-%s-%ld-%lld-%d", what, (long)getpid(),
-                            (long long)time(NULL), n_names++);
-    cr_assert(n > 0 && (size_t)n < size);
-}
-
-/* A plain librdkafka client of type with the NULL-terminated kv pairs. */
-static rd_kafka_t *client_new(rd_kafka_type_t type, const char *const *kv) {
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    char             errstr[512];
-    cr_assert_eq(rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap(), errstr, sizeof errstr),
-                 RD_KAFKA_CONF_OK, "%s", errstr);
-    for (; kv && kv[0]; kv += 2)
-        cr_assert_eq(rd_kafka_conf_set(conf, kv[0], kv[1], errstr, sizeof errstr), RD_KAFKA_CONF_OK,
-                     "%s=%s: %s", kv[0], kv[1], errstr);
-    rd_kafka_t *rk = rd_kafka_new(type, conf, errstr, sizeof errstr);
-    cr_assert_not_null(rk, "rd_kafka_new: %s", errstr);
-    return rk;
-}
-
-/* Waits until the metadata shows topic with one led partition. */
-static void wait_topic(rd_kafka_t *rk, const char *topic) {
-    int64_t deadline = now_ms() + wait_ms();
-    for (;;) {
-        rd_kafka_topic_t               *rkt = rd_kafka_topic_new(rk, topic, NULL);
-        const struct rd_kafka_metadata *md = NULL;
-        rd_kafka_resp_err_t             err = rd_kafka_metadata(rk, 0, rkt, &md, 5000);
-        int ready = err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 &&
-                    md->topics[0].err == 0 && md->topics[0].partition_cnt == 1 &&
-                    md->topics[0].partitions[0].leader >= 0;
-        if (md)
-            rd_kafka_metadata_destroy(md);
-        rd_kafka_topic_destroy(rkt);
-        if (ready)
-            return;
-        cr_assert(now_ms() < deadline, "topic \"%s\" has no led partition after %d ms", topic,
-                  wait_ms());
-        usleep(100 * 1000);
-    }
-}
-
 /* Creates a one-partition topic through the admin API and waits for it. */
 static void create_topic(const char *topic) {
-    rd_kafka_t          *rk = client_new(RD_KAFKA_PRODUCER, NULL);
-    char                 errstr[512];
-    rd_kafka_NewTopic_t *nt = rd_kafka_NewTopic_new(topic, 1, 1, errstr, sizeof errstr);
-    cr_assert_not_null(nt, "NewTopic \"%s\": %s", topic, errstr);
-    rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
-    cr_assert_eq(
-        rd_kafka_AdminOptions_set_operation_timeout(opts, wait_ms(), errstr, sizeof errstr),
-        RD_KAFKA_RESP_ERR_NO_ERROR, "%s", errstr);
-    cr_assert_eq(rd_kafka_AdminOptions_set_request_timeout(opts, wait_ms(), errstr, sizeof errstr),
-                 RD_KAFKA_RESP_ERR_NO_ERROR, "%s", errstr);
-    rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
-    rd_kafka_CreateTopics(rk, &nt, 1, opts, q);
-    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, wait_ms() + 5000);
-    cr_assert_not_null(ev, "CreateTopics \"%s\": no result within %d ms", topic, wait_ms());
+    rd_kafka_t       *rk = client_new(RD_KAFKA_PRODUCER, NULL);
+    tk_admin_t        a;
+    rd_kafka_event_t *ev = create_topics_begin(&a, rk, topic, 1, true);
     cr_assert_eq(rd_kafka_event_error(ev), RD_KAFKA_RESP_ERR_NO_ERROR, "CreateTopics \"%s\": %s",
                  topic, rd_kafka_event_error_string(ev));
     size_t                          n;
@@ -125,11 +45,8 @@ static void create_topic(const char *topic) {
     cr_assert_eq(n, 1);
     cr_assert_eq(rd_kafka_topic_result_error(res[0]), RD_KAFKA_RESP_ERR_NO_ERROR,
                  "CreateTopics \"%s\": %s", topic, rd_kafka_topic_result_error_string(res[0]));
-    rd_kafka_event_destroy(ev);
-    rd_kafka_queue_destroy(q);
-    rd_kafka_AdminOptions_destroy(opts);
-    rd_kafka_NewTopic_destroy(nt);
-    wait_topic(rk, topic);
+    create_topics_end(&a);
+    wait_topic_ready(rk, topic, 1, "has no led partition");
     rd_kafka_destroy(rk);
 }
 
@@ -180,15 +97,12 @@ static int read_all(const char *topic, const char *isolation, rec_t *recs, int m
                   "%s reader of \"%s\": no end of partition after %d ms "
                   "(%d read)",
                   isolation, topic, wait_ms(), n);
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        bool                eof;
+        rd_kafka_message_t *m = reader_poll(rk, isolation, &eof);
+        if (eof)
+            break;
         if (!m)
             continue;
-        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-            rd_kafka_message_destroy(m);
-            break;
-        }
-        cr_assert_eq(m->err, RD_KAFKA_RESP_ERR_NO_ERROR, "%s reader: %s", isolation,
-                     rd_kafka_message_errstr(m));
         cr_assert(n < max, "%s reader: more than %d records", isolation, max);
         rec_t *r = &recs[n++];
         r->key = dup_bytes(m->key, m->key_len);

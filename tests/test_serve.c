@@ -18,39 +18,14 @@
 #include "schemas.h"
 #include "test_util.h"
 
-#define WAIT_MS  30000
+#define TK_NAME_PREFIX  "d3test-serve-"
+#define TK_NAME_COUNTER 1
+#include "test_kafka_util.h"
+
 #define N_PARTS  3
 #define MAX_RECS 1024
 
 /* ---------------------------------------------------------------- helpers */
-
-static int wait_ms(void) {
-    const char *s = getenv("D3_TEST_TIMEOUT_MULT");
-    double      mult = 1.0;
-    if (s && *s) {
-        char  *end;
-        double v = strtod(s, &end);
-        if (*end == '\0' && v >= 1.0 && v <= 100.0)
-            mult = v;
-    }
-    return (int)(WAIT_MS * mult);
-}
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static const char *bootstrap(void) {
-    const char *b = getenv("D3_KAFKA_BOOTSTRAP");
-    if (!b || !*b)
-        cr_assert_fail("D3_KAFKA_BOOTSTRAP is not set: these tests need a real Kafka broker. "
-                       "Run ops/test.sh (it starts one), or start one yourself: "
-                       "ops/kafka.sh start build/_kafka && "
-                       "export D3_KAFKA_BOOTSTRAP=$(cat build/_kafka/bootstrap)");
-    return b;
-}
 
 static const char *binary(void) {
     const char *b = getenv("D3STREAM");
@@ -58,68 +33,19 @@ static const char *binary(void) {
     return b;
 }
 
-/* d3test-serve-<what>-<pid>-<unix time>-<n>: no other run uses it. */
-static void unique_name(char *buf, size_t size, const char *what) {
-    static int n_names;
-    int        n = snprintf(buf, size, "d3test-serve-%s-%ld-%lld-%d", what, (long)getpid(),
-                            (long long)time(NULL), n_names++);
-    cr_assert(n > 0 && (size_t)n < size);
-}
-
-static rd_kafka_t *client_new(rd_kafka_type_t type, const char *const *kv) {
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    char             errstr[512];
-    cr_assert_eq(rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap(), errstr, sizeof errstr),
-                 RD_KAFKA_CONF_OK, "%s", errstr);
-    for (; kv && kv[0]; kv += 2)
-        cr_assert_eq(rd_kafka_conf_set(conf, kv[0], kv[1], errstr, sizeof errstr), RD_KAFKA_CONF_OK,
-                     "%s=%s: %s", kv[0], kv[1], errstr);
-    rd_kafka_t *rk = rd_kafka_new(type, conf, errstr, sizeof errstr);
-    cr_assert_not_null(rk, "rd_kafka_new: %s", errstr);
-    return rk;
-}
-
 /* Creates a topic of N_PARTS partitions and waits until each has a leader. */
 static void create_topic(const char *topic) {
-    rd_kafka_t          *rk = client_new(RD_KAFKA_PRODUCER, NULL);
-    char                 errstr[512];
-    rd_kafka_NewTopic_t *nt = rd_kafka_NewTopic_new(topic, N_PARTS, 1, errstr, sizeof errstr);
-    cr_assert_not_null(nt, "NewTopic \"%s\": %s", topic, errstr);
-    rd_kafka_AdminOptions_t *opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
-    cr_assert_eq(
-        rd_kafka_AdminOptions_set_operation_timeout(opts, wait_ms(), errstr, sizeof errstr),
-        RD_KAFKA_RESP_ERR_NO_ERROR, "%s", errstr);
-    rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
-    rd_kafka_CreateTopics(rk, &nt, 1, opts, q);
-    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, wait_ms() + 5000);
-    cr_assert_not_null(ev, "CreateTopics \"%s\": no result within %d ms", topic, wait_ms());
+    rd_kafka_t                     *rk = client_new(RD_KAFKA_PRODUCER, NULL);
+    tk_admin_t                      a;
+    rd_kafka_event_t               *ev = create_topics_begin(&a, rk, topic, N_PARTS, false);
     size_t                          n;
     const rd_kafka_topic_result_t **res =
         rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &n);
     cr_assert(n == 1 && rd_kafka_topic_result_error(res[0]) == RD_KAFKA_RESP_ERR_NO_ERROR,
               "CreateTopics \"%s\": %s", topic,
               n ? rd_kafka_topic_result_error_string(res[0]) : rd_kafka_event_error_string(ev));
-    rd_kafka_event_destroy(ev);
-    rd_kafka_queue_destroy(q);
-    rd_kafka_AdminOptions_destroy(opts);
-    rd_kafka_NewTopic_destroy(nt);
-    int64_t deadline = now_ms() + wait_ms();
-    for (;;) {
-        rd_kafka_topic_t               *rkt = rd_kafka_topic_new(rk, topic, NULL);
-        const struct rd_kafka_metadata *md = NULL;
-        bool ready = rd_kafka_metadata(rk, 0, rkt, &md, 5000) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-                     md->topic_cnt == 1 && md->topics[0].err == 0 &&
-                     md->topics[0].partition_cnt == N_PARTS;
-        for (int p = 0; ready && p < N_PARTS; p++)
-            ready = md->topics[0].partitions[p].leader >= 0;
-        if (md)
-            rd_kafka_metadata_destroy(md);
-        rd_kafka_topic_destroy(rkt);
-        if (ready)
-            break;
-        cr_assert(now_ms() < deadline, "topic \"%s\" not ready after %d ms", topic, wait_ms());
-        usleep(100 * 1000);
-    }
+    create_topics_end(&a);
+    wait_topic_ready(rk, topic, N_PARTS, "not ready");
     rd_kafka_destroy(rk);
 }
 
