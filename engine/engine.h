@@ -292,6 +292,7 @@ typedef struct eng_answers eng_answers_t;
 
 /* Where the time of one request went (for meta.compute_ms and logs). */
 typedef struct eng_answer_stats {
+    double queue_ms;    /* scheduler: from submit to the first forward pass (0 otherwise) */
     double tokenize_ms; /* rendering and tokenizing every valid question */
     double forward_ms;  /* forward passes and readouts */
     size_t n_forward;   /* questions that reached the model */
@@ -336,6 +337,90 @@ const sch_result_t *const *eng_answers_results(const eng_answers_t *ans);
 /* input_tokens[p], the usage of part p (SPEC b.5). Valid until eng_answers_free. */
 const size_t             *eng_answers_input_tokens(const eng_answers_t *ans);
 const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans);
+
+/* ======================================================================
+ * Scheduler (eng_sched.c): the one engine the Kafka path and the HTTP shim
+ * share. Requests are submitted whole; their valid questions are rendered,
+ * tokenized and length-checked at submit time and queued; worker threads
+ * take up to max_group queued questions at once (across requests), group
+ * the ones whose token ids share a prefix (the same state, the same
+ * request part; and every prompt's constant system head) and run that
+ * prefix once: its recurrent (Gated DeltaNet) and KV (full attention)
+ * state is kept and each question's remaining tokens run from it. Prefix
+ * sharing is exact in token ids, so the answers equal those of
+ * eng_answer_request within the kernels' rounding (chunk boundaries of the
+ * delta rule move). noncausal_full_attention packages share nothing: their
+ * full-attention layers let the prefix see the suffix.
+ *
+ * Usage:
+ *
+ *     eng_sched_t *s = NULL;
+ *     eng_sched_conf_t conf = {0};              // defaults
+ *     if (eng_sched_new(pkg, model, &conf, &s, errstr, sizeof errstr)) die(errstr);
+ *     while (eng_sched_submit(s, req, done, user) == SVC_ERR_RETRIABLE)
+ *         wait_for_a_completion();              // the queue is full: backpressure
+ *     ...
+ *     eng_sched_free(s);                        // finishes what was admitted
+ *
+ * Thread-safety: submit, stats and free may be called from any thread
+ * (free once, after the last submit). done runs on a worker thread.
+ * ====================================================================== */
+
+typedef struct eng_sched eng_sched_t;
+
+typedef struct eng_sched_conf {
+    size_t n_workers;     /* forward-pass threads; 0: the online CPUs */
+    size_t max_questions; /* bound on admitted, unfinished questions; 0: 1024.
+                             A request larger than the bound is admitted when
+                             nothing else is, so it never waits forever. */
+    size_t max_group;     /* questions a worker takes at once to group; 0: 32 */
+} eng_sched_conf_t;
+
+/* The outcome of one submitted request, exactly once, on a worker thread.
+ * ans (owned by the callee: free with eng_answers_free) is what
+ * eng_answer_request would have returned; on err it is NULL and errstr
+ * names the question at fault (a runtime failure, not a verdict). */
+typedef void (*eng_sched_done_fn)(void *user, eng_answers_t *ans, svc_err_t err,
+                                  const char *errstr);
+
+/**
+ * @brief Starts the workers on pkg and model (both must outlive the
+ *        scheduler).
+ * @returns SVC_OK with *out; SVC_ERR_NOMEM or SVC_ERR_INTERNAL (threads)
+ *          with errstr.
+ */
+SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
+                                const eng_sched_conf_t *conf, eng_sched_t **out, char *errstr,
+                                size_t errstr_size);
+
+/**
+ * @brief Admits req (decoded against this package, text only) without
+ *        blocking. options.deadline_ms counts from this call.
+ *        Requests with no valid question complete at once (done may run
+ *        on the calling thread before submit returns).
+ * @param req borrowed until done has been called.
+ * @returns SVC_OK (done will be called exactly once); SVC_ERR_RETRIABLE:
+ *          the queue is full, nothing was taken, retry after a completion;
+ *          SVC_ERR_UNSUPPORTED (images/videos), SVC_ERR_NOMEM: nothing was
+ *          taken and done will not be called.
+ */
+SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req,
+                                   eng_sched_done_fn done, void *user);
+
+/* Stops admitting, finishes every admitted request (their done callbacks
+ * run), joins the workers and frees. NULL is a no-op. */
+void eng_sched_free(eng_sched_t *s);
+
+typedef struct eng_sched_stats {
+    uint64_t requests;        /* completed */
+    uint64_t questions;       /* that reached the model */
+    uint64_t groups;          /* prefix groups run (a lone question is a group) */
+    uint64_t tokens;          /* prompt tokens of the questions that reached the model */
+    uint64_t tokens_computed; /* tokens actually run through the tower */
+    uint64_t queued;          /* questions admitted, not finished (gauge) */
+} eng_sched_stats_t;
+
+void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out);
 
 /* SPEC e.5: the SHA-256 of chat_template.jinja against the pinned ones.
  * d3stream renders the d3 prompt itself and never executes the template,
