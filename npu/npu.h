@@ -205,4 +205,98 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
                                              size_t dv, const float *state_in, float *state_out,
                                              float *out);
 
+/* ------------------------------------------------------------------------
+ * Fast kernels (npu_fast.c dispatches; npu_avx512.c implements)
+ *
+ * The same contracts as the _ref kernels above (shapes, layouts, aliasing,
+ * T = 0, NOMEM), computed in fp32 with AVX-512 vectors. Numerically they
+ * differ from the references in these ways only:
+ *  - sums accumulate in fp32 (several vector lanes, then a tree), not in
+ *    double, so a result is within ~1e-6 relative of the reference for the
+ *    model's shapes (K <= a few thousand), not within a few ulps;
+ *  - exp is a vector polynomial (relative error ~2e-7; 0 below about -87);
+ *    silu(x) = x / (1 + exp(-x)) uses it, so does the softmax;
+ *  - the summation order differs (blocked K, blocked keys).
+ * The tests hold them to the reference within 1e-5 relative (max-norm,
+ * matmul, norms, conv, activations) and 1e-4 (attention, delta rule).
+ *
+ * Dispatch: the first call of any of them picks, once per process
+ * (pthread_once, so any thread may be first), the AVX-512 kernels when
+ * npu_probe() reports avx512f, avx512bw and avx512vl, else the _ref
+ * kernels. The environment variable D3_NPU_KERNELS=ref forces the _ref
+ * kernels (bit-identical to calling them directly); it is read once, at
+ * that first call, so set it before. Other values are ignored.
+ *
+ * Thread-safety: reentrant, as the references; the only global state is
+ * the dispatch table, written once.
+ * ------------------------------------------------------------------------ */
+
+/* "avx512" or "ref": which kernels the npu_* fast entry points below run
+ * (makes the dispatch decision if no kernel has been called yet). */
+const char *npu_kernels_name(void);
+
+/* out = x w^T as npu_matmul_ref (x (T, K), w (N, K), out (T, N)), fp32
+ * accumulation. Register-blocked: 8 rows of x by 2 rows of w, 16 vector
+ * dot products along K reduced together at the end; K in blocks of 512
+ * (partial sums are added into out between blocks), so a result sums in a
+ * different order than the reference. out must not alias x or w. */
+void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
+
+/* Attention as npu_attention_ref (online softmax, GQA, causal with the
+ * Tq <= Tk prefix offset, key_mask, zeros for a query that sees no key).
+ * Scores of 16 keys at a time in fp32, vector exp. */
+SVC_WUR svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t Tq,
+                                size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                bool causal, const uint8_t *key_mask, float *out);
+
+/* Gated delta rule as npu_delta_rule_chunked_ref (same arguments; state_out
+ * may equal state_in). Computed in the recurrent form, token by token, with
+ * the state in fp32: S's columns are independent, so each block of 16
+ * value columns of a head runs through all T tokens with its (dk, 16)
+ * slice of S in L1. Agrees with the references to ~1e-6 relative for
+ * T of a few hundred (the state's rounding error grows slowly with T). */
+SVC_WUR svc_err_t npu_delta_rule(const float *q, const float *k, const float *v, const float *g,
+                                 const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
+                                 size_t dk, size_t dv, const float *state_in, float *state_out,
+                                 float *out);
+
+/* As npu_conv1d_causal_silu_ref, 16 channels at a time. Kernel widths
+ * K > 16 fall back to the reference. */
+void npu_conv1d_causal_silu(const float *x, const float *w, size_t T, size_t C, size_t K,
+                            const float *state_in, float *state_out, float *out);
+
+/* As npu_rmsnorm_ref (out may equal x), fp32 sum of squares. */
+void npu_rmsnorm(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
+                 bool one_plus_w);
+
+/* As npu_rmsnorm_gated_ref (out may equal x or z). */
+void npu_rmsnorm_gated(const float *x, const float *z, const float *w, size_t T, size_t D,
+                       float eps, float *out);
+
+/* As npu_l2norm_ref (out may equal x). */
+void npu_l2norm(const float *x, size_t T, size_t D, float eps, float *out);
+
+/* As npu_silu_mul_ref (out may equal gate or up). */
+void npu_silu_mul(const float *gate, const float *up, size_t T, size_t F, float *out);
+
+/* The AVX-512 implementations behind the entry points above, for tests and
+ * benchmarks that want one regardless of D3_NPU_KERNELS. Calling one on a
+ * CPU without avx512f/bw/vl is undefined (SIGILL): check npu_probe(). */
+void npu_matmul_avx512(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
+svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                               size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
+                               const uint8_t *key_mask, float *out);
+svc_err_t npu_delta_rule_avx512(const float *q, const float *k, const float *v, const float *g,
+                                const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
+                                size_t dk, size_t dv, const float *state_in, float *state_out,
+                                float *out);
+void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                   const float *state_in, float *state_out, float *out);
+void npu_rmsnorm_avx512(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
+                        bool one_plus_w);
+void npu_rmsnorm_gated_avx512(const float *x, const float *z, const float *w, size_t T, size_t D,
+                              float eps, float *out);
+void npu_l2norm_avx512(const float *x, size_t T, size_t D, float eps, float *out);
+void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F, float *out);
+
 #endif /* D3STREAM_NPU_H */

@@ -1,0 +1,497 @@
+/*
+ * npu_avx512.c -- AVX-512 fp32 kernels for the text tower's hot spots:
+ * matmul, attention, the gated delta rule, the causal conv, the norms and
+ * the MLP activation. Each has the contract of its _ref twin in npu_ref.c /
+ * npu_ref_delta.c and is checked against it by tests/test_npu_fast.c;
+ * npu_fast.c calls these only when npu_probe() reports avx512f/bw/vl.
+ *
+ * Only this file is compiled for AVX-512 (the target pragma below, placed
+ * after the includes so that the headers' inline functions stay baseline);
+ * the rest of the binary runs on any x86-64.
+ */
+#include "npu.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))),    \
+                             apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* Lanes [0, n) of a 16-lane vector, n <= 16. */
+static inline __mmask16 mask_n(size_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+/* exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor
+ * polynomial to degree 7 (truncation < 6e-9), times 2^n with scalef.
+ * Inputs below -104 (and -inf) give 0, above 88.7 give +inf. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.8f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* silu(x) = x / (1 + exp(-x)); exp(-x) saturates to +inf for x < -88.8,
+ * which gives -0, as the exact value rounds to. */
+static inline __m512 silu512(__m512 x) {
+    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* Sixteen vectors in, one out: lane i = the sum of the lanes of a[i]. */
+static inline __m512 reduce16(const __m512 a[16]) {
+    __m512 b[8], c[4];
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+/* b[i], per 128-bit lane: (a0 part, a1 part, a0 part, a1 part). */
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) {
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* c[i], 128-bit lane L: partial sums over lane L of a[4i .. 4i+3]. */
+    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Sum of squares of n floats. */
+static inline float sumsq(const float *x, size_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    size_t d = 0;
+    for (; d + 32 <= n; d += 32) {
+        __m512 v0 = _mm512_loadu_ps(x + d), v1 = _mm512_loadu_ps(x + d + 16);
+        a0 = _mm512_fmadd_ps(v0, v0, a0);
+        a1 = _mm512_fmadd_ps(v1, v1, a1);
+    }
+    for (; d < n; d += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(mask_n(n - d), x + d);
+        a0 = _mm512_fmadd_ps(v, v, a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+/* ---- matmul --------------------------------------------------------------- */
+
+/* K is cut into blocks of this many floats so that 4 rows of x (8 KiB) stay
+ * in L1 while a panel of w rows streams from L2. */
+#define MM_KC 512
+/* Rows of w per panel (MM_NC rows * MM_KC * 4 bytes = 128 KiB, in L2). */
+#define MM_NC 64
+
+/* The register tile: MM_MR rows of x by MM_NR rows of w, MM_MR * MM_NR = 16
+ * accumulators (one reduce16 at the end). 8 x 2 needs 10 loads per 16 FMAs
+ * and half the w traffic of 4 x 4. */
+#define MM_MR 8
+#define MM_NR 2
+_Static_assert(MM_MR *MM_NR == 16, "one reduce16 per tile");
+
+/* The FMAs of one step of 16 floats along K (m: the valid lanes). */
+static inline void mm_step(__m512 acc[16], const float *const xr[MM_MR],
+                           const float *const wr[MM_NR], size_t k, __mmask16 m) {
+    __m512 wv[MM_NR];
+#pragma GCC unroll 16
+    for (int c = 0; c < MM_NR; c++)
+        wv[c] = _mm512_maskz_loadu_ps(m, wr[c] + k);
+#pragma GCC unroll 16
+    for (int r = 0; r < MM_MR; r++) {
+        __m512 xv = _mm512_maskz_loadu_ps(m, xr[r] + k);
+#pragma GCC unroll 16
+        for (int c = 0; c < MM_NR; c++)
+            acc[r * MM_NR + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * MM_NR + c]);
+    }
+}
+
+/* out[MM_MR rows of x][MM_NR rows of w] (+)= dot products over kc floats.
+ * Rows past the matrix are clamped to the last one by the caller and not
+ * stored (only mr x nr outputs are). */
+static inline void mm_tile(const float *const xr[MM_MR], const float *const wr[MM_NR], size_t kc,
+                           float *out, size_t ldo, size_t mr, size_t nr, bool add) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= kc; k += 16)
+        mm_step(acc, xr, wr, k, (__mmask16)0xffff);
+    if (k < kc)
+        mm_step(acc, xr, wr, k, mask_n(kc - k));
+    /* Lane r * MM_NR + c of reduce16 = out[r][c]. */
+    float tile[16];
+    _mm512_storeu_ps(tile, reduce16(acc));
+    for (size_t r = 0; r < mr; r++) {
+        float *o = out + r * ldo;
+        for (size_t c = 0; c < nr; c++)
+            o[c] = add ? o[c] + tile[r * MM_NR + c] : tile[r * MM_NR + c];
+    }
+}
+
+void npu_matmul_avx512(const float *x, const float *w, size_t T, size_t K, size_t N, float *out) {
+    if (T == 0 || N == 0)
+        return;
+    if (K == 0) {
+        memset(out, 0, T * N * sizeof *out);
+        return;
+    }
+    for (size_t k0 = 0; k0 < K; k0 += MM_KC) {
+        size_t kc = K - k0 < MM_KC ? K - k0 : MM_KC;
+        bool   add = k0 > 0;
+        for (size_t n0 = 0; n0 < N; n0 += MM_NC) {
+            size_t n1 = N - n0 < MM_NC ? N : n0 + MM_NC;
+            for (size_t t = 0; t < T; t += MM_MR) {
+                size_t       mr = T - t < MM_MR ? T - t : MM_MR;
+                const float *xr[MM_MR];
+                for (size_t r = 0; r < MM_MR; r++)
+                    xr[r] = x + (t + (r < mr ? r : mr - 1)) * K + k0;
+                for (size_t n = n0; n < n1; n += MM_NR) {
+                    size_t       nr = n1 - n < MM_NR ? n1 - n : MM_NR;
+                    const float *wr[MM_NR];
+                    for (size_t c = 0; c < MM_NR; c++)
+                        wr[c] = w + (n + (c < nr ? c : nr - 1)) * K + k0;
+                    mm_tile(xr, wr, kc, out + t * N + n, N, mr, nr, add);
+                }
+            }
+        }
+    }
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+/* Scores of one query against 16 keys: lane j = q . k[j] over D floats.
+ * kp[j] points at key j's head (clamped to a valid key by the caller). */
+static inline __m512 attn_scores16(const float *qh, const float *const kp[16], size_t D) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (size_t d = 0; d < D; d += 16) {
+        __mmask16 m = mask_n(D - d);
+        __m512    qv = _mm512_maskz_loadu_ps(m, qh + d);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kp[j] + d), acc[j]);
+    }
+    return reduce16(acc);
+}
+
+/* Vectors of acc held in registers while the keys of a block go by. */
+#define ATTN_DV 8
+
+/* acc[0, 16 nv) = corr * acc + sum over the keys jb in vis of p[jb] v[jb]
+ * (nv vectors; the last one masked to n values). v[jb] is at vb + jb * ldk.
+ * Called with a constant nv, so that acc stays in registers across keys. */
+static inline __attribute__((always_inline)) void attn_acc_v(float *acc, const float *vb,
+                                                             size_t ldk, size_t n, size_t nv,
+                                                             const float p[16], __mmask16 vis,
+                                                             float corr) {
+    __m512    a[ATTN_DV];
+    __mmask16 dm[ATTN_DV];
+#pragma GCC unroll 16
+    for (size_t u = 0; u < nv; u++) {
+        dm[u] = mask_n(n - 16 * u);
+        a[u] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * u), _mm512_set1_ps(corr));
+    }
+    for (unsigned bits = vis; bits; bits &= bits - 1) {
+        unsigned     jb = (unsigned)__builtin_ctz(bits);
+        const float *vj = vb + jb * ldk;
+        __m512       pv = _mm512_set1_ps(p[jb]);
+#pragma GCC unroll 16
+        for (size_t u = 0; u < nv; u++)
+            a[u] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(dm[u], vj + 16 * u), a[u]);
+    }
+#pragma GCC unroll 16
+    for (size_t u = 0; u < nv; u++)
+        _mm512_storeu_ps(acc + 16 * u, a[u]);
+}
+
+svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                               size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
+                               const uint8_t *key_mask, float *out) {
+    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
+    size_t group = n_heads / n_kv_heads;
+    size_t D = head_dim;
+    size_t Dv = (D + 15) / 16 * 16; /* acc is padded to whole vectors */
+    float *acc = malloc(Dv * sizeof *acc);
+    if (!acc)
+        return SVC_ERR_NOMEM;
+    const __m512 scale = _mm512_set1_ps((float)(1.0 / sqrt((double)D)));
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    size_t       ldk = n_kv_heads * D;
+
+    for (size_t i = 0; i < Tq; i++) {
+        /* Keys [0, jend) are causally visible to query i. */
+        size_t jend = causal ? i + (Tk - Tq) + 1 : Tk;
+        for (size_t h = 0; h < n_heads; h++) {
+            const float *qh = q + (i * n_heads + h) * D;
+            size_t       kvh = h / group;
+            float        m = -INFINITY, l = 0.0f;
+            memset(acc, 0, Dv * sizeof *acc);
+            for (size_t j0 = 0; j0 < jend; j0 += 16) {
+                size_t    nb = jend - j0 < 16 ? jend - j0 : 16;
+                __mmask16 vis = mask_n(nb);
+                if (key_mask) {
+                    __m128i km = _mm_maskz_loadu_epi8(vis, key_mask + j0);
+                    vis &= _mm_test_epi8_mask(km, km);
+                }
+                if (!vis)
+                    continue;
+                const float *kp[16];
+#pragma GCC unroll 16
+                for (size_t jb = 0; jb < 16; jb++)
+                    kp[jb] = k + (j0 + (jb < nb ? jb : nb - 1)) * ldk + kvh * D;
+                __m512 s = _mm512_mul_ps(attn_scores16(qh, kp, D), scale);
+                s = _mm512_mask_blend_ps(vis, ninf, s);
+                float  m_blk = _mm512_reduce_max_ps(s);
+                float  m_new = m_blk > m ? m_blk : m;
+                float  corr = expf(m - m_new); /* 0 on the first visible block */
+                __m512 p = exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
+                l = l * corr + _mm512_reduce_add_ps(p);
+                float pj[16];
+                _mm512_storeu_ps(pj, p);
+                const float *vb = v + j0 * ldk + kvh * D;
+                size_t       d = 0;
+                for (; d + 16 * ATTN_DV <= D; d += 16 * ATTN_DV)
+                    attn_acc_v(acc + d, vb + d, ldk, D - d, ATTN_DV, pj, vis, corr);
+                for (; d < D; d += 16)
+                    attn_acc_v(acc + d, vb + d, ldk, D - d, 1, pj, vis, corr);
+                m = m_new;
+            }
+            float       *oh = out + (i * n_heads + h) * D;
+            const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+            for (size_t d = 0; d < D; d += 16)
+                _mm512_mask_storeu_ps(oh + d, mask_n(D - d),
+                                      _mm512_mul_ps(_mm512_loadu_ps(acc + d), inv));
+        }
+    }
+    free(acc);
+    return SVC_OK;
+}
+
+/* ---- gated delta rule ----------------------------------------------------- */
+
+/*
+ * Recurrent form with fp32 state. Column j of S evolves on its own:
+ *   mem_j   = sum_i k_i S_ij                      (k^T S, before decay)
+ *   delta_j = beta (v_j - exp(g) mem_j)           (k^T (exp(g) S) = exp(g) mem)
+ *   S_ij    = exp(g) S_ij + k_i delta_j
+ *   out_j   = scale sum_i q_i S_ij
+ * so one block of 16 columns of one head runs through all T tokens with its
+ * (dk, 16) slice of S in scratch (L1), two passes over the slice per token.
+ */
+svc_err_t npu_delta_rule_avx512(const float *q, const float *k, const float *v, const float *g,
+                                const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
+                                size_t dk, size_t dv, const float *state_in, float *state_out,
+                                float *out) {
+    SVC_ASSERT(n_k_heads > 0 && n_v_heads % n_k_heads == 0 && dk > 0 && dv > 0);
+    /* Sb (dk, 16) slice of the state, then exp(g) of one head (T, padded). */
+    size_t Tp = (T + 15) / 16 * 16;
+    float *Sb = malloc((dk * 16 + Tp + 16) * sizeof *Sb);
+    if (!Sb)
+        return SVC_ERR_NOMEM;
+    float       *decay = Sb + dk * 16;
+    const __m512 scale = _mm512_set1_ps((float)(1.0 / sqrt((double)dk)));
+    size_t       group = n_v_heads / n_k_heads;
+    size_t       ldqk = n_k_heads * dk;
+    size_t       ldv = n_v_heads * dv;
+
+    for (size_t h = 0; h < n_v_heads; h++) {
+        size_t hk = h / group;
+        for (size_t t = 0; t < Tp; t++)
+            decay[t] = t < T ? g[t * n_v_heads + h] : 0.0f;
+        for (size_t t = 0; t < T; t += 16)
+            _mm512_storeu_ps(decay + t, exp512(_mm512_loadu_ps(decay + t)));
+        for (size_t j0 = 0; j0 < dv; j0 += 16) {
+            __mmask16 jm = mask_n(dv - j0);
+            for (size_t i = 0; i < dk; i++) {
+                __m512 s = _mm512_setzero_ps();
+                if (state_in)
+                    s = _mm512_maskz_loadu_ps(jm, state_in + (h * dk + i) * dv + j0);
+                _mm512_storeu_ps(Sb + i * 16, s);
+            }
+            for (size_t t = 0; t < T; t++) {
+                const float *qt = q + t * ldqk + hk * dk;
+                const float *kt = k + t * ldqk + hk * dk;
+                __m512       m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+                size_t       i = 0;
+                for (; i + 2 <= dk; i += 2) {
+                    m0 = _mm512_fmadd_ps(_mm512_set1_ps(kt[i]), _mm512_loadu_ps(Sb + i * 16), m0);
+                    m1 = _mm512_fmadd_ps(_mm512_set1_ps(kt[i + 1]),
+                                         _mm512_loadu_ps(Sb + (i + 1) * 16), m1);
+                }
+                if (i < dk)
+                    m0 = _mm512_fmadd_ps(_mm512_set1_ps(kt[i]), _mm512_loadu_ps(Sb + i * 16), m0);
+                __m512 dec = _mm512_set1_ps(decay[t]);
+                __m512 vt = _mm512_maskz_loadu_ps(jm, v + t * ldv + h * dv + j0);
+                __m512 mem = _mm512_mul_ps(_mm512_add_ps(m0, m1), dec);
+                __m512 delta =
+                    _mm512_mul_ps(_mm512_sub_ps(vt, mem), _mm512_set1_ps(beta[t * n_v_heads + h]));
+                __m512 o0 = _mm512_setzero_ps(), o1 = _mm512_setzero_ps();
+                for (i = 0; i + 2 <= dk; i += 2) {
+                    __m512 s0 = _mm512_fmadd_ps(_mm512_set1_ps(kt[i]), delta,
+                                                _mm512_mul_ps(_mm512_loadu_ps(Sb + i * 16), dec));
+                    __m512 s1 =
+                        _mm512_fmadd_ps(_mm512_set1_ps(kt[i + 1]), delta,
+                                        _mm512_mul_ps(_mm512_loadu_ps(Sb + (i + 1) * 16), dec));
+                    _mm512_storeu_ps(Sb + i * 16, s0);
+                    _mm512_storeu_ps(Sb + (i + 1) * 16, s1);
+                    o0 = _mm512_fmadd_ps(_mm512_set1_ps(qt[i]), s0, o0);
+                    o1 = _mm512_fmadd_ps(_mm512_set1_ps(qt[i + 1]), s1, o1);
+                }
+                if (i < dk) {
+                    __m512 s0 = _mm512_fmadd_ps(_mm512_set1_ps(kt[i]), delta,
+                                                _mm512_mul_ps(_mm512_loadu_ps(Sb + i * 16), dec));
+                    _mm512_storeu_ps(Sb + i * 16, s0);
+                    o0 = _mm512_fmadd_ps(_mm512_set1_ps(qt[i]), s0, o0);
+                }
+                _mm512_mask_storeu_ps(out + t * ldv + h * dv + j0, jm,
+                                      _mm512_mul_ps(_mm512_add_ps(o0, o1), scale));
+            }
+            if (state_out)
+                for (size_t i = 0; i < dk; i++)
+                    _mm512_mask_storeu_ps(state_out + (h * dk + i) * dv + j0, jm,
+                                          _mm512_loadu_ps(Sb + i * 16));
+        }
+    }
+    free(Sb);
+    return SVC_OK;
+}
+
+/* ---- causal conv, norms, activation -------------------------------------- */
+
+/* The widest conv kernel done here; wider ones go to the reference. */
+#define CONV_MAX_K 16
+
+void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                   const float *state_in, float *state_out, float *out) {
+    SVC_ASSERT(K >= 1);
+    if (K > CONV_MAX_K) {
+        npu_conv1d_causal_silu_ref(x, w, T, C, K, state_in, state_out, out);
+        return;
+    }
+    size_t hist = K - 1;
+    for (size_t c0 = 0; c0 < C; c0 += 16) {
+        __mmask16 cm = mask_n(C - c0);
+        __m512    wt[CONV_MAX_K]; /* wt[i] lane c = w[c0 + c][i] */
+        for (size_t i = 0; i < K; i++) {
+            float col[16] = {0};
+            for (size_t c = 0; c < 16 && c0 + c < C; c++)
+                col[c] = w[(c0 + c) * K + i];
+            wt[i] = _mm512_loadu_ps(col);
+        }
+        for (size_t t = 0; t < T; t++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (size_t i = 0; i < K; i++) {
+                size_t tt = t + i; /* index into (history ++ x) */
+                __m512 xv;
+                if (tt >= hist)
+                    xv = _mm512_maskz_loadu_ps(cm, x + (tt - hist) * C + c0);
+                else if (state_in)
+                    xv = _mm512_maskz_loadu_ps(cm, state_in + tt * C + c0);
+                else
+                    continue;
+                acc = _mm512_fmadd_ps(wt[i], xv, acc);
+            }
+            _mm512_mask_storeu_ps(out + t * C + c0, cm, silu512(acc));
+        }
+    }
+    if (!state_out || hist == 0)
+        return;
+    /* As the reference: oldest row first, so state_out may alias state_in. */
+    for (size_t r = 0; r < hist; r++) {
+        size_t tt = T + r;
+        if (tt >= hist)
+            memcpy(state_out + r * C, x + (tt - hist) * C, C * sizeof *x);
+        else if (state_in)
+            memmove(state_out + r * C, state_in + tt * C, C * sizeof *x);
+        else
+            memset(state_out + r * C, 0, C * sizeof *x);
+    }
+}
+
+void npu_rmsnorm_avx512(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
+                        bool one_plus_w) {
+    SVC_ASSERT(D > 0);
+    const __m512 one = _mm512_set1_ps(one_plus_w ? 1.0f : 0.0f);
+    for (size_t t = 0; t < T; t++) {
+        const float *xr = x + t * D;
+        float       *yr = out + t * D;
+        __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt((double)sumsq(xr, D) / (double)D + eps)));
+        for (size_t d = 0; d < D; d += 16) {
+            __mmask16 m = mask_n(D - d);
+            __m512    wv = _mm512_add_ps(_mm512_maskz_loadu_ps(m, w + d), one);
+            __m512    y = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv), wv);
+            _mm512_mask_storeu_ps(yr + d, m, y);
+        }
+    }
+}
+
+void npu_rmsnorm_gated_avx512(const float *x, const float *z, const float *w, size_t T, size_t D,
+                              float eps, float *out) {
+    SVC_ASSERT(D > 0);
+    for (size_t t = 0; t < T; t++) {
+        const float *xr = x + t * D;
+        const float *zr = z + t * D;
+        float       *yr = out + t * D;
+        __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt((double)sumsq(xr, D) / (double)D + eps)));
+        for (size_t d = 0; d < D; d += 16) {
+            __mmask16 m = mask_n(D - d);
+            __m512    y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv);
+            y = _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, w + d));
+            y = _mm512_mul_ps(y, silu512(_mm512_maskz_loadu_ps(m, zr + d)));
+            _mm512_mask_storeu_ps(yr + d, m, y);
+        }
+    }
+}
+
+void npu_l2norm_avx512(const float *x, size_t T, size_t D, float eps, float *out) {
+    for (size_t t = 0; t < T; t++) {
+        const float *xr = x + t * D;
+        __m512       inv = _mm512_set1_ps((float)(1.0 / sqrt((double)sumsq(xr, D) + eps)));
+        for (size_t d = 0; d < D; d += 16) {
+            __mmask16 m = mask_n(D - d);
+            _mm512_mask_storeu_ps(out + t * D + d, m,
+                                  _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv));
+        }
+    }
+}
+
+void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F, float *out) {
+    size_t n = T * F;
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = mask_n(n - i);
+        __m512    y = _mm512_mul_ps(silu512(_mm512_maskz_loadu_ps(m, gate + i)),
+                                    _mm512_maskz_loadu_ps(m, up + i));
+        _mm512_mask_storeu_ps(out + i, m, y);
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
