@@ -331,6 +331,16 @@ void cons_msg_done(cons_t *cons, cons_msg_t *msg, bool delivered) {
     free(msg);
 }
 
+bool cons_msg_current(cons_t *cons, const cons_msg_t *msg) {
+    if (!msg || msg->gen == 0)
+        return false;
+    pthread_mutex_lock(&cons->lock);
+    bool cur = cons_track_gen(cons->ct, rd_kafka_topic_name(msg->rkm->rkt), msg->rkm->partition) ==
+               msg->gen;
+    pthread_mutex_unlock(&cons->lock);
+    return cur;
+}
+
 const char *cons_msg_topic(const cons_msg_t *msg) {
     return rd_kafka_topic_name(msg->rkm->rkt);
 }

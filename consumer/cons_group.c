@@ -208,7 +208,7 @@ static rd_kafka_conf_t *conf_build(const cons_conf_t *cc, cons_t *cons, char *er
         {"bootstrap.servers", cc->brokers},
         {"group.id", cc->group},
         {"partition.assignment.strategy", "cooperative-sticky"},
-        {"enable.auto.commit", "true"},
+        {"enable.auto.commit", cc->transactional ? "false" : "true"},
         {"enable.auto.offset.store", "false"},
         {"auto.offset.reset", cc->from_beginning ? "earliest" : "latest"},
         {"enable.partition.eof", cc->stop_at_end ? "true" : "false"},
@@ -217,6 +217,8 @@ static rd_kafka_conf_t *conf_build(const cons_conf_t *cc, cons_t *cons, char *er
     bool ok = true;
     for (size_t i = 0; ok && i < sizeof kv / sizeof kv[0]; i++)
         ok = conf_set(conf, kv[i][0], kv[i][1], errstr, errstr_size);
+    if (ok && cc->transactional)
+        ok = conf_set(conf, "isolation.level", "read_committed", errstr, errstr_size);
     if (ok && cc->group_instance_id && *cc->group_instance_id)
         ok = conf_set(conf, "group.instance.id", cc->group_instance_id, errstr, errstr_size);
     if (ok)
@@ -229,6 +231,15 @@ static rd_kafka_conf_t *conf_build(const cons_conf_t *cc, cons_t *cons, char *er
         svc_errf(errstr, errstr_size,
                  "consumer property \"enable.auto.offset.store\" must stay false: offsets are "
                  "stored only once results are delivered");
+        ok = false;
+    }
+    val_size = sizeof val;
+    if (ok && cc->transactional &&
+        (rd_kafka_conf_get(conf, "enable.auto.commit", val, &val_size) != RD_KAFKA_CONF_OK ||
+         strcmp(val, "false") != 0)) {
+        svc_errf(errstr, errstr_size,
+                 "consumer property \"enable.auto.commit\" must stay false with exactly-once: "
+                 "offsets are committed inside the results' transactions");
         ok = false;
     }
     if (!ok) {
@@ -299,6 +310,7 @@ cons_t *cons_new(const cons_conf_t *cc, char *errstr, size_t errstr_size) {
     cons->max_in_flight = cc->max_in_flight;
     cons->low_water = cc->low_water ? cc->low_water : cc->max_in_flight - cc->max_in_flight / 4;
     cons->stop_at_end = cc->stop_at_end;
+    cons->transactional = cc->transactional;
     cons->on_revoke = cc->on_revoke;
     cons->user = cc->user;
     rd_kafka_conf_t *conf = conf_build(cc, cons, errstr, errstr_size);
@@ -322,6 +334,75 @@ cons_t *cons_new(const cons_conf_t *cc, char *errstr, size_t errstr_size) {
     return cons;
 }
 
+rd_kafka_consumer_group_metadata_t *cons_group_metadata(cons_t *cons) {
+    return rd_kafka_consumer_group_metadata(cons->rk);
+}
+
+/* The offsets a rewind seeks to: the committed one, else the first offset
+ * handed out in this assignment (the position auto.offset.reset chose),
+ * else none (-1: nothing was handed out; the position stays). Then new
+ * generations for every assigned partition, under the lock: whatever was
+ * handed out before is stale from now on. */
+static void rewind_regen(cons_t *cons, rd_kafka_topic_partition_list_t *parts) {
+    pthread_mutex_lock(&cons->lock);
+    for (int i = 0; i < parts->cnt; i++) {
+        rd_kafka_topic_partition_t *p = &parts->elems[i];
+        uint64_t                    gen;
+        int64_t                     first = cons_track_first(cons->ct, p->topic, p->partition);
+        if (p->offset < 0)
+            p->offset = first >= 0 ? first : -1;
+        if (p->offset < 0)
+            continue;
+        (void)cons_track_revoke(cons->ct, p->topic, p->partition);
+        cons_parked_drop(cons, p->topic, p->partition);
+        if (cons_track_assign(cons->ct, p->topic, p->partition, &gen))
+            cons_report(cons, "rewind: out of memory while tracking %s [%d]", p->topic,
+                        (int)p->partition);
+    }
+    pthread_mutex_unlock(&cons->lock);
+}
+
+/* Seeks every partition with an offset >= 0. */
+static svc_err_t rewind_seek(cons_t *cons, const rd_kafka_topic_partition_list_t *parts,
+                             int timeout_ms) {
+    svc_err_t rc = SVC_OK;
+    for (int i = 0; i < parts->cnt && !rc; i++) {
+        const rd_kafka_topic_partition_t *p = &parts->elems[i];
+        if (p->offset < 0)
+            continue;
+        rd_kafka_topic_t   *rkt = rd_kafka_topic_new(cons->rk, p->topic, NULL);
+        rd_kafka_resp_err_t err =
+            rkt ? rd_kafka_seek(rkt, p->partition, p->offset, timeout_ms) : RD_KAFKA_RESP_ERR__FAIL;
+        if (rkt)
+            rd_kafka_topic_destroy(rkt);
+        if (err) {
+            cons_report(cons, "rewind: seek %s [%d] to %lld: %s", p->topic, (int)p->partition,
+                        (long long)p->offset, rd_kafka_err2str(err));
+            rc = SVC_ERR_IO;
+        }
+    }
+    return rc;
+}
+
+svc_err_t cons_rewind(cons_t *cons, int timeout_ms) {
+    rd_kafka_topic_partition_list_t *parts = NULL;
+    rd_kafka_resp_err_t              err = rd_kafka_assignment(cons->rk, &parts);
+    if (!err)
+        err = rd_kafka_committed(cons->rk, parts, timeout_ms);
+    for (int i = 0; !err && i < parts->cnt; i++)
+        err = parts->elems[i].err;
+    if (err) {
+        cons_report(cons, "rewind: committed offsets: %s", rd_kafka_err2str(err));
+        if (parts)
+            rd_kafka_topic_partition_list_destroy(parts);
+        return SVC_ERR_IO;
+    }
+    rewind_regen(cons, parts);
+    svc_err_t rc = rewind_seek(cons, parts, timeout_ms);
+    rd_kafka_topic_partition_list_destroy(parts);
+    return rc;
+}
+
 svc_err_t cons_close(cons_t *cons) {
     if (cons->closed)
         return SVC_OK;
@@ -330,7 +411,7 @@ svc_err_t cons_close(cons_t *cons) {
     pthread_mutex_lock(&cons->lock);
     bool assigned = cons->assigned_once;
     pthread_mutex_unlock(&cons->lock);
-    if (assigned) {
+    if (assigned && !cons->transactional) {
         /* Synchronous, so what is stored now is committed before we leave;
          * the revoke inside rd_kafka_consumer_close commits what on_revoke
          * finishes after this. NO_OFFSET: nothing new to commit. */

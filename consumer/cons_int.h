@@ -44,6 +44,7 @@ struct cons {
     /* Fixed after cons_new. */
     size_t          max_in_flight, low_water;
     bool            stop_at_end;
+    bool            transactional;
     cons_revoke_cb *on_revoke;
     void           *user;
     /* @locality poll thread */

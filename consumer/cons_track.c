@@ -25,8 +25,9 @@ typedef struct part {
     ent_t       *ent; /* live entries are ent[head .. head + len) */
     size_t       head, len, cap;
     size_t       in_flight;
-    int64_t      last_added; /* -1 before the first add */
-    int64_t      stuck_at;   /* lowest abandoned offset; INT64_MAX when none */
+    int64_t      last_added;  /* -1 before the first add */
+    int64_t      first_added; /* -1 before the first add */
+    int64_t      stuck_at;    /* lowest abandoned offset; INT64_MAX when none */
 } part_t;
 
 struct cons_track {
@@ -130,6 +131,7 @@ svc_err_t cons_track_assign(cons_track_t *ct, const char *topic, int32_t partiti
     p->partition = partition;
     p->gen = ct->gen_next++;
     p->last_added = -1;
+    p->first_added = -1;
     p->stuck_at = INT64_MAX;
     part_t **slot = &ct->bucket[part_hash(topic, partition) & (ct->n_bucket - 1)];
     p->next = *slot;
@@ -154,6 +156,16 @@ size_t cons_track_revoke(cons_track_t *ct, const char *topic, int32_t partition)
     return orphaned;
 }
 
+uint64_t cons_track_gen(const cons_track_t *ct, const char *topic, int32_t partition) {
+    const part_t *p = part_find(ct, topic, partition);
+    return p ? p->gen : 0;
+}
+
+int64_t cons_track_first(const cons_track_t *ct, const char *topic, int32_t partition) {
+    const part_t *p = part_find(ct, topic, partition);
+    return p ? p->first_added : -1;
+}
+
 svc_err_t cons_track_add(cons_track_t *ct, const char *topic, int32_t partition, int64_t offset,
                          uint64_t *gen) {
     part_t *p = part_find(ct, topic, partition);
@@ -176,6 +188,8 @@ svc_err_t cons_track_add(cons_track_t *ct, const char *topic, int32_t partition,
     }
     p->ent[p->head + p->len] = (ent_t){.offset = offset, .state = ENT_IN_FLIGHT};
     p->len++;
+    if (p->first_added < 0)
+        p->first_added = offset;
     p->last_added = offset;
     p->in_flight++;
     ct->in_flight++;

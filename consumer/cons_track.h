@@ -83,6 +83,12 @@ size_t cons_track_in_flight(const cons_track_t *ct);
 /** @brief Messages added and not yet done in one partition (0 if untracked). */
 size_t cons_track_part_in_flight(const cons_track_t *ct, const char *topic, int32_t partition);
 
+/** @brief The current generation of topic/partition, 0 when untracked. */
+uint64_t cons_track_gen(const cons_track_t *ct, const char *topic, int32_t partition);
+
+/** @brief The first offset added in the current generation, -1 when none. */
+int64_t cons_track_first(const cons_track_t *ct, const char *topic, int32_t partition);
+
 /** @brief Number of tracked partitions. */
 size_t cons_track_parts(const cons_track_t *ct);
 

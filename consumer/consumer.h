@@ -39,6 +39,8 @@
 
 #include "svc.h"
 
+struct rd_kafka_consumer_group_metadata_s;
+
 typedef struct cons     cons_t;
 typedef struct cons_msg cons_msg_t;
 
@@ -64,10 +66,16 @@ typedef struct cons_conf {
     /* Optional, NULL-terminated "key=value" librdkafka properties applied
      * verbatim after the defaults (so they override them), like -X. */
     const char *const *props;
-    bool               stop_at_end;       /* backfill: see cons_at_end() */
-    int                stats_interval_ms; /* statistics.interval.ms; 0: 5000 */
-    cons_revoke_cb    *on_revoke;         /* optional */
-    void              *user;              /* passed to on_revoke */
+    bool               stop_at_end; /* backfill: see cons_at_end() */
+    /* Exactly-once: offsets are committed only through the producer's
+     * transactions (cons_group_metadata, prod_txn_send_offsets), never by
+     * the consumer: enable.auto.commit=false, no commit on close, and
+     * isolation.level=read_committed for the input (an aborted request
+     * record is never answered). */
+    bool            transactional;
+    int             stats_interval_ms; /* statistics.interval.ms; 0: 5000 */
+    cons_revoke_cb *on_revoke;         /* optional */
+    void           *user;              /* passed to on_revoke */
 } cons_conf_t;
 
 /* Counters, read with atomics; lag, rebalance_cnt and assignment_size come
@@ -152,6 +160,39 @@ void cons_stats(const cons_t *cons, cons_stats_t *out);
 
 /** @brief The last consumer error librdkafka reported ("" when none). */
 const char *cons_strerror(const cons_t *cons);
+
+/**
+ * @brief The group metadata a transaction's send_offsets needs (KIP-447:
+ *        the broker fences a zombie by its generation).
+ * @returns a new handle the caller frees with
+ *          rd_kafka_consumer_group_metadata_destroy, or NULL before the
+ *          consumer has joined (librdkafka then has none).
+ * @locality any thread
+ */
+struct rd_kafka_consumer_group_metadata_s *cons_group_metadata(cons_t *cons);
+
+/**
+ * @brief Whether msg's partition is still assigned to this member in the
+ *        assignment msg came from (false once it was revoked, even if it
+ *        came back since). A result for a message that is no longer current
+ *        must not be published in exactly-once mode: the partition's new
+ *        owner answers it.
+ * @locality any thread @locks takes the consumer's lock
+ */
+bool cons_msg_current(cons_t *cons, const cons_msg_t *msg);
+
+/**
+ * @brief Exactly-once recovery after an aborted transaction: every
+ *        assigned partition starts a new generation (messages handed out
+ *        before become stale: cons_msg_done drops them), parked messages
+ *        are dropped, and fetching restarts at the group's committed offset
+ *        (auto.offset.reset when there is none).
+ * @returns SVC_OK; SVC_ERR_IO (the committed offsets could not be read or
+ *          a seek failed; cons_strerror says which) -- the caller should
+ *          then stop: continuing could skip records.
+ * @locality poll thread
+ */
+SVC_WUR svc_err_t cons_rewind(cons_t *cons, int timeout_ms);
 
 /**
  * @brief Revokes everything (on_revoke runs for each partition), commits

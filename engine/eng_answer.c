@@ -2,11 +2,12 @@
  * eng_answer.c -- a decoded System One request -> the outcome of every
  * question (SPEC b.2, b.5, b.6, c.7, d), on the fp32 text tower.
  *
- * Questions run one after another, one unpadded forward pass each, in
- * request order. That is the single-question pass SPEC "d3stream's own
- * choices" 4 makes the numerical contract; batching several questions per
- * pass and sharing the common prompt prefix are a later issue, and must
- * give the same probabilities within the engine's tolerances.
+ * eng_answer_request runs questions one after another, one unpadded
+ * forward pass each, in request order, sharing nothing: that is the
+ * single-question pass SPEC "d3stream's own choices" 4 makes the numerical
+ * contract, and the reference the scheduler (eng_sched.c, prefix sharing
+ * across questions) is checked against. Both plan, time out and read out
+ * questions through the functions of eng_answer_int.h defined here.
  *
  * The results are plain sch_result_t rows that sch_response_encode writes;
  * this file owns their probabilities and messages until eng_answers_free.
@@ -17,12 +18,13 @@
 
 #include <time.h>
 
-/* One part's results. results[i].probs points into probs, and
- * results[i].error_message aliases messages[i] (both owned here). */
+/* One part's results. results[i].probs points into probs (at offs[i]),
+ * and results[i].error_message aliases messages[i] (both owned here). */
 typedef struct ans_part {
     sch_result_t *results;  /* (n) */
     char        **messages; /* (n), NULL entries when none */
     double       *probs;    /* (sum of the valid questions' option counts) */
+    size_t       *offs;     /* (n): where question i's probabilities start in probs */
     size_t        n;
 } ans_part_t;
 
@@ -34,19 +36,32 @@ struct eng_answers {
     eng_answer_stats_t   stats;
 };
 
-static double now_ms(void) {
+double eng_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* The clock options.deadline_ms is measured with (eng_answer_int.h). */
-static eng_answer_clock_fn deadline_clock = now_ms;
+static eng_answer_clock_fn deadline_clock = eng_now_ms;
 
 eng_answer_clock_fn eng_answer_set_clock(eng_answer_clock_fn fn) {
     eng_answer_clock_fn prev = deadline_clock;
-    deadline_clock = fn ? fn : now_ms;
+    deadline_clock = fn ? fn : eng_now_ms;
     return prev;
+}
+
+void eng_deadline_start(eng_deadline_t *d, const sch_options_t *opt) {
+    d->start_ms = deadline_clock();
+    d->has = opt->has_deadline;
+    d->limit_ms = opt->deadline_ms;
+    d->expired = false;
+}
+
+bool eng_deadline_passed(eng_deadline_t *d) {
+    if (d->has && !d->expired)
+        d->expired = deadline_clock() - d->start_ms > d->limit_ms;
+    return d->expired;
 }
 
 void eng_answers_free(eng_answers_t *ans) {
@@ -59,6 +74,7 @@ void eng_answers_free(eng_answers_t *ans) {
         free(ap->messages);
         free(ap->results);
         free(ap->probs);
+        free(ap->offs);
     }
     free(ans->parts);
     free(ans->views);
@@ -78,21 +94,31 @@ const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans) {
     return &ans->stats;
 }
 
-/* Room for one part: a result and a message slot per question (at least
- * one, so that calloc never sees 0), and every valid question's options. */
+eng_answer_stats_t *eng_answers_stats_mut(eng_answers_t *ans) {
+    return &ans->stats;
+}
+
+/* Room for one part: a result, a message slot and an offset per question
+ * (at least one, so that calloc never sees 0), and every valid question's
+ * options. */
 static svc_err_t part_alloc(ans_part_t *ap, const sch_part_t *part) {
-    size_t n_probs = 0;
-    for (size_t i = 0; i < part->n_questions; i++)
-        if (!part->questions[i].error_code)
-            n_probs += part->questions[i].n_options;
     ap->n = part->n_questions;
     ap->results = calloc(ap->n ? ap->n : 1, sizeof *ap->results);
     ap->messages = calloc(ap->n ? ap->n : 1, sizeof *ap->messages);
+    ap->offs = calloc(ap->n ? ap->n : 1, sizeof *ap->offs);
+    if (!ap->offs)
+        return SVC_ERR_NOMEM;
+    size_t n_probs = 0;
+    for (size_t i = 0; i < part->n_questions; i++) {
+        ap->offs[i] = n_probs;
+        if (!part->questions[i].error_code)
+            n_probs += part->questions[i].n_options;
+    }
     ap->probs = calloc(n_probs ? n_probs : 1, sizeof *ap->probs);
     return ap->results && ap->messages && ap->probs ? SVC_OK : SVC_ERR_NOMEM;
 }
 
-static eng_answers_t *answers_new(const sch_request_t *req) {
+eng_answers_t *eng_answers_new(const sch_request_t *req) {
     eng_answers_t *ans = calloc(1, sizeof *ans);
     if (!ans)
         return NULL;
@@ -112,30 +138,6 @@ static eng_answers_t *answers_new(const sch_request_t *req) {
     return ans;
 }
 
-/* What one question needs besides its part: the package, the model, and
- * the buffers reused from question to question. */
-typedef struct ans_ctx {
-    const eng_package_t *pkg;
-    const eng_model_t   *model;
-    eng_prompt_t         pr;
-    float               *hidden; /* (hidden_size) final-norm output */
-    eng_answer_stats_t  *stats;
-    char                *errstr;
-    size_t               errstr_size;
-    bool                 has_deadline; /* options.deadline_ms was given */
-    double               start_ms;     /* deadline_clock at the start of the request */
-    double               deadline_ms;
-    bool                 expired; /* sticky: every later question is skipped too */
-} ans_ctx_t;
-
-/* SPEC a.8, b.6: true once more than deadline_ms has passed since the
- * request started; from then on true for the rest of the request. */
-static bool past_deadline(ans_ctx_t *c) {
-    if (c->has_deadline && !c->expired)
-        c->expired = deadline_clock() - c->start_ms > c->deadline_ms;
-    return c->expired;
-}
-
 /* max_length_exceeded (SPEC b.6, c.7): the question never reaches the
  * model and is not counted in usage (b.5). */
 static svc_err_t too_long(ans_part_t *ap, size_t i, size_t n_tokens, size_t limit) {
@@ -151,70 +153,53 @@ static svc_err_t too_long(ans_part_t *ap, size_t i, size_t n_tokens, size_t limi
     return SVC_OK;
 }
 
-/* Question i of part: render, check the length, check the deadline, run
- * the tower, read out its options into probs. *used gets the tokens it
- * counts in usage (b.5): 0 if too long; its prompt length when answered
- * or when skipped for the deadline. A question skipped for the deadline is
- * still rendered and tokenized, even though that work itself comes after
- * the deadline, since usage counts its prompt; only its forward is saved. */
-static svc_err_t answer_one(ans_ctx_t *c, const sch_part_t *part, size_t i, ans_part_t *ap,
-                            double *probs, size_t *used) {
-    const sch_question_t *q = &part->questions[i];
-    double                t0 = now_ms();
-    svc_err_t err = eng_prompt_render(c->pkg, part, q, &c->pr, c->errstr, c->errstr_size);
-    double    t1 = now_ms();
-    c->stats->tokenize_ms += t1 - t0;
-    *used = 0;
+svc_err_t eng_answer_plan(const eng_package_t *pkg, const sch_request_t *req, size_t p, size_t i,
+                          eng_answers_t *ans, eng_prompt_t *pr, bool *run, char *errstr,
+                          size_t errstr_size) {
+    const sch_part_t *part = sch_request_part(req, p);
+    double            t0 = eng_now_ms();
+    svc_err_t err = eng_prompt_render(pkg, part, &part->questions[i], pr, errstr, errstr_size);
+    ans->stats.tokenize_ms += eng_now_ms() - t0;
+    *run = false;
     if (err)
         return err;
-    size_t limit = eng_package_max_length(c->pkg);
-    if (c->pr.n_tokens > limit)
-        return too_long(ap, i, c->pr.n_tokens, limit);
-    if (past_deadline(c)) { /* b.6: {"type", "error"} only, no message */
-        ap->results[i].error_code = "deadline_exceeded";
-        *used = c->pr.n_tokens;
-        return SVC_OK;
-    }
-    err = eng_model_forward(c->model, c->pr.ids.v, c->pr.ids.n, eng_package_noncausal(c->pkg),
-                            c->hidden, NULL, NULL, c->errstr, c->errstr_size);
-    if (err) {
-        char why[384];
-        snprintf(why, sizeof why, "%s", c->errstr);
-        svc_errf(c->errstr, c->errstr_size, "question \"%.*s\": %s", (int)q->id_len, q->id, why);
-        return err;
-    }
-    err = eng_readout_probs(c->model, c->hidden, q->n_options, eng_package_temperature(c->pkg),
-                            probs);
-    c->stats->forward_ms += now_ms() - t1;
-    c->stats->n_forward++;
-    if (err) /* option count and temperature were checked by the decoder and the package */
-        svc_errf(c->errstr, c->errstr_size, "question \"%.*s\": readout refused %zu options",
-                 (int)q->id_len, q->id, q->n_options);
-    ap->results[i].probs = probs;
-    *used = c->pr.n_tokens;
-    return err;
-}
-
-static svc_err_t answer_part(ans_ctx_t *c, const sch_part_t *part, ans_part_t *ap,
-                             size_t *input_tokens) {
-    double *probs = ap->probs;
-    for (size_t i = 0; i < part->n_questions; i++) {
-        if (part->questions[i].error_code)
-            continue; /* the encoder writes its validation error */
-        size_t    used;
-        svc_err_t err = answer_one(c, part, i, ap, probs, &used);
-        if (err)
-            return err;
-        probs += part->questions[i].n_options;
-        *input_tokens += used;
-    }
+    size_t limit = eng_package_max_length(pkg);
+    if (pr->n_tokens > limit)
+        return too_long(&ans->parts[p], i, pr->n_tokens, limit);
+    ans->input_tokens[p] += pr->n_tokens;
+    *run = true;
     return SVC_OK;
 }
 
-/* The text tower has no vision tower (issue 6): refuse media before any
- * forward pass rather than answer without them. */
-static svc_err_t refuse_media(const eng_package_t *pkg, const sch_request_t *req, char *errstr,
-                              size_t errstr_size) {
+void eng_answers_put_deadline(eng_answers_t *ans, size_t p, size_t i) {
+    ans->parts[p].results[i].error_code = "deadline_exceeded"; /* b.6: no message */
+}
+
+svc_err_t eng_answers_put_hidden(eng_answers_t *ans, const eng_package_t *pkg,
+                                 const eng_model_t *model, const sch_request_t *req, size_t p,
+                                 size_t i, const float *hidden, char *errstr, size_t errstr_size) {
+    const sch_question_t *q = &sch_request_part(req, p)->questions[i];
+    ans_part_t           *ap = &ans->parts[p];
+    double               *probs = ap->probs + ap->offs[i];
+    svc_err_t             err =
+        eng_readout_probs(model, hidden, q->n_options, eng_package_temperature(pkg), probs);
+    if (err) { /* option count and temperature were checked by the decoder and the package */
+        svc_errf(errstr, errstr_size, "question \"%.*s\": readout refused %zu options",
+                 (int)q->id_len, q->id, q->n_options);
+        return err;
+    }
+    ap->results[i].probs = probs;
+    return SVC_OK;
+}
+
+void eng_answer_blame(const sch_question_t *q, char *errstr, size_t errstr_size) {
+    char why[384];
+    snprintf(why, sizeof why, "%s", errstr_size ? errstr : "");
+    svc_errf(errstr, errstr_size, "question \"%.*s\": %s", (int)q->id_len, q->id, why);
+}
+
+svc_err_t eng_answer_refuse_media(const eng_package_t *pkg, const sch_request_t *req, char *errstr,
+                                  size_t errstr_size) {
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
         if (part->n_images || part->n_videos) {
@@ -226,35 +211,63 @@ static svc_err_t refuse_media(const eng_package_t *pkg, const sch_request_t *req
     return SVC_OK;
 }
 
+/* Question i of part p, planned and not too long: the deadline, then one
+ * forward pass from an empty state and the readout. A question skipped
+ * for the deadline was still rendered and tokenized, even though that work
+ * itself may come after the deadline, since usage counts its prompt; only
+ * its forward is saved. */
+static svc_err_t answer_one(const eng_package_t *pkg, const eng_model_t *model,
+                            const sch_request_t *req, size_t p, size_t i, eng_answers_t *ans,
+                            eng_deadline_t *dl, const eng_prompt_t *pr, float *hidden, char *errstr,
+                            size_t errstr_size) {
+    if (eng_deadline_passed(dl)) {
+        eng_answers_put_deadline(ans, p, i);
+        return SVC_OK;
+    }
+    double    t0 = eng_now_ms();
+    svc_err_t err = eng_model_forward(model, pr->ids.v, pr->ids.n, eng_package_noncausal(pkg),
+                                      hidden, NULL, NULL, errstr, errstr_size);
+    if (err) {
+        eng_answer_blame(&sch_request_part(req, p)->questions[i], errstr, errstr_size);
+        return err;
+    }
+    err = eng_answers_put_hidden(ans, pkg, model, req, p, i, hidden, errstr, errstr_size);
+    ans->stats.forward_ms += eng_now_ms() - t0;
+    ans->stats.n_forward++;
+    return err;
+}
+
 svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
                              const sch_request_t *req, eng_answers_t **out, char *errstr,
                              size_t errstr_size) {
-    double start_ms = deadline_clock(); /* options.deadline_ms counts from here */
+    eng_deadline_t dl;
+    eng_deadline_start(&dl, sch_request_options(req)); /* options.deadline_ms counts from here */
     *out = NULL;
-    svc_err_t err = refuse_media(pkg, req, errstr, errstr_size);
+    svc_err_t err = eng_answer_refuse_media(pkg, req, errstr, errstr_size);
     if (err)
         return err;
-    eng_answers_t *ans = answers_new(req);
+    eng_answers_t *ans = eng_answers_new(req);
     if (!ans) {
         svc_errf(errstr, errstr_size, "out of memory for the answers");
         return SVC_ERR_NOMEM;
     }
-    const sch_options_t *opt = sch_request_options(req);
-    ans_ctx_t            c = {.pkg = pkg,
-                              .model = model,
-                              .stats = &ans->stats,
-                              .errstr = errstr,
-                              .errstr_size = errstr_size,
-                              .has_deadline = opt->has_deadline,
-                              .start_ms = start_ms,
-                              .deadline_ms = opt->deadline_ms};
-    eng_prompt_init(&c.pr);
-    c.hidden = malloc(eng_model_hidden_size(model) * sizeof *c.hidden);
-    err = c.hidden ? SVC_OK : SVC_ERR_NOMEM;
-    for (size_t p = 0; !err && p < ans->n_parts; p++)
-        err = answer_part(&c, sch_request_part(req, p), &ans->parts[p], &ans->input_tokens[p]);
-    free(c.hidden);
-    eng_prompt_fini(&c.pr);
+    eng_prompt_t pr;
+    eng_prompt_init(&pr);
+    float *hidden = malloc(eng_model_hidden_size(model) * sizeof *hidden);
+    err = hidden ? SVC_OK : SVC_ERR_NOMEM;
+    for (size_t p = 0; !err && p < ans->n_parts; p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        for (size_t i = 0; !err && i < part->n_questions; i++) {
+            bool run = false;
+            if (part->questions[i].error_code)
+                continue; /* the encoder writes its validation error */
+            err = eng_answer_plan(pkg, req, p, i, ans, &pr, &run, errstr, errstr_size);
+            if (!err && run)
+                err = answer_one(pkg, model, req, p, i, ans, &dl, &pr, hidden, errstr, errstr_size);
+        }
+    }
+    free(hidden);
+    eng_prompt_fini(&pr);
     if (err) {
         if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
             svc_errf(errstr, errstr_size, "out of memory answering the request");

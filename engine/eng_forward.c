@@ -1,7 +1,7 @@
 /*
- * eng_forward.c -- the Qwen3.5 text tower forward pass in fp32 on the
- * reference kernels (npu_*_ref), following transformers'
- * models/qwen3_5/modeling_qwen3_5.py (Qwen3_5TextModel) step by step:
+ * eng_forward.c -- the Qwen3.5 text tower forward pass in fp32, following
+ * transformers' models/qwen3_5/modeling_qwen3_5.py (Qwen3_5TextModel) step
+ * by step:
  *
  *   x = embed[ids]
  *   per layer:  x += mixer(rmsnorm_1+w(x))      (Gated DeltaNet or attention)
@@ -9,28 +9,52 @@
  *   final_last = rmsnorm_1+w(x[T-1])
  *
  * Activations are a few (T, W) buffers, W the widest projection; attention
- * uses the online-softmax kernel and the delta rule the chunked one, so
- * nothing is T x T. No fast paths here: this is the oracle they are
- * checked against.
+ * uses an online-softmax kernel, so nothing is T x T. The kernels are
+ * npu.h's dispatching ones (AVX-512 where the CPU has it, fp32
+ * accumulation); D3_NPU_KERNELS=ref runs the scalar reference kernels
+ * (double accumulation), the oracle the fast ones are checked against --
+ * test_tower holds both to the transformers goldens.
+ *
+ * A pass may continue from a per-sequence state (eng_fwd_int.h): the
+ * full-attention layers' keys and values and the Gated DeltaNet layers'
+ * conv and recurrent states of the positions run before, so that a shared
+ * prompt prefix runs once. eng_model_forward starts from an empty one.
  */
+#include "eng_fwd_int.h"
 #include "eng_model_int.h"
 #include "npu.h"
 
 #include <math.h>
 
+struct eng_fwd_state {
+    const eng_model_t *m;
+    size_t             len;    /* positions run */
+    size_t             cap;    /* KV rows every full layer's k and v hold */
+    bool               broken; /* a pass with update failed halfway */
+    float            **k;      /* (L): (cap, n_kv * hd) for full layers, else NULL */
+    float            **v;      /* (L): likewise */
+    float            **conv;   /* (L): (K - 1, conv channels) for linear layers */
+    float            **rec;    /* (L): (nv, dk, dv) for linear layers */
+};
+
 /* Per-call activations; every buffer is owned by the call. */
 typedef struct fwd {
     const eng_model_t *m;
     size_t             T;
-    float             *x;    /* (T, H) residual stream */
-    float             *h;    /* (T, H) normed input of a block */
-    float             *a;    /* (T, W) scratch */
-    float             *b;    /* (T, W) */
-    float             *c;    /* (T, W) */
-    float             *d;    /* (T, W) */
-    float             *s1;   /* (T, nv) beta */
-    float             *s2;   /* (T, nv) g */
-    int32_t           *pos3; /* (T, 3) mrope positions, all rows t */
+    size_t             P;      /* positions before these T (the state's length) */
+    eng_fwd_state_t   *st;     /* NULL: an empty state, nothing kept */
+    bool               update; /* st takes in the T positions */
+    float             *kall;   /* (P + T, n_kv * hd) prefix + new keys when !update, P > 0 */
+    float             *vall;   /* likewise for values */
+    float             *x;      /* (T, H) residual stream */
+    float             *h;      /* (T, H) normed input of a block */
+    float             *a;      /* (T, W) scratch */
+    float             *b;      /* (T, W) */
+    float             *c;      /* (T, W) */
+    float             *d;      /* (T, W) */
+    float             *s1;     /* (T, nv) beta */
+    float             *s2;     /* (T, nv) g */
+    int32_t           *pos3;   /* (T, 3) mrope positions, all rows t */
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -56,12 +80,18 @@ static void fwd_free(fwd_t *f) {
     free(f->s1);
     free(f->s2);
     free(f->pos3);
+    free(f->kall);
+    free(f->vall);
 }
 
-static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T) {
+static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_state_t *st,
+                           bool update) {
     memset(f, 0, sizeof *f);
     f->m = m;
     f->T = T;
+    f->st = st;
+    f->update = st && update;
+    f->P = st ? st->len : 0;
     const eng_model_cfg_t *c = &m->cfg;
     size_t                 W = scratch_width(c);
     if (T > SIZE_MAX / sizeof(float) / W / 4)
@@ -77,9 +107,18 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T) {
     f->pos3 = malloc(T * 3 * sizeof *f->pos3);
     if (!f->x || !f->h || !f->a || !f->b || !f->c || !f->d || !f->s1 || !f->s2 || !f->pos3)
         return SVC_ERR_NOMEM;
-    /* Text: plain positions 0..T-1 on all three mrope axes (SPEC d.2). */
+    if (f->P > 0 && !f->update) { /* the state is read only: join prefix and new rows here */
+        size_t kvd = c->n_kv * c->head_dim;
+        if (f->P + T > SIZE_MAX / sizeof(float) / kvd)
+            return SVC_ERR_NOMEM;
+        f->kall = malloc((f->P + T) * kvd * sizeof *f->kall);
+        f->vall = malloc((f->P + T) * kvd * sizeof *f->vall);
+        if (!f->kall || !f->vall)
+            return SVC_ERR_NOMEM;
+    }
+    /* Text: plain positions P..P+T-1 on all three mrope axes (SPEC d.2). */
     for (size_t t = 0; t < T; t++)
-        f->pos3[3 * t] = f->pos3[3 * t + 1] = f->pos3[3 * t + 2] = (int32_t)t;
+        f->pos3[3 * t] = f->pos3[3 * t + 1] = f->pos3[3 * t + 2] = (int32_t)(f->P + t);
     return SVC_OK;
 }
 
@@ -97,15 +136,19 @@ static float softplusf_(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
 }
 
-/* Gated DeltaNet (Qwen3_5GatedDeltaNet.forward without cache); h is (T, H),
- * the mixer output lands in f->b as (T, H). */
-static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l) {
+/* Gated DeltaNet (Qwen3_5GatedDeltaNet.forward, with the cache of layer li
+ * in f->st); h is (T, H), the mixer output lands in f->b as (T, H). */
+static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
     const eng_model_cfg_t *c = &f->m->cfg;
     size_t T = f->T, H = c->hidden, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
     size_t C = eng_lin_conv_dim(c), nv = c->lin_nv;
+    /* states in: NULL (zeros) for a fresh sequence; out: kept only on update */
+    float *conv_in = f->P > 0 ? f->st->conv[li] : NULL, *rec_in = f->P > 0 ? f->st->rec[li] : NULL;
+    float *conv_out = f->update ? f->st->conv[li] : NULL;
+    float *rec_out = f->update ? f->st->rec[li] : NULL;
     /* mixed qkv (T, C) -> causal depthwise conv + silu -> f->b (T, C) */
-    npu_matmul_ref(f->h, l->in_qkv, T, H, C, f->a);
-    npu_conv1d_causal_silu_ref(f->a, l->conv, T, C, c->conv_k, NULL, NULL, f->b);
+    npu_matmul(f->h, l->in_qkv, T, H, C, f->a);
+    npu_conv1d_causal_silu(f->a, l->conv, T, C, c->conv_k, conv_in, conv_out, f->b);
     /* split into contiguous q (T, nk, dk), k (T, nk, dk), v (T, nv, dv) in f->a */
     float *q = f->a, *k = f->a + T * kd, *v = f->a + 2 * T * kd;
     for (size_t t = 0; t < T; t++) {
@@ -115,37 +158,59 @@ static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l) {
         memcpy(v + t * vd, row + 2 * kd, vd * sizeof *v);
     }
     /* use_qk_l2norm_in_kernel=True: FLA's l2norm, eps 1e-6 */
-    npu_l2norm_ref(q, T * c->lin_nk, c->lin_dk, 1e-6f, q);
-    npu_l2norm_ref(k, T * c->lin_nk, c->lin_dk, 1e-6f, k);
+    npu_l2norm(q, T * c->lin_nk, c->lin_dk, 1e-6f, q);
+    npu_l2norm(k, T * c->lin_nk, c->lin_dk, 1e-6f, k);
     /* beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both (T, nv) */
-    npu_matmul_ref(f->h, l->in_b, T, H, nv, f->s1);
-    npu_matmul_ref(f->h, l->in_a, T, H, nv, f->s2);
+    npu_matmul(f->h, l->in_b, T, H, nv, f->s1);
+    npu_matmul(f->h, l->in_a, T, H, nv, f->s2);
     for (size_t t = 0; t < T; t++)
         for (size_t j = 0; j < nv; j++) {
             f->s1[t * nv + j] = sigmoidf_(f->s1[t * nv + j]);
             f->s2[t * nv + j] = -expf(l->a_log[j]) * softplusf_(f->s2[t * nv + j] + l->dt_bias[j]);
         }
     /* core (T, nv, dv) in f->d */
-    svc_err_t err = npu_delta_rule_chunked_ref(q, k, v, f->s2, f->s1, T, c->lin_nk, nv, c->lin_dk,
-                                               c->lin_dv, NULL, NULL, f->d);
+    svc_err_t err = npu_delta_rule(q, k, v, f->s2, f->s1, T, c->lin_nk, nv, c->lin_dk, c->lin_dv,
+                                   rec_in, rec_out, f->d);
     if (err)
         return err;
     /* gated norm per value head with z = in_proj_z(h) (T, nv, dv), then out_proj */
-    npu_matmul_ref(f->h, l->in_z, T, H, vd, f->c);
-    npu_rmsnorm_gated_ref(f->d, f->c, l->lin_norm, T * nv, c->lin_dv, c->eps, f->d);
-    npu_matmul_ref(f->d, l->out_proj, T, vd, H, f->b);
+    npu_matmul(f->h, l->in_z, T, H, vd, f->c);
+    npu_rmsnorm_gated(f->d, f->c, l->lin_norm, T * nv, c->lin_dv, c->eps, f->d);
+    npu_matmul(f->d, l->out_proj, T, vd, H, f->b);
     return SVC_OK;
 }
 
-/* Gated softmax attention (Qwen3_5Attention.forward); h is (T, H), the
- * mixer output lands in f->b as (T, H). */
-static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, bool noncausal) {
+/* Keys and values of layer li over all P + T positions: the new rows k, v
+ * (T, kvd) appended to the state's (update), or joined with a read-only
+ * state's in f->kall/vall, or k, v themselves for a fresh sequence. */
+static void kv_all(fwd_t *f, size_t li, float *k, float *v, float **K, float **V) {
+    size_t kvd = f->m->cfg.n_kv * f->m->cfg.head_dim, P = f->P, T = f->T;
+    if (f->update) {
+        *K = f->st->k[li];
+        *V = f->st->v[li];
+    } else if (P > 0) {
+        *K = f->kall;
+        *V = f->vall;
+        memcpy(*K, f->st->k[li], P * kvd * sizeof **K);
+        memcpy(*V, f->st->v[li], P * kvd * sizeof **V);
+    } else {
+        *K = k;
+        *V = v;
+        return;
+    }
+    memcpy(*K + P * kvd, k, T * kvd * sizeof **K);
+    memcpy(*V + P * kvd, v, T * kvd * sizeof **V);
+}
+
+/* Gated softmax attention (Qwen3_5Attention.forward, with the KV cache of
+ * layer li in f->st); h is (T, H), the mixer output lands in f->b as (T, H). */
+static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
     const eng_model_cfg_t *c = &f->m->cfg;
     size_t                 T = f->T, H = c->hidden, hd = c->head_dim, nh = c->n_heads;
     size_t                 qd = nh * hd, kvd = c->n_kv * hd, QR = eng_q_rows(c);
     /* q_proj (T, nh, [2] hd): with the output gate, transformers views it as
      * (T, nh, 2 * hd) and chunks the last dim: query first, gate second. */
-    npu_matmul_ref(f->h, l->q_proj, T, H, QR, f->a);
+    npu_matmul(f->h, l->q_proj, T, H, QR, f->a);
     float *q = f->b, *gate = f->c;
     for (size_t t = 0; t < T; t++)
         for (size_t i = 0; i < nh; i++) {
@@ -155,20 +220,23 @@ static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, bool noncausal) {
                 memcpy(gate + (t * nh + i) * hd, src + hd, hd * sizeof *gate);
         }
     float *k = f->d, *v = f->d + T * kvd;
-    npu_matmul_ref(f->h, l->k_proj, T, H, kvd, k);
-    npu_matmul_ref(f->h, l->v_proj, T, H, kvd, v);
-    npu_rmsnorm_ref(q, l->q_norm, T * nh, hd, c->eps, q, true);
-    npu_rmsnorm_ref(k, l->k_norm, T * c->n_kv, hd, c->eps, k, true);
+    npu_matmul(f->h, l->k_proj, T, H, kvd, k);
+    npu_matmul(f->h, l->v_proj, T, H, kvd, v);
+    npu_rmsnorm(q, l->q_norm, T * nh, hd, c->eps, q, true);
+    npu_rmsnorm(k, l->k_norm, T * c->n_kv, hd, c->eps, k, true);
     npu_mrope_ref(q, f->pos3, T, nh, hd, c->rot_dim, c->theta, c->section, c->interleaved);
     npu_mrope_ref(k, f->pos3, T, c->n_kv, hd, c->rot_dim, c->theta, c->section, c->interleaved);
-    /* attention (T, nh, hd) -> f->a; SPEC d.3: noncausal sees every token */
-    svc_err_t err = npu_attention_ref(q, k, v, T, T, nh, c->n_kv, hd, !noncausal, NULL, f->a);
+    /* attention (T, nh, hd) over P + T keys -> f->a; SPEC d.3: noncausal
+     * sees every token (never with a prefix state) */
+    float *K, *V;
+    kv_all(f, li, k, v, &K, &V);
+    svc_err_t err = npu_attention(q, K, V, T, f->P + T, nh, c->n_kv, hd, !noncausal, NULL, f->a);
     if (err)
         return err;
     if (c->attn_gate)
         for (size_t i = 0; i < T * qd; i++)
             f->a[i] *= sigmoidf_(gate[i]);
-    npu_matmul_ref(f->a, l->o_proj, T, qd, H, f->b);
+    npu_matmul(f->a, l->o_proj, T, qd, H, f->b);
     return SVC_OK;
 }
 
@@ -176,21 +244,23 @@ static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, bool noncausal) {
 static void mlp(fwd_t *f, const eng_layer_t *l) {
     const eng_model_cfg_t *c = &f->m->cfg;
     size_t                 T = f->T, H = c->hidden, I = c->inter;
-    npu_matmul_ref(f->h, l->mlp_gate, T, H, I, f->a);
-    npu_matmul_ref(f->h, l->mlp_up, T, H, I, f->b);
-    npu_silu_mul_ref(f->a, f->b, T, I, f->a);
-    npu_matmul_ref(f->a, l->mlp_down, T, I, H, f->c);
+    npu_matmul(f->h, l->mlp_gate, T, H, I, f->a);
+    npu_matmul(f->h, l->mlp_up, T, H, I, f->b);
+    npu_silu_mul(f->a, f->b, T, I, f->a);
+    npu_matmul(f->a, l->mlp_down, T, I, H, f->c);
 }
 
-static svc_err_t layer_forward(fwd_t *f, const eng_layer_t *l, bool noncausal) {
+static svc_err_t layer_forward(fwd_t *f, size_t li, bool noncausal) {
     const eng_model_cfg_t *c = &f->m->cfg;
+    const eng_layer_t     *l = &f->m->layers[li];
     size_t                 TH = f->T * c->hidden;
-    npu_rmsnorm_ref(f->x, l->in_norm, f->T, c->hidden, c->eps, f->h, true);
-    svc_err_t err = l->kind == ENG_LAYER_LINEAR ? linear_attn(f, l) : full_attn(f, l, noncausal);
+    npu_rmsnorm(f->x, l->in_norm, f->T, c->hidden, c->eps, f->h, true);
+    svc_err_t err =
+        l->kind == ENG_LAYER_LINEAR ? linear_attn(f, l, li) : full_attn(f, l, li, noncausal);
     if (err)
         return err;
     add_into(f->x, f->b, TH);
-    npu_rmsnorm_ref(f->x, l->post_norm, f->T, c->hidden, c->eps, f->h, true);
+    npu_rmsnorm(f->x, l->post_norm, f->T, c->hidden, c->eps, f->h, true);
     mlp(f, l);
     add_into(f->x, f->c, TH);
     return SVC_OK;
@@ -211,29 +281,170 @@ static svc_err_t check_ids(const eng_model_t *m, const int32_t *ids, size_t T, c
     return SVC_OK;
 }
 
-svc_err_t eng_model_forward(const eng_model_t *m, const int32_t *ids, size_t T, bool noncausal,
-                            float *final_last, eng_trace_fn trace, void *user, char *errstr,
-                            size_t errstr_size) {
+/* ---------------------------------------------------------------------
+ * Prefix states (eng_fwd_int.h)
+ * --------------------------------------------------------------------- */
+
+eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m) {
+    const eng_model_cfg_t *c = &m->cfg;
+    size_t                 L = c->n_layers;
+    eng_fwd_state_t       *st = calloc(1, sizeof *st);
+    if (!st)
+        return NULL;
+    st->m = m;
+    st->k = calloc(L, sizeof *st->k);
+    st->v = calloc(L, sizeof *st->v);
+    st->conv = calloc(L, sizeof *st->conv);
+    st->rec = calloc(L, sizeof *st->rec);
+    bool ok = st->k && st->v && st->conv && st->rec;
+    for (size_t i = 0; ok && i < L; i++) {
+        if (c->kinds[i] != ENG_LAYER_LINEAR)
+            continue;
+        st->conv[i] = calloc((c->conv_k - 1) * eng_lin_conv_dim(c), sizeof *st->conv[i]);
+        st->rec[i] = calloc(c->lin_nv * c->lin_dk * c->lin_dv, sizeof *st->rec[i]);
+        ok = st->conv[i] && st->rec[i];
+    }
+    if (!ok) {
+        eng_fwd_state_free(st);
+        return NULL;
+    }
+    return st;
+}
+
+void eng_fwd_state_free(eng_fwd_state_t *st) {
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->m->cfg.n_layers; i++) {
+        if (st->k)
+            free(st->k[i]);
+        if (st->v)
+            free(st->v[i]);
+        if (st->conv)
+            free(st->conv[i]);
+        if (st->rec)
+            free(st->rec[i]);
+    }
+    free(st->k);
+    free(st->v);
+    free(st->conv);
+    free(st->rec);
+    free(st);
+}
+
+size_t eng_fwd_state_len(const eng_fwd_state_t *st) {
+    return st->len;
+}
+
+/* Room for n KV rows in every full layer; on failure st keeps its rows
+ * (some buffers may have grown: harmless). */
+static svc_err_t state_reserve(eng_fwd_state_t *st, size_t n) {
+    const eng_model_cfg_t *c = &st->m->cfg;
+    size_t                 kvd = c->n_kv * c->head_dim;
+    if (n <= st->cap)
+        return SVC_OK;
+    if (n > SIZE_MAX / sizeof(float) / kvd)
+        return SVC_ERR_NOMEM;
+    for (size_t i = 0; i < c->n_layers; i++) {
+        if (c->kinds[i] == ENG_LAYER_LINEAR)
+            continue;
+        float *k = realloc(st->k[i], n * kvd * sizeof *k);
+        if (!k)
+            return SVC_ERR_NOMEM;
+        st->k[i] = k;
+        float *v = realloc(st->v[i], n * kvd * sizeof *v);
+        if (!v)
+            return SVC_ERR_NOMEM;
+        st->v[i] = v;
+    }
+    st->cap = n;
+    return SVC_OK;
+}
+
+svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src) {
+    const eng_model_cfg_t *c = &src->m->cfg;
+    size_t                 kvd = c->n_kv * c->head_dim;
+    size_t                 conv_n = (c->conv_k - 1) * eng_lin_conv_dim(c);
+    size_t                 rec_n = c->lin_nv * c->lin_dk * c->lin_dv;
+    SVC_ASSERT(dst->m == src->m);
+    if (src->broken)
+        return SVC_ERR_INVALID;
+    svc_err_t err = state_reserve(dst, src->len);
+    if (err)
+        return err;
+    for (size_t i = 0; i < c->n_layers; i++) {
+        if (c->kinds[i] == ENG_LAYER_LINEAR) {
+            memcpy(dst->conv[i], src->conv[i], conv_n * sizeof *dst->conv[i]);
+            memcpy(dst->rec[i], src->rec[i], rec_n * sizeof *dst->rec[i]);
+        } else if (src->len) {
+            memcpy(dst->k[i], src->k[i], src->len * kvd * sizeof *dst->k[i]);
+            memcpy(dst->v[i], src->v[i], src->len * kvd * sizeof *dst->v[i]);
+        }
+    }
+    dst->len = src->len;
+    dst->broken = false;
+    return SVC_OK;
+}
+
+eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src) {
+    if (src->broken)
+        return NULL;
+    eng_fwd_state_t *st = eng_fwd_state_new(src->m);
+    if (st && eng_fwd_state_copy(st, src) != SVC_OK) {
+        eng_fwd_state_free(st);
+        st = NULL;
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------------
+ * The pass
+ * --------------------------------------------------------------------- */
+
+svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool update,
+                                 const int32_t *ids, size_t T, bool noncausal, float *final_last,
+                                 eng_trace_fn trace, void *user, char *errstr, size_t errstr_size) {
     svc_err_t err = check_ids(m, ids, T, errstr, errstr_size);
     if (err)
         return err;
+    if (st && (noncausal || st->broken || st->m != m)) {
+        svc_errf(errstr, errstr_size, "forward pass: %s",
+                 noncausal    ? "noncausal attention cannot continue from a prefix state"
+                 : st->broken ? "the prefix state is unusable after a failed pass"
+                              : "the prefix state belongs to another model");
+        return SVC_ERR_INVALID;
+    }
     const eng_model_cfg_t *c = &m->cfg;
     size_t                 H = c->hidden;
     fwd_t                  f;
-    err = fwd_alloc(&f, m, T);
+    err = fwd_alloc(&f, m, T, st, update);
+    if (!err && f.update)
+        err = state_reserve(st, f.P + T);
+    bool touched = false; /* st changed: a failure from here on leaves it unusable */
     for (size_t t = 0; !err && t < T; t++)
         memcpy(f.x + t * H, m->embed + (size_t)ids[t] * H, H * sizeof *f.x);
     if (!err && trace)
         trace(-1, f.x, T, H, user);
     for (size_t i = 0; !err && i < c->n_layers; i++) {
-        err = layer_forward(&f, &m->layers[i], noncausal);
+        touched = f.update;
+        err = layer_forward(&f, i, noncausal);
         if (!err && trace)
             trace((int)i, f.x, T, H, user);
     }
-    if (!err)
-        npu_rmsnorm_ref(f.x + (T - 1) * H, m->final_norm, 1, H, c->eps, final_last, true);
+    if (!err && final_last)
+        npu_rmsnorm(f.x + (T - 1) * H, m->final_norm, 1, H, c->eps, final_last, true);
+    if (!err && f.update)
+        st->len += T;
+    if (err && touched)
+        st->broken = true;
     if (err == SVC_ERR_NOMEM)
         svc_errf(errstr, errstr_size, "out of memory for a forward pass over %zu tokens", T);
     fwd_free(&f);
     return err;
+}
+
+svc_err_t eng_model_forward(const eng_model_t *m, const int32_t *ids, size_t T, bool noncausal,
+                            float *final_last, eng_trace_fn trace, void *user, char *errstr,
+                            size_t errstr_size) {
+    return eng_model_forward_from(m, NULL, false, ids, T, noncausal, final_last, trace, user,
+                                  errstr, errstr_size);
 }

@@ -294,7 +294,8 @@ typedef struct eng_answers eng_answers_t;
 typedef struct eng_answer_stats {
     double queue_ms;    /* scheduler: from submit to the first forward pass (0 otherwise) */
     double tokenize_ms; /* rendering and tokenizing every valid question */
-    double forward_ms;  /* forward passes and readouts */
+    double forward_ms;  /* forward passes and readouts (scheduler: each question's own
+                           tokens plus an equal share of every prefix it shared) */
     size_t n_forward;   /* questions that reached the model */
 } eng_answer_stats_t;
 
@@ -352,6 +353,14 @@ const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans);
  * delta rule move). noncausal_full_attention packages share nothing: their
  * full-attention layers let the prefix see the suffix.
  *
+ * Outcomes are eng_answer_request's: the same planning (length check,
+ * usage), the same readout, and options.deadline_ms checked before each
+ * question's own forward pass on the same clock (from submit; once passed,
+ * every question of the request not yet run gets deadline_exceeded).
+ * Questions of one request may run in any order and on several workers.
+ * Memory: a worker keeps at most a few prefix states at once (one per
+ * level of sharing), freed when its group is done.
+ *
  * Usage:
  *
  *     eng_sched_t *s = NULL;
@@ -401,25 +410,29 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  * @param req borrowed until done has been called.
  * @returns SVC_OK (done will be called exactly once); SVC_ERR_RETRIABLE:
  *          the queue is full, nothing was taken, retry after a completion;
- *          SVC_ERR_UNSUPPORTED (images/videos), SVC_ERR_NOMEM: nothing was
- *          taken and done will not be called.
+ *          SVC_ERR_UNSUPPORTED (images/videos), SVC_ERR_NOMEM, or a
+ *          prompt's error (SVC_ERR_INVALID: text that cannot be encoded):
+ *          nothing was taken and done will not be called.
  */
-SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req,
-                                   eng_sched_done_fn done, void *user);
+SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
+                                   void *user);
 
 /* Stops admitting, finishes every admitted request (their done callbacks
  * run), joins the workers and frees. NULL is a no-op. */
 void eng_sched_free(eng_sched_t *s);
 
 typedef struct eng_sched_stats {
-    uint64_t requests;        /* completed */
-    uint64_t questions;       /* that reached the model */
-    uint64_t groups;          /* prefix groups run (a lone question is a group) */
-    uint64_t tokens;          /* prompt tokens of the questions that reached the model */
-    uint64_t tokens_computed; /* tokens actually run through the tower */
+    uint64_t requests;        /* completed (done called or about to be) */
+    uint64_t questions;       /* that ran through the model (deadline skips excluded) */
+    uint64_t groups;          /* prefix states run once for several questions, plus
+                                 questions run alone from the root (head or empty) */
+    uint64_t tokens;          /* prompt tokens of those questions */
+    uint64_t tokens_computed; /* tokens actually run through the tower, incl. the
+                                 cached head once at eng_sched_new */
     uint64_t queued;          /* questions admitted, not finished (gauge) */
 } eng_sched_stats_t;
 
+/* A consistent snapshot of the counters. @locality any thread. */
 void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out);
 
 /* SPEC e.5: the SHA-256 of chat_template.jinja against the pinned ones.

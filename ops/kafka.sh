@@ -5,14 +5,20 @@
 #   ops/kafka.sh fetch                    fetch the broker jars (cached)
 #   ops/kafka.sh start [DIR]              start a fresh broker, print host:port
 #   ops/kafka.sh stop [DIR] [--clean]     stop it (--clean also removes DIR)
+#   ops/kafka.sh restart [DIR]            stop it if it runs, then start it
+#                                         again on the SAME ports with its data
+#                                         kept (topics, offsets, transactions)
 #   ops/kafka.sh status [DIR]             running or not (exit 0 / 1)
 #   ops/kafka.sh topic create NAME PARTITIONS [DIR]
 #   ops/kafka.sh --help
 #
 # DIR defaults to $D3_KAFKA_DIR, else build/_kafka under the repository root;
-# for stop, status and topic, to the DIR of the last `start` while that
-# broker still runs. `start` writes DIR/server.properties, DIR/data (formatted anew each start),
-# DIR/broker.log, DIR/bootstrap (host:port) and DIR/pid.
+# for stop, restart, status and topic, to the DIR of the last `start` while that
+# broker still runs. `start` writes DIR/server.properties, DIR/data (formatted
+# anew each start), DIR/broker.log, DIR/bootstrap (host:port) and DIR/pid.
+# `restart` reuses DIR/server.properties and DIR/data as they are (a test
+# that stops its own broker mid-run and brings it back: `stop DIR`, wait,
+# `restart DIR`); it fails when another process took the port meanwhile.
 #
 # The jars are org.apache.kafka:kafka_2.13 and its runtime dependencies from
 # Maven Central (mvn dependency:copy-dependencies), plus kafka-tools for the
@@ -36,7 +42,7 @@ KAFKA_JAR="kafka_$SCALA_VERSION-$KAFKA_VERSION.jar"
 LAST_DIR_FILE="$ROOT/build/.kafka-last-dir" # the DIR of the last `start`
 
 usage() {
-    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 die() {
@@ -262,7 +268,7 @@ broker_answers() { # <port> <dir>
 }
 
 launch() { # <dir> <port> <controller port>; 0 ready, 1 failed, 2 port taken
-    local dir="$1" port="$2" cport="$3" cid pid deadline
+    local dir="$1" port="$2" cport="$3" cid
     rm -rf "$dir/data"
     write_configs "$dir" "$port" "$cport"
     cid="$(java -cp "$CACHE/libs/*" -Dlog4j.configuration="file:$dir/tools-log4j.properties" \
@@ -274,6 +280,13 @@ launch() { # <dir> <port> <controller port>; 0 ready, 1 failed, 2 port taken
             die "kafka.tools.StorageTool format failed"
         }
     : >"$dir/broker.log"
+    run_broker "$dir" "$port"
+}
+
+# Starts the JVM on DIR's existing configuration and data and waits until it
+# answers on port; 0 ready, 1 failed, 2 port taken.
+run_broker() { # <dir> <port>
+    local dir="$1" port="$2" pid deadline
     # setsid: the broker leaves the caller's process group, so a Ctrl-C meant
     # for a test run reaches it only through that run's `kafka.sh stop`.
     setsid java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
@@ -333,6 +346,40 @@ cmd_start() { # [dir]
     mkdir -p "$(dirname "$LAST_DIR_FILE")"
     echo "$dir" >"$LAST_DIR_FILE"
     log "Kafka $KAFKA_VERSION ready at 127.0.0.1:$port (controller $cport, pid $(cat "$dir/pid"))" \
+        "after $(($(now_ms) - t0)) ms; log: $dir/broker.log"
+    cat "$dir/bootstrap"
+}
+
+# The port of listener NAME in DIR/server.properties.
+listener_port() { # <dir> <PLAINTEXT|CONTROLLER>
+    sed -n "s/^listeners=.*$2:\/\/[^,:]*:\([0-9]*\).*/\1/p" "$1/server.properties"
+}
+
+cmd_restart() { # [dir]
+    local dir="${1:-$(running_dir)}" port t0 rc=0
+    [ -d "$dir" ] || die "no broker directory $dir"
+    dir="$(cd "$dir" && pwd)"
+    [ -f "$dir/server.properties" ] && [ -f "$dir/data/meta.properties" ] ||
+        die "$dir holds no formatted broker (ops/kafka.sh start $dir first)"
+    require_java
+    if broker_pid "$dir" >/dev/null; then
+        cmd_stop "$dir"
+    fi
+    port="$(listener_port "$dir" PLAINTEXT)"
+    [[ "$port" =~ ^[0-9]+$ ]] || die "no PLAINTEXT listener port in $dir/server.properties"
+    rm -f "$dir/bootstrap" "$dir/pid"
+    t0="$(now_ms)"
+    # A fresh log: the readiness test without kcat looks for "started" in it.
+    [ -f "$dir/broker.log" ] && mv -f "$dir/broker.log" "$dir/broker.log.1"
+    : >"$dir/broker.log"
+    run_broker "$dir" "$port" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "---- last lines of $dir/broker.log" >&2
+        tail -n 40 "$dir/broker.log" >&2
+        [ "$rc" -eq 2 ] && die "port $port (or the controller's) is taken: cannot restart there"
+        die "Kafka $KAFKA_VERSION did not come back within ${START_TIMEOUT_S} s"
+    fi
+    log "Kafka $KAFKA_VERSION back at 127.0.0.1:$port (pid $(cat "$dir/pid"), data kept)" \
         "after $(($(now_ms) - t0)) ms; log: $dir/broker.log"
     cat "$dir/bootstrap"
 }
@@ -407,6 +454,11 @@ stop)
     shift
     [ $# -le 2 ] || die "usage: kafka.sh stop [DIR] [--clean]"
     cmd_stop "$@"
+    ;;
+restart)
+    shift
+    [ $# -le 1 ] || die "usage: kafka.sh restart [DIR]"
+    cmd_restart "$@"
     ;;
 status)
     shift

@@ -140,9 +140,8 @@ static svc_err_t device_label(svc_buf_t *out) {
     return err;
 }
 
-/* The answers -> the 200 body (or the 500 the encoder decides on). */
-static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
-                         svc_buf_t *out, int *status, char *errstr, size_t errstr_size) {
+int ops_ask_encode(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
+                   svc_buf_t *out, int *status, char *errstr, size_t errstr_size) {
     svc_buf_t device;
     svc_buf_init(&device, 8192);
     const eng_answer_stats_t *st = eng_answers_stats(ans);
@@ -154,7 +153,7 @@ static int write_answers(const ops_ask_t *a, const sch_request_t *req, const eng
                        .numerics = "exact",
                        .engine = "d3stream",
                        .accelerator = "cpu",
-                       .queue_ms = 0, /* no queue in front of a single request */
+                       .queue_ms = st->queue_ms, /* 0 without the scheduler */
                        .compute_ms = st->tokenize_ms + st->forward_ms,
     };
     sch_error_t e;
@@ -189,7 +188,7 @@ int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *ou
     if (rc == OPS_EXIT_OK)
         rc = eng_answer_request(a->pkg, a->model, req, &ans, errstr, errstr_size)
                  ? OPS_EXIT_FAILURE
-                 : write_answers(a, req, ans, out, &http, errstr, errstr_size);
+                 : ops_ask_encode(a, req, ans, out, &http, errstr, errstr_size);
     if (status)
         *status = http;
     eng_answers_free(ans);

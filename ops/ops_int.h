@@ -65,4 +65,11 @@ void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
  * OPS_EXIT_OK or the exit status (messages say "d3stream ask:"). */
 int ops_ask_verify(const char *dir, bool no_verify, char *sha);
 
+/* The answers to req -> the 200 body appended to out, *status 200
+ * (OPS_EXIT_OK); or the 500 error body the encoder decides on (a
+ * non-finite number; OPS_EXIT_VERDICT, *status set); OPS_EXIT_FAILURE with
+ * errstr when it cannot be written. Thread-safe. */
+int ops_ask_encode(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
+                   svc_buf_t *out, int *status, char *errstr, size_t errstr_size);
+
 #endif

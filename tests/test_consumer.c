@@ -561,3 +561,70 @@ Test(consumer, close_before_assignment, .timeout = 120) {
     cons_free(m->cons);
     free(m);
 }
+
+/* Exactly-once support: group metadata once joined, messages current until
+ * a rewind, the rewind replays from the first offset (nothing committed),
+ * and closing a transactional consumer commits nothing. */
+Test(consumer, transactional_rewind, .timeout = 120) {
+    enum { N = 40, PARTS = 2 };
+    char topic[128], group[128];
+    unique_name(topic, sizeof topic, "txn");
+    unique_name(group, sizeof group, "txn-g");
+    topic_fill(topic, PARTS, N);
+    const char *topics[] = {topic, NULL};
+    cons_conf_t cc = {.brokers = bootstrap(),
+                      .group = group,
+                      .topics = topics,
+                      .from_beginning = true,
+                      .max_in_flight = 2 * N,
+                      .transactional = true};
+    char        errstr[512];
+    cons_t     *cons = cons_new(&cc, errstr, sizeof errstr);
+    cr_assert_not_null(cons, "%s", errstr);
+    cons_msg_t *held[N];
+    int         n = 0;
+    int64_t     deadline = now_ms() + wait_ms();
+    while (n < N) {
+        cr_assert_lt(now_ms(), deadline, "%d of %d messages after %d ms", n, N, wait_ms());
+        cons_msg_t *m = NULL;
+        cr_assert_eq(cons_poll(cons, 100, &m), SVC_OK, "%s", cons_strerror(cons));
+        if (m)
+            held[n++] = m;
+    }
+    rd_kafka_consumer_group_metadata_t *md = cons_group_metadata(cons);
+    cr_assert_not_null(md, "no group metadata after the assignment");
+    rd_kafka_consumer_group_metadata_destroy(md);
+    for (int i = 0; i < N; i++)
+        cr_assert(cons_msg_current(cons, held[i]), "message %d not current before the rewind", i);
+    /* Finish half (as a committed transaction would), then rewind: the
+     * consumer committed nothing, so every message comes again. */
+    for (int i = 0; i < N / 2; i++)
+        cons_msg_done(cons, held[i], true);
+    cr_assert_eq(cons_rewind(cons, wait_ms()), SVC_OK, "%s", cons_strerror(cons));
+    for (int i = N / 2; i < N; i++) {
+        cr_assert_not(cons_msg_current(cons, held[i]), "message %d current after the rewind", i);
+        cons_msg_done(cons, held[i], true); /* stale: must not move anything */
+    }
+    static int seen[N];
+    memset(seen, 0, sizeof seen);
+    int again = 0;
+    deadline = now_ms() + wait_ms();
+    while (again < N) {
+        cr_assert_lt(now_ms(), deadline, "%d of %d again after the rewind", again, N);
+        cons_msg_t *m = NULL;
+        cr_assert_eq(cons_poll(cons, 100, &m), SVC_OK, "%s", cons_strerror(cons));
+        if (!m)
+            continue;
+        cr_assert(cons_msg_current(cons, m));
+        seen[msg_id(m)]++;
+        again++;
+        cons_msg_done(cons, m, true);
+    }
+    cr_assert_eq(distinct(seen, N), N, "the rewind replayed %d distinct of %d", distinct(seen, N),
+                 N);
+    cr_assert_eq(cons_close(cons), SVC_OK, "%s", cons_strerror(cons));
+    cons_free(cons);
+    for (int p = 0; p < PARTS; p++)
+        cr_assert_lt(committed(group, topic, p), 0,
+                     "partition %d: a transactional consumer committed by itself", p);
+}

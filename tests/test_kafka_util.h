@@ -1,6 +1,6 @@
 /*
  * test_kafka_util.h -- helpers shared by the tests that run against a real
- * Apache Kafka broker (test_kafka, test_producer, test_consumer, test_serve):
+ * Apache Kafka broker (test_kafka, test_producer, test_consumer, test_serve*):
  * the broker's address from D3_KAFKA_BOOTSTRAP (the test FAILS without it),
  * waits bounded by 30 s times D3_TEST_TIMEOUT_MULT, unique topic and group
  * names, plain librdkafka clients and topic creation through the admin API.
@@ -113,15 +113,20 @@ typedef struct tk_admin {
 } tk_admin_t;
 
 /* Asks rk's broker to create topic with parts partitions (replication factor
- * 1), with the operation timeout (and the request timeout when
- * request_timeout) set to wait_ms(), and waits for the result event, which
- * it returns. create_topics_end frees it all. */
-static inline rd_kafka_event_t *create_topics_begin(tk_admin_t *a, rd_kafka_t *rk,
-                                                    const char *topic, int parts,
-                                                    bool request_timeout) {
+ * 1) and the NULL-terminated topic config key, value pairs in cfg, with the
+ * operation timeout (and the request timeout when request_timeout) set to
+ * wait_ms(), and waits for the result event, which it returns.
+ * create_topics_end frees it all. */
+static inline rd_kafka_event_t *create_topics_begin_cfg(tk_admin_t *a, rd_kafka_t *rk,
+                                                        const char *topic, int parts,
+                                                        bool               request_timeout,
+                                                        const char *const *cfg) {
     char errstr[512];
     a->nt = rd_kafka_NewTopic_new(topic, parts, 1, errstr, sizeof errstr);
     cr_assert_not_null(a->nt, "NewTopic \"%s\": %s", topic, errstr);
+    for (; cfg && cfg[0]; cfg += 2)
+        cr_assert_eq(rd_kafka_NewTopic_set_config(a->nt, cfg[0], cfg[1]),
+                     RD_KAFKA_RESP_ERR_NO_ERROR, "topic config %s=%s", cfg[0], cfg[1]);
     a->opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
     cr_assert_eq(
         rd_kafka_AdminOptions_set_operation_timeout(a->opts, wait_ms(), errstr, sizeof errstr),
@@ -135,6 +140,13 @@ static inline rd_kafka_event_t *create_topics_begin(tk_admin_t *a, rd_kafka_t *r
     a->ev = rd_kafka_queue_poll(a->q, wait_ms() + 5000);
     cr_assert_not_null(a->ev, "CreateTopics \"%s\": no result within %d ms", topic, wait_ms());
     return a->ev;
+}
+
+/* create_topics_begin_cfg without topic configuration. */
+static inline rd_kafka_event_t *create_topics_begin(tk_admin_t *a, rd_kafka_t *rk,
+                                                    const char *topic, int parts,
+                                                    bool request_timeout) {
+    return create_topics_begin_cfg(a, rk, topic, parts, request_timeout, NULL);
 }
 
 static inline void create_topics_end(tk_admin_t *a) {

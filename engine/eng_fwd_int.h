@@ -1,0 +1,71 @@
+/*
+ * eng_fwd_int.h -- private: the text tower forward pass continued from a
+ * per-sequence state, so that a prompt prefix shared by several questions
+ * runs once (eng_sched.c). eng_model_forward is the same pass from an empty
+ * state.
+ *
+ * A state holds what the positions run so far leave behind for the ones
+ * after them (causal attention only):
+ *  - every full-attention layer: the keys (after k_norm and rope) and the
+ *    values of those positions, (len, n_kv * head_dim) each;
+ *  - every Gated DeltaNet layer: the conv state (K - 1, conv channels) and
+ *    the recurrent state (n_v_heads, dk, dv).
+ * Positions stay plain: a state of len positions continues at len, len+1,
+ * ... (text only, SPEC d.2), so prefix + suffix gives the same answer as
+ * the whole prompt in one pass, within the kernels' rounding (the delta
+ * rule's chunk boundaries move).
+ *
+ * Thread-safety: a state is not locked. Any number of threads may continue
+ * from one state at once with update false (it is only read); a call with
+ * update true needs the state to itself.
+ */
+#ifndef D3STREAM_ENG_FWD_INT_H
+#define D3STREAM_ENG_FWD_INT_H
+
+#include "engine.h"
+
+typedef struct eng_fwd_state eng_fwd_state_t;
+
+/* An empty state (0 positions) for m; NULL when out of memory. Memory:
+ * the linear layers' states at once, the KV rows as positions are added. */
+eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m);
+/* Frees st. NULL is a no-op. */
+void eng_fwd_state_free(eng_fwd_state_t *st);
+/* Positions run into st so far. */
+size_t eng_fwd_state_len(const eng_fwd_state_t *st);
+
+/**
+ * @brief A new state equal to src (so that several suffixes may each
+ *        continue from one prefix with update true).
+ * @returns the copy, or NULL when out of memory or src is unusable (a
+ *          forward with update failed on it).
+ */
+eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src);
+
+/**
+ * @brief Makes dst equal to src (same model), reusing dst's buffers.
+ * @returns SVC_OK; SVC_ERR_NOMEM (dst unchanged); SVC_ERR_INVALID when src
+ *          is unusable.
+ */
+SVC_WUR svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src);
+
+/**
+ * @brief Runs ids[0..T-1] at positions P..P+T-1, P = eng_fwd_state_len(st),
+ *        continuing from st: the same contract as eng_model_forward
+ *        otherwise (trace sees only the T new rows).
+ * @param st optional (NULL: an empty state, nothing kept).
+ * @param update true: st takes in the T positions (KV rows appended, linear
+ *        states replaced); false: st is only read.
+ * @param noncausal must be false when st is given: a noncausal prefix would
+ *        see the suffix, so nothing can continue from it.
+ * @returns SVC_OK; SVC_ERR_INVALID (T == 0, an id outside the vocabulary,
+ *          noncausal with a state, an unusable state) or SVC_ERR_NOMEM,
+ *          with errstr. After a failure with update true, st is unusable
+ *          (every later call on it returns SVC_ERR_INVALID); free it.
+ */
+SVC_WUR svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool update,
+                                         const int32_t *ids, size_t T, bool noncausal,
+                                         float *final_last, eng_trace_fn trace, void *user,
+                                         char *errstr, size_t errstr_size);
+
+#endif /* D3STREAM_ENG_FWD_INT_H */

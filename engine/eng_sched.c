@@ -1,0 +1,566 @@
+/*
+ * eng_sched.c -- the scheduler: a bounded FIFO of planned questions and a
+ * pool of worker threads that run them with exact prefix sharing.
+ *
+ * Submit plans every valid question (eng_answer_plan: render, tokenize,
+ * length check, usage) on the caller's thread and queues the ones that
+ * reach the model. A worker takes up to max_group queued questions (FIFO,
+ * across requests), sorts them by token ids and walks the compacted trie
+ * their longest common prefixes form: every branch point at least
+ * MIN_SHARE tokens past its parent runs its segment once into a state
+ * cloned from the parent's (eng_fwd_int.h), and each question runs its
+ * remaining tokens read-only from the deepest state on its path. The root
+ * is the cached state of the constant head every prompt starts with (SPEC
+ * c.1), for the questions whose ids start with exactly its ids, or an
+ * empty state. A question shares at most n - 1 tokens: the readout needs
+ * the final hidden state of its last token. noncausal packages share
+ * nothing (each question runs whole from an empty state).
+ *
+ * Locking: one mutex (s->mu) guards the queue, the requests' counters,
+ * deadlines and stats. Forward passes run unlocked; a question's result
+ * slot is written only by the worker that runs it, and done is called
+ * after the last question's bookkeeping, outside the lock.
+ */
+#include "engine.h"
+#include "eng_answer_int.h"
+#include "eng_fwd_int.h"
+#include "npu.h"
+
+#include <pthread.h>
+
+/* Shared segments shorter than this run once per question instead of
+ * costing a state copy. */
+#define MIN_SHARE 4
+/* Prefix states alive on one worker's trie path at most (memory bound). */
+#define MAX_DEPTH 4
+
+#define HEAD_TEXT_START "<|im_start|>user\nState:\n"
+
+typedef struct sreq sreq_t;
+
+/* One queued question: ids owned, results go to r->ans. */
+typedef struct squ {
+    sreq_t     *r;
+    size_t      p, i;  /* part and question index */
+    int32_t    *ids;   /* (n) */
+    size_t      n;     /* ids */
+    uint64_t    seq;   /* FIFO order, ties in sorting */
+    struct squ *next;  /* queue link */
+    size_t      depth; /* tokens its state already holds (while running) */
+} squ_t;
+
+struct sreq {
+    const sch_request_t *req;
+    eng_sched_done_fn    done;
+    void                *user;
+    eng_answers_t       *ans;
+    eng_deadline_t       dl;        /* under s->mu */
+    double               submit_ms; /* eng_now_ms at submit */
+    bool                 started;   /* a forward ran: queue_ms is set */
+    size_t               left;      /* questions not finished, under s->mu */
+    squ_t               *qs;        /* (n_qs) */
+    size_t               n_qs;
+    svc_err_t            err; /* the first failure; under s->mu */
+    char                 errstr[512];
+};
+
+struct eng_sched {
+    const eng_package_t *pkg;
+    const eng_model_t   *model;
+    bool                 noncausal;
+    size_t               max_questions, max_group, n_workers;
+    pthread_t           *threads;   /* (n_workers) */
+    struct wctx         *ctx;       /* (n_workers) */
+    size_t               n_threads; /* started */
+    eng_ids_t            head;      /* the constant head's ids */
+    eng_fwd_state_t     *head_st;   /* state after head (causal only), read-only */
+
+    pthread_mutex_t   mu;
+    pthread_cond_t    cv;
+    squ_t            *q_head, *q_tail; /* FIFO */
+    uint64_t          seq;
+    bool              stopping;
+    eng_sched_stats_t stats;
+};
+
+/* ---------------------------------------------------------------------
+ * Requests
+ * --------------------------------------------------------------------- */
+
+static void sreq_free(sreq_t *r) {
+    if (!r)
+        return;
+    for (size_t k = 0; k < r->n_qs; k++)
+        free(r->qs[k].ids);
+    free(r->qs);
+    eng_answers_free(r->ans);
+    free(r);
+}
+
+/* Calls done for a finished request and frees it. Unlocked. */
+static void sreq_complete(sreq_t *r) {
+    if (r->err) {
+        r->done(r->user, NULL, r->err, r->errstr);
+    } else {
+        eng_answers_t *ans = r->ans;
+        r->ans = NULL;
+        r->done(r->user, ans, SVC_OK, NULL);
+    }
+    sreq_free(r);
+}
+
+/* Plans every valid question of req into r (eng_answer_plan); the ones
+ * that reach the model become r->qs. */
+static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errstr_size) {
+    const sch_request_t *req = r->req;
+    size_t               n_valid = 0;
+    for (size_t p = 0; p < sch_request_n_parts(req); p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        for (size_t i = 0; i < part->n_questions; i++)
+            n_valid += !part->questions[i].error_code;
+    }
+    r->ans = eng_answers_new(req);
+    r->qs = calloc(n_valid ? n_valid : 1, sizeof *r->qs);
+    if (!r->ans || !r->qs)
+        return SVC_ERR_NOMEM;
+    eng_prompt_t pr;
+    eng_prompt_init(&pr);
+    svc_err_t err = SVC_OK;
+    for (size_t p = 0; !err && p < sch_request_n_parts(req); p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        for (size_t i = 0; !err && i < part->n_questions; i++) {
+            bool run = false;
+            if (part->questions[i].error_code)
+                continue;
+            err = eng_answer_plan(s->pkg, req, p, i, r->ans, &pr, &run, errstr, errstr_size);
+            if (err || !run)
+                continue;
+            squ_t *q = &r->qs[r->n_qs];
+            q->ids = malloc(pr.ids.n * sizeof *q->ids);
+            if (!q->ids) {
+                err = SVC_ERR_NOMEM;
+                break;
+            }
+            memcpy(q->ids, pr.ids.v, pr.ids.n * sizeof *q->ids);
+            q->n = pr.ids.n;
+            q->r = r;
+            q->p = p;
+            q->i = i;
+            r->n_qs++;
+        }
+    }
+    eng_prompt_fini(&pr);
+    return err;
+}
+
+/* ---------------------------------------------------------------------
+ * Running a batch
+ * --------------------------------------------------------------------- */
+
+/* Per-worker buffers. */
+typedef struct wctx {
+    eng_sched_t *s;
+    float       *hidden; /* (hidden_size) */
+    sreq_t     **done;   /* requests finished by this batch, to complete unlocked */
+    size_t       n_done;
+    char         errstr[512];
+} wctx_t;
+
+/* Question q finished (answered, skipped or failed). @locks s->mu held. */
+static void finish_locked(wctx_t *w, squ_t *q) {
+    eng_sched_t *s = w->s;
+    s->stats.queued--;
+    if (--q->r->left == 0) {
+        s->stats.requests++;
+        w->done[w->n_done++] = q->r;
+    }
+}
+
+/* Records the first failure of q's request. @locks s->mu held. */
+static void fail_locked(squ_t *q, svc_err_t err, const char *errstr) {
+    if (q->r->err)
+        return;
+    q->r->err = err;
+    snprintf(q->r->errstr, sizeof q->r->errstr, "%s", errstr);
+}
+
+static void complete_unlocked(wctx_t *w) {
+    for (size_t k = 0; k < w->n_done; k++)
+        sreq_complete(w->done[k]);
+    w->n_done = 0;
+}
+
+/* Runs question q's tokens past depth from st (NULL: from empty),
+ * read-only, and reads out its answer. share_ms: its part of the prefix
+ * time; lone: no prefix state was run for it (it counts as a group). */
+static void run_leaf(wctx_t *w, squ_t *q, const eng_fwd_state_t *st, size_t depth, double share_ms,
+                     bool lone) {
+    eng_sched_t *s = w->s;
+    sreq_t      *r = q->r;
+    pthread_mutex_lock(&s->mu);
+    bool skip = r->err != SVC_OK;
+    if (!skip && eng_deadline_passed(&r->dl)) {
+        eng_answers_put_deadline(r->ans, q->p, q->i);
+        skip = true;
+    }
+    if (!skip && !r->started) {
+        r->started = true;
+        eng_answers_stats_mut(r->ans)->queue_ms = eng_now_ms() - r->submit_ms;
+    }
+    pthread_mutex_unlock(&s->mu);
+    double    t0 = eng_now_ms();
+    svc_err_t err = SVC_OK;
+    if (!skip) {
+        w->errstr[0] = '\0';
+        err = eng_model_forward_from(s->model, (eng_fwd_state_t *)st, false, q->ids + depth,
+                                     q->n - depth, s->noncausal, w->hidden, NULL, NULL, w->errstr,
+                                     sizeof w->errstr);
+        if (err)
+            eng_answer_blame(&sch_request_part(r->req, q->p)->questions[q->i], w->errstr,
+                             sizeof w->errstr);
+        else
+            err = eng_answers_put_hidden(r->ans, s->pkg, s->model, r->req, q->p, q->i, w->hidden,
+                                         w->errstr, sizeof w->errstr);
+    }
+    double dt = eng_now_ms() - t0;
+    pthread_mutex_lock(&s->mu);
+    if (err) {
+        fail_locked(q, err, w->errstr);
+    } else if (!skip) {
+        eng_answer_stats_t *st_ = eng_answers_stats_mut(r->ans);
+        st_->forward_ms += dt + share_ms;
+        st_->n_forward++;
+        s->stats.questions++;
+        s->stats.tokens += q->n;
+        s->stats.tokens_computed += q->n - depth;
+        s->stats.groups += lone;
+    }
+    finish_locked(w, q);
+    pthread_mutex_unlock(&s->mu);
+    complete_unlocked(w);
+}
+
+/* Tokens a and b share, at most min(n) - 1 (each keeps its last token). */
+static size_t lcp(const squ_t *a, const squ_t *b) {
+    size_t n = (a->n < b->n ? a->n : b->n) - 1, k = 0;
+    while (k < n && a->ids[k] == b->ids[k])
+        k++;
+    return k;
+}
+
+static int cmp_ids(const void *pa, const void *pb) {
+    const squ_t *a = *(const squ_t *const *)pa, *b = *(const squ_t *const *)pb;
+    size_t       n = a->n < b->n ? a->n : b->n;
+    for (size_t k = 0; k < n; k++)
+        if (a->ids[k] != b->ids[k])
+            return a->ids[k] < b->ids[k] ? -1 : 1;
+    if (a->n != b->n)
+        return a->n < b->n ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+/* Questions v[0..n-1] (sorted; lc[k] = lcp(v[k], v[k+1])), all sharing
+ * st's depth tokens: the trie walk described at the top of the file. */
+static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const eng_fwd_state_t *st,
+                      size_t depth, int levels, double share_ms, bool in_node) {
+    eng_sched_t *s = w->s;
+    if (n == 1) {
+        run_leaf(w, v[0], st, depth, share_ms, !in_node);
+        return;
+    }
+    size_t D = SIZE_MAX;
+    for (size_t k = 0; k + 1 < n; k++)
+        D = lc[k] < D ? lc[k] : D;
+    eng_fwd_state_t *own = NULL;
+    if (levels > 0 && D >= depth + MIN_SHARE) {
+        /* the segment depth..D once, into a copy of the parent's state */
+        double    t0 = eng_now_ms();
+        svc_err_t err = SVC_ERR_NOMEM;
+        w->errstr[0] = '\0';
+        own = st ? eng_fwd_state_clone(st) : eng_fwd_state_new(s->model);
+        if (own)
+            err = eng_model_forward_from(s->model, own, true, v[0]->ids + depth, D - depth, false,
+                                         NULL, NULL, NULL, w->errstr, sizeof w->errstr);
+        if (err) {
+            if (err == SVC_ERR_NOMEM && !w->errstr[0])
+                svc_errf(w->errstr, sizeof w->errstr, "out of memory for a prefix state");
+            eng_answer_blame(&sch_request_part(v[0]->r->req, v[0]->p)->questions[v[0]->i],
+                             w->errstr, sizeof w->errstr);
+            eng_fwd_state_free(own);
+            pthread_mutex_lock(&s->mu);
+            for (size_t k = 0; k < n; k++) {
+                fail_locked(v[k], err, w->errstr);
+                finish_locked(w, v[k]);
+            }
+            pthread_mutex_unlock(&s->mu);
+            complete_unlocked(w);
+            return;
+        }
+        share_ms += (eng_now_ms() - t0) / (double)n;
+        pthread_mutex_lock(&s->mu);
+        s->stats.groups++;
+        s->stats.tokens_computed += D - depth;
+        pthread_mutex_unlock(&s->mu);
+        st = own;
+        depth = D;
+        levels--;
+        in_node = true;
+    }
+    /* children: maximal runs whose neighbours share more than D */
+    for (size_t a = 0; a < n;) {
+        size_t b = a + 1;
+        while (b < n && lc[b - 1] > D)
+            b++;
+        run_range(w, v + a, lc + a, b - a, st, depth, levels, share_ms, in_node);
+        a = b;
+    }
+    eng_fwd_state_free(own);
+}
+
+static bool starts_with_head(const eng_sched_t *s, const squ_t *q) {
+    return s->head_st && q->n > s->head.n &&
+           memcmp(q->ids, s->head.v, s->head.n * sizeof *q->ids) == 0;
+}
+
+/* A batch of n questions taken from the queue. */
+static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
+    eng_sched_t *s = w->s;
+    if (s->noncausal) {
+        for (size_t k = 0; k < n; k++)
+            run_leaf(w, v[k], NULL, 0, 0, true);
+        return;
+    }
+    qsort(v, n, sizeof *v, cmp_ids);
+    for (size_t k = 0; k + 1 < n; k++)
+        lc[k] = lcp(v[k], v[k + 1]);
+    /* the questions that start with the head are contiguous in id order */
+    for (size_t a = 0; a < n;) {
+        bool   head = starts_with_head(s, v[a]);
+        size_t b = a + 1;
+        while (b < n && starts_with_head(s, v[b]) == head)
+            b++;
+        run_range(w, v + a, lc + a, b - a, head ? s->head_st : NULL, head ? s->head.n : 0,
+                  MAX_DEPTH, 0, false);
+        a = b;
+    }
+}
+
+static void *worker_main(void *arg) {
+    wctx_t      *w = arg;
+    eng_sched_t *s = w->s;
+    squ_t      **v = malloc(s->max_group * sizeof *v);
+    size_t      *lc = malloc(s->max_group * sizeof *lc);
+    sreq_t     **done = malloc(s->max_group * sizeof *done);
+    SVC_ASSERT(v && lc && done && w->hidden);
+    w->done = done;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->q_head && !s->stopping)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->q_head) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        size_t n = 0; /* w->done holds max_group: take at most that many */
+        for (size_t taken = 0; s->q_head && taken < s->max_group; taken++) {
+            squ_t *q = s->q_head;
+            s->q_head = q->next;
+            if (q->r->err || q->r->dl.expired) { /* known without reading the clock */
+                if (!q->r->err)
+                    eng_answers_put_deadline(q->r->ans, q->p, q->i);
+                finish_locked(w, q);
+                continue;
+            }
+            v[n++] = q;
+        }
+        if (!s->q_head)
+            s->q_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        complete_unlocked(w);
+        if (n)
+            run_batch(w, v, n, lc);
+    }
+    free(v);
+    free(lc);
+    free(done);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * Public API
+ * --------------------------------------------------------------------- */
+
+/* The ids of every prompt's constant head (SPEC c.1), taken from a
+ * rendered probe prompt up to and including "<|im_start|>user\nState:\n",
+ * and its state. A head that does not tokenize to a prefix of real
+ * prompts' ids is harmless: the exact comparison never matches. */
+static svc_err_t head_init(eng_sched_t *s, char *errstr, size_t errstr_size) {
+    static const char probe[] =
+        "{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"x\"}}}";
+    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req = NULL;
+    sch_error_t    e;
+    eng_prompt_t   pr;
+    sch_error_init(&e);
+    eng_prompt_init(&pr);
+    svc_err_t err = sch_request_decode(probe, sizeof probe - 1, &limits, NULL, &req, &e);
+    if (!err) {
+        const sch_part_t *part = sch_request_part(req, 0);
+        err = eng_prompt_render(s->pkg, part, &part->questions[0], &pr, errstr, errstr_size);
+    }
+    const char *at = err ? NULL : strstr(pr.text.data, HEAD_TEXT_START);
+    if (at)
+        err = eng_tokenizer_encode(eng_package_tokenizer(s->pkg), pr.text.data,
+                                   (size_t)(at - pr.text.data) + strlen(HEAD_TEXT_START), &s->head);
+    if (!err && at && s->head.n > 0) {
+        s->head_st = eng_fwd_state_new(s->model);
+        err = s->head_st ? eng_model_forward_from(s->model, s->head_st, true, s->head.v, s->head.n,
+                                                  false, NULL, NULL, NULL, errstr, errstr_size)
+                         : SVC_ERR_NOMEM;
+        s->stats.tokens_computed += s->head.n;
+    }
+    if (err && errstr_size && !errstr[0])
+        svc_errf(errstr, errstr_size, "scheduler: the prompt head: %s", svc_err_name(err));
+    eng_prompt_fini(&pr);
+    sch_error_fini(&e);
+    sch_request_free(req);
+    return err;
+}
+
+static void sched_stop(eng_sched_t *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (size_t k = 0; k < s->n_threads; k++)
+        pthread_join(s->threads[k], NULL);
+    s->n_threads = 0;
+}
+
+void eng_sched_free(eng_sched_t *s) {
+    if (!s)
+        return;
+    size_t n = s->n_threads;
+    sched_stop(s);
+    for (size_t k = 0; s->ctx && k < n; k++)
+        free(s->ctx[k].hidden);
+    free(s->ctx);
+    eng_fwd_state_free(s->head_st);
+    eng_ids_fini(&s->head);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->threads);
+    free(s);
+}
+
+svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
+                        const eng_sched_conf_t *conf, eng_sched_t **out, char *errstr,
+                        size_t errstr_size) {
+    *out = NULL;
+    eng_sched_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        svc_errf(errstr, errstr_size, "out of memory for the scheduler");
+        return SVC_ERR_NOMEM;
+    }
+    s->pkg = pkg;
+    s->model = model;
+    s->noncausal = eng_package_noncausal(pkg);
+    s->n_workers = conf->n_workers;
+    if (!s->n_workers) {
+        int n = npu_probe()->n_cpus;
+        s->n_workers = n > 0 ? (size_t)n : 1;
+    }
+    s->max_questions = conf->max_questions ? conf->max_questions : 1024;
+    s->max_group = conf->max_group ? conf->max_group : 32;
+    eng_ids_init(&s->head);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->threads = calloc(s->n_workers, sizeof *s->threads);
+    s->ctx = calloc(s->n_workers, sizeof *s->ctx);
+    svc_err_t err = s->threads && s->ctx ? SVC_OK : SVC_ERR_NOMEM;
+    if (!err && !s->noncausal)
+        err = head_init(s, errstr, errstr_size);
+    for (size_t k = 0; !err && k < s->n_workers; k++) {
+        wctx_t *w = &s->ctx[k];
+        w->s = s;
+        w->hidden = malloc(eng_model_hidden_size(model) * sizeof *w->hidden);
+        if (!w->hidden) {
+            err = SVC_ERR_NOMEM;
+            break;
+        }
+        if (pthread_create(&s->threads[k], NULL, worker_main, w) != 0) {
+            free(w->hidden);
+            w->hidden = NULL;
+            svc_errf(errstr, errstr_size, "scheduler: pthread_create failed for worker %zu", k);
+            err = SVC_ERR_INTERNAL;
+            break;
+        }
+        s->n_threads++;
+    }
+    if (err) {
+        if (err == SVC_ERR_NOMEM)
+            svc_errf(errstr, errstr_size, "out of memory for the scheduler");
+        eng_sched_free(s);
+        return err;
+    }
+    *out = s;
+    return SVC_OK;
+}
+
+svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
+                           void *user) {
+    char      errstr[512] = "";
+    double    submit_ms = eng_now_ms();
+    sreq_t   *r = calloc(1, sizeof *r);
+    svc_err_t err = r ? SVC_OK : SVC_ERR_NOMEM;
+    if (!err) {
+        r->req = req;
+        r->done = done;
+        r->user = user;
+        r->submit_ms = submit_ms;
+        eng_deadline_start(&r->dl, sch_request_options(req)); /* counts from submit */
+        err = eng_answer_refuse_media(s->pkg, req, errstr, sizeof errstr);
+    }
+    if (!err)
+        err = sreq_plan(s, r, errstr, sizeof errstr);
+    if (err) {
+        sreq_free(r);
+        return err;
+    }
+    if (r->n_qs == 0) { /* nothing reaches the model: complete here */
+        pthread_mutex_lock(&s->mu);
+        s->stats.requests++;
+        pthread_mutex_unlock(&s->mu);
+        sreq_complete(r);
+        return SVC_OK;
+    }
+    pthread_mutex_lock(&s->mu);
+    SVC_ASSERT(!s->stopping);
+    if (s->stats.queued > 0 && s->stats.queued + r->n_qs > s->max_questions) {
+        pthread_mutex_unlock(&s->mu);
+        sreq_free(r);
+        return SVC_ERR_RETRIABLE;
+    }
+    r->left = r->n_qs;
+    for (size_t k = 0; k < r->n_qs; k++) {
+        squ_t *q = &r->qs[k];
+        q->seq = s->seq++;
+        q->next = NULL;
+        if (s->q_tail)
+            s->q_tail->next = q;
+        else
+            s->q_head = q;
+        s->q_tail = q;
+    }
+    s->stats.queued += r->n_qs;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return SVC_OK;
+}
+
+void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out) {
+    eng_sched_t *m = (eng_sched_t *)s; /* the lock is not part of the value */
+    pthread_mutex_lock(&m->mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&m->mu);
+}

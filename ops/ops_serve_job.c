@@ -1,0 +1,443 @@
+/*
+ * ops_serve_job.c -- one consumed record's way through `d3stream serve`:
+ * decode (JSON, or Avro through the Confluent framing and the registry),
+ * validate, hand the request to the engine's scheduler, and -- once it and
+ * every record before it are answered -- produce its result record (and
+ * its dead-letter record when the bytes could not be decoded).
+ *
+ * Records that need no engine (undecodable, invalid, too large) get their
+ * error body at once but still wait in the FIFO for the records before
+ * them, so a partition's results keep their input order.
+ */
+#include "ops_serve_int.h"
+
+#include <librdkafka/rdkafka.h>
+#include <time.h>
+
+double ops_serve_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+/* The request id: the request's d3-request-id header when it has a usable
+ * one (correlation across hops), else a new one. */
+static bool request_id(const cons_msg_t *msg, char rid[SERVE_RID_MAX + 1]) {
+    for (size_t i = 0; i < cons_msg_header_count(msg); i++) {
+        const char *name;
+        const void *v;
+        size_t      n;
+        if (cons_msg_header(msg, i, &name, &v, &n) && strcmp(name, "d3-request-id") == 0 && v &&
+            n > 0 && n <= SERVE_RID_MAX && !memchr(v, '\0', n)) {
+            memcpy(rid, v, n);
+            rid[n] = '\0';
+            return true;
+        }
+    }
+    return prod_request_id_new(rid) == SVC_OK;
+}
+
+/* Avro: framed bytes -> the request's JSON body. Returns SVC_OK, SVC_ERR_FORMAT
+ * (undecodable: errstr says why), SVC_ERR_TOO_LARGE (body over the limit) or
+ * SVC_ERR_IO (the registry could not be asked: worth a retry, not a verdict). */
+static svc_err_t avro_to_json(serve_t *s, const void *v, size_t len, svc_buf_t *json, char *errstr,
+                              size_t errstr_size) {
+    uint32_t    id;
+    const void *body;
+    size_t      blen;
+    char        why[512] = "";
+    svc_err_t   err = sch_frame_parse(v, len, &id, &body, &blen, why, sizeof why);
+    if (err) {
+        svc_errf(errstr, errstr_size, "the record is not Confluent-framed Avro: %s", why);
+        return SVC_ERR_FORMAT;
+    }
+    sch_avro_writer_t *w = NULL;
+    err = sch_registry_writer(s->reg, id, SCH_AVRO_REQUEST, &w, why, sizeof why);
+    if (err == SVC_ERR_IO) {
+        svc_errf(errstr, errstr_size, "schema id %u: %s", id, why);
+        return SVC_ERR_IO;
+    }
+    if (err) {
+        svc_errf(errstr, errstr_size, "unknown schema id %u: %s", id, why);
+        return SVC_ERR_FORMAT;
+    }
+    err = sch_avro_request_to_json(w, body, blen, json, why, sizeof why);
+    sch_avro_writer_free(w);
+    if (err == SVC_ERR_TOO_LARGE)
+        return err;
+    if (err) {
+        svc_errf(errstr, errstr_size, "the Avro body (schema id %u) cannot be decoded: %s", id,
+                 why);
+        return SVC_ERR_FORMAT;
+    }
+    return SVC_OK;
+}
+
+/* An error body of our own (sch_error_encode) into out; returns its status. */
+static int own_error(svc_buf_t *out, int status, const char *code, const char *msg) {
+    sch_error_t e;
+    sch_error_init(&e);
+    sch_error_set(&e, status, code, "%s", msg);
+    svc_buf_reset(out);
+    if (sch_error_encode(&e, out))
+        status = -1;
+    sch_error_fini(&e);
+    return status;
+}
+
+/* An engine failure on one request: the 500 the shim would answer. */
+static int internal_error(svc_buf_t *out, const char *why) {
+    char m[1100];
+    snprintf(m, sizeof m, "RuntimeError: %s",
+             why && why[0] ? why : "the request could not be answered");
+    return own_error(out, 500, "internal_error", m);
+}
+
+/* Decodes j's record: sets j->req (for the engine), or j->out/j->status
+ * (an answer without the engine: error bodies), or j->status 0 (registry
+ * down: stop) / -1 (internal failure). */
+static void decode(serve_t *s, job_t *j) {
+    size_t      vlen = 0;
+    const char *v = cons_msg_value(j->msg, &vlen);
+    svc_buf_t   json;
+    /* One byte past the limit, so that the decoder answers 413 itself. */
+    svc_buf_init(&json, (size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + 2);
+    if (s->o->avro) {
+        svc_err_t err = avro_to_json(s, v, vlen, &json, j->why, sizeof j->why);
+        if (err == SVC_ERR_IO) {
+            j->status = 0;
+        } else if (err == SVC_ERR_FORMAT) {
+            j->undecodable = true;
+            j->status = own_error(&j->out, 400, "invalid_request", j->why);
+        } else if (err == SVC_ERR_TOO_LARGE) {
+            char m[96];
+            snprintf(m, sizeof m, "the request body exceeds %u bytes",
+                     (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+            j->status = own_error(&j->out, 413, "request_too_large", m);
+        }
+        if (err) {
+            svc_buf_fini(&json);
+            return;
+        }
+        v = json.data;
+        vlen = json.len;
+    }
+    int http = 500;
+    int rc = ops_decode_request(s->ask.pkg, s->ask.dir, false, v ? v : "", vlen, &j->req, &j->out,
+                                &http, j->why, sizeof j->why);
+    svc_buf_fini(&json);
+    if (rc == OPS_EXIT_VERDICT)
+        j->status = http;
+    else if (rc != OPS_EXIT_OK)
+        j->status = internal_error(&j->out, j->why);
+}
+
+/* ------------------------------------------------------------ the engine */
+
+static void set_ready(job_t *j) {
+    serve_t *s = j->s;
+    pthread_mutex_lock(&s->lock);
+    j->ready = true;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* The scheduler's completion, on a worker thread: encode the body here
+ * (the work spreads over the workers), then hand the job back. */
+static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const char *errstr) {
+    job_t *j = user;
+    if (err) {
+        snprintf(j->why, sizeof j->why, "%s", errstr && errstr[0] ? errstr : svc_err_name(err));
+        j->status = internal_error(&j->out, j->why);
+    } else {
+        int http = 200; /* ops_ask_encode sets it only when it writes an error */
+        int rc = ops_ask_encode(&j->s->ask, j->req, ans, &j->out, &http, j->why, sizeof j->why);
+        j->status = rc == OPS_EXIT_FAILURE ? internal_error(&j->out, j->why) : http;
+    }
+    eng_answers_free(ans);
+    sch_request_free(j->req);
+    j->req = NULL;
+    set_ready(j);
+}
+
+bool ops_serve_job_submit(serve_t *s) {
+    job_t *j = s->blocked;
+    if (!j)
+        return true;
+    svc_err_t err = eng_sched_submit(s->sched, j->req, engine_done, j);
+    if (err == SVC_ERR_RETRIABLE)
+        return false;
+    s->blocked = NULL;
+    if (err) {
+        snprintf(j->why, sizeof j->why, "the engine refused the request: %s", svc_err_name(err));
+        sch_request_free(j->req);
+        j->req = NULL;
+        j->status = internal_error(&j->out, j->why);
+        set_ready(j);
+    }
+    return true;
+}
+
+void ops_serve_job_start(serve_t *s, cons_msg_t *msg) {
+    job_t *j = calloc(1, sizeof *j);
+    if (!j || !request_id(msg, j->rid)) {
+        fprintf(stderr, "d3stream serve: out of memory or entropy: message abandoned\n");
+        s->n.abandoned++;
+        free(j);
+        cons_msg_done(s->cons, msg, false);
+        return;
+    }
+    j->s = s;
+    j->msg = msg;
+    j->ok = true;
+    svc_buf_init(&j->out, SIZE_MAX / 2);
+    if (s->tail)
+        s->tail->next = j;
+    else
+        s->head = j;
+    s->tail = j;
+    s->n_jobs++;
+    decode(s, j);
+    if (!j->req) {
+        j->ready = true; /* no worker knows it: no lock needed */
+        return;
+    }
+    s->blocked = j;
+    (void)ops_serve_job_submit(s);
+}
+
+void ops_serve_wait(serve_t *s, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&s->lock);
+    if (!s->head || !s->head->ready)
+        (void)pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ------------------------------------------------------------ delivery */
+
+void ops_serve_job_release(job_t *j) {
+    j->released = true;
+    if (j->pending > 0)
+        return;
+    svc_buf_fini(&j->out);
+    free(j);
+}
+
+/* At-least-once: the message is finished by its last report. Exactly-once:
+ * reports only say whether the transaction can commit; the commit finishes
+ * the message (ops_serve_txn.c). */
+void ops_serve_on_delivery(void *opaque, svc_err_t err, const char *errstr, void *user) {
+    job_t   *j = opaque;
+    serve_t *s = user;
+    if (err) {
+        j->ok = false;
+        s->n.failed++;
+        if (s->o->eos)
+            s->txn_failed = true;
+        if (err != SVC_ERR_TXN_ABORT)
+            fprintf(stderr,
+                    "d3stream serve: %s [%d] @%lld request %s: delivery failed: %s (not "
+                    "committed; the message will be consumed again)\n",
+                    cons_msg_topic(j->msg), (int)cons_msg_partition(j->msg),
+                    (long long)cons_msg_offset(j->msg), j->rid,
+                    errstr ? errstr : svc_err_name(err));
+    }
+    if (--j->pending > 0)
+        return;
+    if (s->o->eos) {
+        if (j->released) /* the transaction ended before this report came */
+            ops_serve_job_release(j);
+        return;
+    }
+    if (j->ok) {
+        s->n.answered++;
+        s->n.by_status[j->status / 100 < 6 ? j->status / 100 : 5]++;
+    } else {
+        s->n.abandoned++;
+    }
+    cons_msg_done(s->cons, j->msg, j->ok);
+    ops_serve_job_release(j);
+}
+
+/* ------------------------------------------------------------ publishing */
+
+/* The original record's headers, for its dead-letter record. */
+static rd_kafka_headers_t *copy_headers(const cons_msg_t *msg) {
+    size_t n = cons_msg_header_count(msg);
+    if (!n)
+        return NULL;
+    rd_kafka_headers_t *h = rd_kafka_headers_new(n);
+    for (size_t i = 0; i < n; i++) {
+        const char *name;
+        const void *v;
+        size_t      len;
+        if (cons_msg_header(msg, i, &name, &v, &len))
+            rd_kafka_header_add(h, name, -1, v, v ? (ssize_t)len : 0);
+    }
+    return h;
+}
+
+/* Queues the dead-letter record of j; false when it could not be queued. */
+static bool send_dlq(serve_t *s, job_t *j) {
+    const cons_msg_t   *msg = j->msg;
+    size_t              klen = 0, vlen = 0;
+    const void         *key = cons_msg_key(msg, &klen);
+    const void         *val = cons_msg_value(msg, &vlen);
+    rd_kafka_headers_t *h = copy_headers(msg);
+    prod_dlq_t          d = {.key = key,
+                             .key_len = klen,
+                             .value = val,
+                             .value_len = vlen,
+                             .headers = h,
+                             .error_code = "invalid_request",
+                             .error_message = j->why,
+                             .source_topic = cons_msg_topic(msg),
+                             .source_partition = cons_msg_partition(msg),
+                             .source_offset = cons_msg_offset(msg)};
+    char                errstr[512] = "";
+    svc_err_t           err = prod_dlq_send(s->prod, &d, j, errstr, sizeof errstr);
+    if (h)
+        rd_kafka_headers_destroy(h);
+    if (err)
+        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: dead-letter record: %s\n",
+                d.source_topic, (int)d.source_partition, (long long)d.source_offset, j->rid,
+                errstr);
+    else
+        s->n.dlq++;
+    return !err;
+}
+
+/* The record value: the JSON body, or its Avro form (schema id 2). */
+static bool result_value(serve_t *s, job_t *j, svc_buf_t *avro, const void **value, size_t *len) {
+    *value = j->out.data;
+    *len = j->out.len;
+    if (!s->o->avro)
+        return true;
+    char      e2[512] = "";
+    svc_buf_t bin;
+    svc_buf_init(&bin, SIZE_MAX / 2);
+    bool ok = !sch_avro_answer_from_json(j->out.data, j->out.len, &bin, e2, sizeof e2) &&
+              !sch_frame_write(SCH_AVRO_ID_ANSWER, bin.data, bin.len, avro);
+    svc_buf_fini(&bin);
+    if (!ok)
+        snprintf(j->why, sizeof j->why, "Avro answer: %s", e2);
+    *value = avro->data;
+    *len = avro->len;
+    return ok;
+}
+
+/* Leaves j uncommitted: consumed again after a restart or rebalance. */
+static void abandon(serve_t *s, job_t *j) {
+    s->n.abandoned++;
+    cons_msg_done(s->cons, j->msg, false);
+    ops_serve_job_release(j);
+}
+
+/* Queues j's records (result, and dead letter when undecodable). */
+static void publish(serve_t *s, job_t *j) {
+    const char *topic = cons_msg_topic(j->msg);
+    int         part = (int)cons_msg_partition(j->msg);
+    long long   off = (long long)cons_msg_offset(j->msg);
+    if (j->status == 0) { /* the registry cannot be asked: stop, nothing committed past it */
+        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: %s\n", topic, part, off, j->rid,
+                j->why);
+        s->fatal = true;
+        abandon(s, j);
+        return;
+    }
+    svc_buf_t   avro;
+    const void *value;
+    size_t      value_len;
+    svc_buf_init(&avro, SIZE_MAX / 2);
+    if (j->status < 0 || !result_value(s, j, &avro, &value, &value_len)) {
+        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: %s\n", topic, part, off, j->rid,
+                j->why[0] ? j->why : "cannot write the result");
+        svc_buf_fini(&avro);
+        abandon(s, j);
+        return;
+    }
+    if (s->o->eos && !ops_serve_txn_ensure(s)) {
+        svc_buf_fini(&avro);
+        abandon(s, j);
+        return;
+    }
+    /* One line per record: the access log (and what the tests follow). */
+    fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: %d%s%s\n", topic, part, off, j->rid,
+            j->status, j->undecodable ? " undecodable, dead-lettered: " : "",
+            j->undecodable ? j->why : "");
+    j->pending = 1;
+    if (j->undecodable) {
+        j->pending = 2;
+        if (!send_dlq(s, j)) {
+            j->pending = 1;
+            j->ok = false; /* the result still goes out; the message comes back */
+            s->txn_failed = s->o->eos;
+        }
+    }
+    size_t        klen = 0;
+    const void   *key = cons_msg_key(j->msg, &klen);
+    prod_result_t r = {.key = key,
+                       .key_len = klen,
+                       .value = value,
+                       .value_len = value_len,
+                       .status = j->status,
+                       .request_id = j->rid,
+                       .model_id = eng_package_model_id(s->ask.pkg),
+                       .source_topic = topic,
+                       .source_partition = part,
+                       .source_offset = off};
+    char          errstr[512] = "";
+    svc_err_t     err = prod_result_send(s->prod, &r, j, errstr, sizeof errstr);
+    svc_buf_fini(&avro);
+    if (err) {
+        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: result record: %s\n", topic,
+                part, off, j->rid, errstr);
+        if (svc_err_is_fatal(err))
+            s->fatal = true;
+        j->ok = false;
+        s->txn_failed = s->o->eos;
+        j->pending--; /* the report it would have had */
+    }
+    if (s->o->eos) {
+        ops_serve_txn_add(s, j);
+        return;
+    }
+    if (j->pending == 0) { /* nothing was queued at all */
+        j->pending = 1;
+        ops_serve_on_delivery(j, SVC_OK, NULL, s);
+    }
+}
+
+void ops_serve_publish_ready(serve_t *s) {
+    for (;;) {
+        job_t *j = s->head;
+        if (!j)
+            return;
+        pthread_mutex_lock(&s->lock);
+        bool ready = j->ready;
+        pthread_mutex_unlock(&s->lock);
+        if (!ready)
+            return;
+        s->head = j->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->n_jobs--;
+        j->next = NULL;
+        /* Its partition went to another member meanwhile: that member
+         * answers it (publishing here would duplicate it). */
+        if (!cons_msg_current(s->cons, j->msg)) {
+            s->n.stale++;
+            cons_msg_done(s->cons, j->msg, false);
+            ops_serve_job_release(j);
+            continue;
+        }
+        publish(s, j);
+    }
+}

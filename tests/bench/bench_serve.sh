@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Throughput of the stream processor: broker -> d3stream serve -> broker.
+#
+#   tests/bench/bench_serve.sh [N] [serve options...]
+#
+# Preloads N requests (default 5000, tests/bench/gen_requests.py: short
+# ticket-routing states, 1-3 questions each) into a fresh 4-partition topic,
+# then times `d3stream serve --stop-at-end` from its start until it exits
+# with every result delivered (and committed), on the tiny synthetic package,
+# and prints requests/s, questions/s and the engine's token counts (from the
+# metrics file). The broker is the one D3_KAFKA_BOOTSTRAP names, else a
+# fresh one from ops/kafka.sh in build/_kafka-bench (stopped at the end).
+# A benchmark, not a test: the figure depends on the machine and its load;
+# compare runs made side by side.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+N="${1:-5000}"
+shift || true
+BIN="${D3STREAM:-$ROOT/build/d3stream}"
+PKG="$ROOT/build/_demo/d3-synthetic-tiny"
+[ -f "$PKG/MODEL_MANIFEST.json" ] || "$BIN" make-package --size tiny --seed 1 --out "$PKG" --force >&2
+
+KDIR="$ROOT/build/_kafka-bench"
+if [ -n "${D3_KAFKA_BOOTSTRAP:-}" ]; then
+  BROKER="$D3_KAFKA_BOOTSTRAP"
+  KDIR="${D3_KAFKA_DIR:?set D3_KAFKA_DIR to the ops/kafka.sh directory of that broker, for topic create}"
+else
+  ops/kafka.sh start "$KDIR" >&2
+  BROKER="$(cat "$KDIR/bootstrap")"
+  trap 'ops/kafka.sh stop "$KDIR" >/dev/null 2>&1 || true' EXIT
+fi
+
+RUN="bench-$(date +%s)-$$"
+WORK="$(mktemp -d)"
+ops/kafka.sh topic create "$RUN.in" 4 "$KDIR" >/dev/null
+ops/kafka.sh topic create "$RUN.out" 4 "$KDIR" >/dev/null
+tests/bench/gen_requests.py "$N" >"$WORK/requests.tsv"
+QUESTIONS=$(python3 -c "
+import json,sys
+print(sum(len(json.loads(l.split('\t',1)[1])['questions']) for l in open('$WORK/requests.tsv')))")
+kcat -P -b "$BROKER" -t "$RUN.in" -K$'\t' -l "$WORK/requests.tsv"
+echo "bench_serve: $N requests ($QUESTIONS questions) preloaded in $RUN.in" >&2
+
+t0=$(date +%s.%N)
+"$BIN" serve --model "$PKG" --brokers "$BROKER" --group "$RUN" --input "$RUN.in" \
+  --output "$RUN.out" --from-beginning --stop-at-end --metrics-file "$WORK/metrics.prom" "$@" \
+  2>"$WORK/serve.log" || { tail -20 "$WORK/serve.log" >&2; exit 1; }
+t1=$(date +%s.%N)
+
+got=$(kcat -C -b "$BROKER" -t "$RUN.out" -o beginning -e -q -f '%o\n' | wc -l)
+metric() { awk -v m="$1" '$1 == m { print $2 }' "$WORK/metrics.prom"; }
+TOK="$(metric d3stream_engine_input_tokens_total)"
+COMP="$(metric d3stream_engine_computed_tokens_total)"
+awk -v n="$N" -v q="$QUESTIONS" -v t0="$t0" -v t1="$t1" -v got="$got" -v tok="$TOK" \
+  -v comp="$COMP" 'BEGIN {
+    dt = t1 - t0
+    printf "bench_serve: %d results for %d requests in %.2f s: %.0f requests/s, %.0f questions/s; ", got, n, dt, n / dt, q / dt
+    printf "tokens %d, run through the tower %d (%.0f%%)\n", tok, comp, 100 * comp / (tok > 0 ? tok : 1)
+  }'
+rm -rf "$WORK"

@@ -1,0 +1,733 @@
+/*
+ * test_sched.c -- the scheduler (eng_sched.c) and the prefix-state forward
+ * pass under it (eng_fwd_int.h), on copies of the tiny upstream package:
+ *  - prefix + rest from a state equals the whole prompt in one pass;
+ *  - the scheduler's answers equal eng_answer_request's (the unshared
+ *    reference) for many requests, with 1 and 2 workers, groups of 1 and 32;
+ *  - sharing happens for causal packages and never for noncausal ones;
+ *  - backpressure, deadline (fake clock), free with requests in flight,
+ *    media refused.
+ */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "eng_answer_int.h"
+#include "eng_fwd_int.h"
+#include "engine.h"
+#include "test_util.h"
+
+#define PKG D3_SOURCE_DIR "/tests/fixtures/tiny-upstream"
+
+#define PROB_TOL   1e-5
+#define HIDDEN_TOL 1e-5
+
+/* ------------------------------------------------------------ fixtures */
+
+/* A copy of the tiny package with attention_mode mode and max_length
+ * (0: null). Its manifest no longer matches: nothing here verifies it. */
+static void copy_pkg(char *dir, size_t size, const char *mode, size_t max_length) {
+    snprintf(dir, size, "/tmp/d3sched-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cp '%s'/* '%s'/", PKG, dir);
+    cr_assert_eq(system(cmd), 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/decision_config.json", dir);
+    json_error_t jerr;
+    json_t      *dc = json_load_file(path, 0, &jerr);
+    cr_assert(dc, "%s", jerr.text);
+    cr_assert_eq(json_object_set_new(dc, "attention_mode", json_string(mode)), 0);
+    cr_assert_eq(
+        json_object_set_new(dc, "max_length",
+                            max_length ? json_integer((json_int_t)max_length) : json_null()),
+        0);
+    cr_assert_eq(json_dump_file(dc, path, JSON_PRESERVE_ORDER), 0);
+    json_decref(dc);
+}
+
+/* The ids of question q of part 0 of body. */
+static void prompt_ids(const loaded_t *l, const char *body, size_t q, eng_ids_t *ids) {
+    sch_request_t *req = decode_valid(body, strlen(body));
+    eng_prompt_t   pr;
+    char           errstr[256];
+    eng_prompt_init(&pr);
+    const sch_part_t *part = sch_request_part(req, 0);
+    cr_assert_eq(eng_prompt_render(l->pkg, part, &part->questions[q], &pr, errstr, sizeof errstr),
+                 SVC_OK);
+    eng_ids_init(ids);
+    for (size_t i = 0; i < pr.ids.n; i++)
+        cr_assert_eq(eng_ids_push(ids, pr.ids.v[i]), SVC_OK);
+    eng_prompt_fini(&pr);
+    sch_request_free(req);
+}
+
+/* max |a - b| / max |b| over n floats. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* ------------------------------------------------------------ (a) prefix states */
+
+static const char TWO_Q[] =
+    "{\"state\": \"The order arrived damaged and the customer wants a refund, quickly, please.\", "
+    "\"questions\": {\"a\": {\"type\": \"noul\", \"instructions\": \"Damaged?\"},"
+    "\"b\": {\"type\": \"choice\", \"criteria\": {\"refund\": \"Money back\", \"swap\": null, "
+    "\"none\": null}}}}";
+
+static size_t common(const eng_ids_t *a, const eng_ids_t *b) {
+    size_t k = 0;
+    while (k < a->n && k < b->n && a->v[k] == b->v[k])
+        k++;
+    return k;
+}
+
+Test(sched, prefix_state_forward) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    loaded_t l;
+    load(dir, &l);
+    eng_ids_t a, b;
+    prompt_ids(&l, TWO_Q, 0, &a);
+    prompt_ids(&l, TWO_Q, 1, &b);
+    size_t P = common(&a, &b), H = eng_model_hidden_size(l.model);
+    cr_assert_gt(P, 20, "the two prompts share the head and the state (%zu)", P);
+    cr_assert_lt(P, a.n);
+    cr_assert_lt(P, b.n);
+    float *ha = malloc(H * sizeof *ha), *hb = malloc(H * sizeof *hb), *h = malloc(H * sizeof *h);
+    char   errstr[256] = "";
+    cr_assert_eq(eng_model_forward(l.model, a.v, a.n, false, ha, NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_model_forward(l.model, b.v, b.n, false, hb, NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    /* the prefix in three pieces (delta-rule chunk boundaries move) */
+    eng_fwd_state_t *st = eng_fwd_state_new(l.model);
+    cr_assert(st);
+    size_t cut[] = {0, 7, P - 3, P};
+    for (size_t k = 0; k < 3; k++)
+        cr_assert_eq(eng_model_forward_from(l.model, st, true, a.v + cut[k], cut[k + 1] - cut[k],
+                                            false, NULL, NULL, NULL, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_fwd_state_len(st), P);
+    /* read-only continuation, twice: the state does not change */
+    for (int rep = 0; rep < 2; rep++) {
+        cr_assert_eq(eng_model_forward_from(l.model, st, false, a.v + P, a.n - P, false, h, NULL,
+                                            NULL, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+        double d = rel_diff(h, ha, H);
+        cr_assert(d <= HIDDEN_TOL, "read-only suffix a: rel diff %g", d);
+    }
+    cr_assert_eq(eng_fwd_state_len(st), P);
+    /* two clones, two different suffixes, with update */
+    eng_fwd_state_t *c1 = eng_fwd_state_clone(st), *c2 = eng_fwd_state_clone(st);
+    cr_assert(c1 && c2);
+    cr_assert_eq(eng_model_forward_from(l.model, c1, true, a.v + P, a.n - P, false, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK);
+    double d = rel_diff(h, ha, H);
+    cr_assert(d <= HIDDEN_TOL, "clone 1, suffix a: rel diff %g", d);
+    cr_assert_eq(eng_fwd_state_len(c1), a.n);
+    cr_assert_eq(eng_model_forward_from(l.model, c2, true, b.v + P, b.n - P, false, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK);
+    d = rel_diff(h, hb, H);
+    cr_assert(d <= HIDDEN_TOL, "clone 2, suffix b: rel diff %g", d);
+    /* copy back over a used state, then continue */
+    cr_assert_eq(eng_fwd_state_copy(c1, st), SVC_OK);
+    cr_assert_eq(eng_model_forward_from(l.model, c1, false, b.v + P, b.n - P, false, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK);
+    d = rel_diff(h, hb, H);
+    cr_assert(d <= HIDDEN_TOL, "copy, suffix b: rel diff %g", d);
+    /* a wrong prefix must show: b's suffix after a's whole prompt differs */
+    cr_assert_eq(eng_model_forward_from(l.model, c2, false, b.v + P, b.n - P, false, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK);
+    cr_assert(rel_diff(h, hb, H) > 1e-3, "the comparison can fail");
+    /* a refused pass leaves the state as it was */
+    int32_t bad = -1;
+    cr_assert_eq(eng_model_forward_from(l.model, st, true, &bad, 1, false, h, NULL, NULL, errstr,
+                                        sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert_eq(eng_fwd_state_len(st), P);
+    cr_assert_eq(eng_model_forward_from(l.model, st, false, a.v + P, a.n - P, false, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert(rel_diff(h, ha, H) <= HIDDEN_TOL);
+    /* noncausal never continues from a state */
+    cr_assert_eq(eng_model_forward_from(l.model, st, false, a.v + P, a.n - P, true, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert(strstr(errstr, "noncausal"), "%s", errstr);
+    eng_fwd_state_free(c1);
+    eng_fwd_state_free(c2);
+    eng_fwd_state_free(st);
+    eng_fwd_state_free(NULL);
+    free(ha);
+    free(hb);
+    free(h);
+    eng_ids_fini(&a);
+    eng_ids_fini(&b);
+    unload(&l);
+    rm_tree(dir);
+}
+
+/* ------------------------------------------------------------ completions */
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    size_t          n_done;
+} waiter_t;
+
+typedef struct slot {
+    waiter_t      *w;
+    eng_answers_t *ans;
+    svc_err_t      err;
+    char           errstr[512];
+    int            calls;
+    bool           block;   /* wait in done until released */
+    bool           in_done; /* done has been entered */
+    bool           released;
+} slot_t;
+
+static void on_done(void *user, eng_answers_t *ans, svc_err_t err, const char *errstr) {
+    slot_t   *sl = user;
+    waiter_t *w = sl->w;
+    pthread_mutex_lock(&w->mu);
+    sl->calls++;
+    sl->ans = ans;
+    sl->err = err;
+    snprintf(sl->errstr, sizeof sl->errstr, "%s", errstr ? errstr : "");
+    sl->in_done = true;
+    pthread_cond_broadcast(&w->cv);
+    while (sl->block && !sl->released)
+        pthread_cond_wait(&w->cv, &w->mu);
+    w->n_done++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void waiter_init(waiter_t *w) {
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->n_done = 0;
+}
+
+static void wait_done(waiter_t *w, size_t n) {
+    pthread_mutex_lock(&w->mu);
+    while (w->n_done < n)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Submits, retrying while the queue is full. */
+static void submit(eng_sched_t *s, const sch_request_t *req, slot_t *sl) {
+    svc_err_t err;
+    while ((err = eng_sched_submit(s, req, on_done, sl)) == SVC_ERR_RETRIABLE)
+        sleep_ms(1);
+    cr_assert_eq(err, SVC_OK, "submit: %s", svc_err_name(err));
+}
+
+/* ------------------------------------------------------------ (b) equality */
+
+static const char *const STATES[] = {
+    "The order arrived damaged.",
+    "The order arrived late, but intact.",
+    "All good, thanks.",
+    "{\"temp\": 41.5, \"alarm\": true}",
+};
+
+static const char LONG_INSTR[] =
+    "Is the customer, who wrote a short note about a parcel that arrived in a poor state after a "
+    "long journey through three depots, asking for anything at all beyond an apology?";
+
+/* Request k: one or two states, 1-5 questions sharing each state, option
+ * counts 2-5, some invalid ones and some over the length limit. */
+static char *make_body(size_t k) {
+    json_t *q = json_object();
+    size_t  nq = 1 + k % 5;
+    for (size_t i = 0; i < nq; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "q%zu", i);
+        size_t  kind = (k + i) % 5;
+        json_t *one = NULL;
+        if (kind == 0) {
+            one = json_pack("{s:s, s:s}", "type", "noul", "instructions", "Damaged?");
+        } else if (kind == 1) {
+            json_t *crit = json_object();
+            for (size_t o = 0; o < 2 + (k + i) % 4; o++) {
+                char key[16];
+                snprintf(key, sizeof key, "opt%zu", o);
+                json_object_set_new(crit, key, o % 2 ? json_null() : json_string("an option"));
+            }
+            one = json_pack("{s:s, s:o}", "type", "choice", "criteria", crit);
+        } else if (kind == 2) {
+            one = json_pack("{s:s, s:s, s:[s,s,s]}", "type", "score", "instructions", "How bad?",
+                            "criteria", "low", "mid", "high");
+        } else if (kind == 3) {
+            one = json_pack("{s:s, s:s}", "type", "noul", "instructions", ""); /* invalid */
+        } else {
+            one = json_pack("{s:s, s:s}", "type", "noul", "instructions", LONG_INSTR);
+        }
+        json_object_set_new(q, id, one);
+    }
+    json_t *body = json_pack("{s:s, s:o}", "state", STATES[k % 4], "questions", q);
+    if (k % 3 == 0) {
+        json_t *states =
+            json_pack("{s:{s:s, s:O}}", "second", "state", STATES[(k + 1) % 4], "questions", q);
+        json_object_set_new(body, "states", states);
+    }
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    return s;
+}
+
+/* The scheduler's answers equal the reference's: errors, messages, usage,
+ * the number of forwards, probabilities within PROB_TOL. */
+static void check_same(const sch_request_t *req, const eng_answers_t *got,
+                       const eng_answers_t *want, size_t k) {
+    for (size_t p = 0; p < sch_request_n_parts(req); p++) {
+        const sch_part_t   *part = sch_request_part(req, p);
+        const sch_result_t *g = eng_answers_results(got)[p], *w = eng_answers_results(want)[p];
+        cr_assert_eq(eng_answers_input_tokens(got)[p], eng_answers_input_tokens(want)[p],
+                     "request %zu part %zu usage", k, p);
+        for (size_t i = 0; i < part->n_questions; i++) {
+            if (part->questions[i].error_code)
+                continue;
+            cr_assert_str_eq(g[i].error_code ? g[i].error_code : "-",
+                             w[i].error_code ? w[i].error_code : "-", "request %zu q %zu", k, i);
+            cr_assert_str_eq(g[i].error_message ? g[i].error_message : "-",
+                             w[i].error_message ? w[i].error_message : "-");
+            cr_assert_eq(!g[i].probs, !w[i].probs);
+            for (size_t o = 0; w[i].probs && o < part->questions[i].n_options; o++)
+                cr_assert(fabs(g[i].probs[o] - w[i].probs[o]) <= PROB_TOL,
+                          "request %zu part %zu q %zu p[%zu]: %.17g vs %.17g", k, p, i, o,
+                          g[i].probs[o], w[i].probs[o]);
+        }
+    }
+    cr_assert_eq(eng_answers_stats(got)->n_forward, eng_answers_stats(want)->n_forward);
+}
+
+#define N_REQ 15
+
+/* Runs N_REQ requests through a scheduler of conf and the reference;
+ * returns the scheduler's stats. */
+static void run_many(const loaded_t *l, const eng_sched_conf_t *conf, eng_sched_stats_t *stats,
+                     size_t *n_too_long) {
+    sch_request_t *req[N_REQ];
+    eng_answers_t *ref[N_REQ];
+    slot_t         sl[N_REQ];
+    waiter_t       w;
+    char           errstr[512] = "";
+    waiter_init(&w);
+    *n_too_long = 0;
+    for (size_t k = 0; k < N_REQ; k++) {
+        char *body = make_body(k);
+        req[k] = decode_valid(body, strlen(body));
+        free(body);
+        cr_assert_eq(eng_answer_request(l->pkg, l->model, req[k], &ref[k], errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+        for (size_t p = 0; p < sch_request_n_parts(req[k]); p++)
+            for (size_t i = 0; i < sch_request_part(req[k], p)->n_questions; i++) {
+                const char *e = eng_answers_results(ref[k])[p][i].error_code;
+                *n_too_long += e && strcmp(e, "max_length_exceeded") == 0;
+            }
+        memset(&sl[k], 0, sizeof sl[k]);
+        sl[k].w = &w;
+    }
+    eng_sched_t *s = NULL;
+    cr_assert_eq(eng_sched_new(l->pkg, l->model, conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    for (size_t k = 0; k < N_REQ; k++)
+        submit(s, req[k], &sl[k]);
+    wait_done(&w, N_REQ);
+    eng_sched_stats(s, stats);
+    eng_sched_free(s);
+    for (size_t k = 0; k < N_REQ; k++) {
+        cr_assert_eq(sl[k].calls, 1);
+        cr_assert_eq(sl[k].err, SVC_OK, "%s", sl[k].errstr);
+        check_same(req[k], sl[k].ans, ref[k], k);
+        cr_assert_geq(eng_answers_stats(sl[k].ans)->queue_ms, 0);
+        eng_answers_free(sl[k].ans);
+        eng_answers_free(ref[k]);
+        sch_request_free(req[k]);
+    }
+    cr_assert_eq(stats->requests, N_REQ);
+    cr_assert_eq(stats->queued, 0);
+}
+
+/* A causal copy whose limit lets the short questions through and stops
+ * the long one. */
+static void causal_with_limit(char *dir, size_t size) {
+    loaded_t l;
+    load(PKG, &l);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"state\": \"%s\", \"questions\": {\"l\": {\"type\": \"noul\", "
+             "\"instructions\": \"%s\"}}}",
+             STATES[1], LONG_INSTR);
+    eng_ids_t ids;
+    prompt_ids(&l, body, 0, &ids);
+    size_t limit = ids.n - 20;
+    eng_ids_fini(&ids);
+    unload(&l);
+    copy_pkg(dir, size, "causal", limit);
+}
+
+static void equal_to_reference(size_t n_workers, size_t max_group) {
+    char dir[64];
+    causal_with_limit(dir, sizeof dir);
+    loaded_t l;
+    load(dir, &l);
+    eng_sched_conf_t  conf = {.n_workers = n_workers, .max_group = max_group};
+    eng_sched_stats_t st;
+    size_t            n_too_long;
+    run_many(&l, &conf, &st, &n_too_long);
+    cr_assert_gt(n_too_long, 0, "some questions are over the limit");
+    cr_assert_gt(st.questions, N_REQ);
+    cr_assert_lt(st.tokens_computed, st.tokens, "the head is shared at least: %llu of %llu",
+                 (unsigned long long)st.tokens_computed, (unsigned long long)st.tokens);
+    if (max_group > 1)
+        cr_assert_lt(st.groups, st.questions, "questions of one state share it");
+    unload(&l);
+    rm_tree(dir);
+}
+
+Test(sched, equal_1_worker_group_1) {
+    equal_to_reference(1, 1);
+}
+Test(sched, equal_1_worker_group_32) {
+    equal_to_reference(1, 32);
+}
+Test(sched, equal_2_workers_group_1) {
+    equal_to_reference(2, 1);
+}
+Test(sched, equal_2_workers_group_32) {
+    equal_to_reference(2, 32);
+}
+
+/* ------------------------------------------------------------ (c) noncausal */
+
+Test(sched, noncausal_shares_nothing) {
+    loaded_t l;
+    load(PKG, &l); /* the fixture is noncausal_full_attention */
+    cr_assert(eng_package_noncausal(l.pkg));
+    eng_sched_conf_t  conf = {.n_workers = 2, .max_group = 32};
+    eng_sched_stats_t st;
+    size_t            n_too_long;
+    run_many(&l, &conf, &st, &n_too_long);
+    cr_assert_gt(st.tokens, 0);
+    cr_assert_eq(st.tokens_computed, st.tokens);
+    cr_assert_eq(st.groups, st.questions);
+    unload(&l);
+}
+
+/* Questions of one state with a single worker and one group: the state
+ * runs once, so far fewer tokens run than the prompts hold. */
+Test(sched, sharing_counted) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    loaded_t l;
+    load(dir, &l);
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .max_group = 32};
+    char             errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    eng_sched_stats_t st0;
+    eng_sched_stats(s, &st0);
+    cr_assert_gt(st0.tokens_computed, 10, "the head ran once at start");
+    sch_request_t *req = decode_valid(TWO_Q, strlen(TWO_Q));
+    waiter_t       w;
+    slot_t         sl = {.w = &w};
+    waiter_init(&w);
+    submit(s, req, &sl);
+    wait_done(&w, 1);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    eng_sched_free(s);
+    cr_assert_eq(sl.err, SVC_OK, "%s", sl.errstr);
+    cr_assert_eq(st.questions, 2);
+    cr_assert_eq(st.groups, 1, "one group: %llu", (unsigned long long)st.groups);
+    eng_ids_t a, b;
+    prompt_ids(&l, TWO_Q, 0, &a);
+    prompt_ids(&l, TWO_Q, 1, &b);
+    size_t P = common(&a, &b);
+    cr_assert_eq(st.tokens, a.n + b.n);
+    /* the head ran at start (st0), the rest of the prefix once, each suffix once */
+    cr_assert_eq(st.tokens_computed, a.n + b.n - P, "the shared prefix ran once: %llu",
+                 (unsigned long long)st.tokens_computed);
+    eng_ids_fini(&a);
+    eng_ids_fini(&b);
+    eng_answers_free(sl.ans);
+    sch_request_free(req);
+    unload(&l);
+    rm_tree(dir);
+}
+
+/* ------------------------------------------------------------ (d) backpressure */
+
+static sch_request_t *n_questions(size_t n) {
+    char body[2048];
+    int  len = snprintf(body, sizeof body, "{\"state\": \"x\", \"questions\": {");
+    for (size_t i = 0; i < n; i++)
+        len += snprintf(body + len, sizeof body - (size_t)len,
+                        "%s\"q%zu\": {\"type\": \"noul\", \"instructions\": \"Is it %zu?\"}",
+                        i ? "," : "", i, i);
+    snprintf(body + len, sizeof body - (size_t)len, "}}");
+    return decode_valid(body, strlen(body));
+}
+
+Test(sched, backpressure) {
+    loaded_t l;
+    load(PKG, &l);
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .max_questions = 2};
+    char             errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    waiter_init(&w);
+    sch_request_t *ra = n_questions(1), *rb = n_questions(2), *rc = n_questions(1),
+                  *rd = n_questions(3);
+    slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
+    /* a's done holds the only worker: nothing else runs meanwhile */
+    cr_assert_eq(eng_sched_submit(s, ra, on_done, &a), SVC_OK);
+    pthread_mutex_lock(&w.mu);
+    while (!a.in_done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    /* the queue is empty: d, larger than the bound, is admitted */
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d), SVC_OK);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.queued, 3);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c), SVC_ERR_RETRIABLE);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b), SVC_ERR_RETRIABLE);
+    pthread_mutex_lock(&w.mu);
+    a.released = true;
+    pthread_cond_broadcast(&w.cv);
+    pthread_mutex_unlock(&w.mu);
+    wait_done(&w, 2); /* a, d */
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b), SVC_OK);
+    submit(s, rc, &c);
+    wait_done(&w, 4);
+    eng_sched_free(s);
+    slot_t *all[] = {&a, &b, &c, &d};
+    for (size_t k = 0; k < 4; k++) {
+        cr_assert_eq(all[k]->calls, 1);
+        cr_assert_eq(all[k]->err, SVC_OK);
+        eng_answers_free(all[k]->ans);
+    }
+    sch_request_free(ra);
+    sch_request_free(rb);
+    sch_request_free(rc);
+    sch_request_free(rd);
+    unload(&l);
+}
+
+/* ------------------------------------------------------------ (e) deadline */
+
+static int    fake_reads;
+static double fake_clock(void) {
+    return 10.0 * fake_reads++;
+}
+
+#define DEADLINE_BODY                                                                              \
+    "{\"state\": \"The order arrived damaged.\", \"questions\": {\"a\": {\"type\": \"noul\", "     \
+    "\"instructions\": \"Damaged?\"}, \"b\": {\"type\": \"noul\", \"instructions\": \"Late?\"}, "  \
+    "\"c\": {\"type\": \"choice\", \"criteria\": {\"yes\": null, \"no\": null}}}, "                \
+    "\"options\": {\"deadline_ms\": 15}, \"states\": {\"second\": {\"state\": \"All good.\", "     \
+    "\"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"Damaged?\"}}}}}"
+
+/* With one worker taking one question at a time, the clock is read as
+ * eng_answer_request reads it: 0 at submit, 10 before a (answered), 20
+ * before b (expired); nothing later reads it. Same outcome as the
+ * reference under the same clock. */
+Test(sched, deadline_fake_clock) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    loaded_t l;
+    load(dir, &l);
+    sch_request_t *req = decode_valid(DEADLINE_BODY, strlen(DEADLINE_BODY));
+    char           errstr[256];
+    eng_answers_t *ref = NULL;
+    fake_reads = 0;
+    eng_answer_set_clock(fake_clock);
+    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ref, errstr, sizeof errstr), SVC_OK);
+    cr_assert_eq(fake_reads, 3);
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .max_group = 1};
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    slot_t   sl = {.w = &w};
+    waiter_init(&w);
+    fake_reads = 0;
+    submit(s, req, &sl);
+    wait_done(&w, 1);
+    eng_sched_free(s);
+    eng_answer_set_clock(NULL);
+    cr_assert_eq(fake_reads, 3, "the clock was read %d times", fake_reads);
+    cr_assert_eq(sl.err, SVC_OK);
+    const sch_result_t *res = eng_answers_results(sl.ans)[0];
+    cr_assert_null(res[0].error_code);
+    cr_assert_str_eq(res[1].error_code, "deadline_exceeded");
+    cr_assert_null(res[1].error_message);
+    cr_assert_str_eq(res[2].error_code, "deadline_exceeded");
+    cr_assert_str_eq(eng_answers_results(sl.ans)[1][0].error_code, "deadline_exceeded");
+    check_same(req, sl.ans, ref, 0);
+    eng_answers_free(sl.ans);
+    eng_answers_free(ref);
+    sch_request_free(req);
+    unload(&l);
+    rm_tree(dir);
+}
+
+/* 0 at submit, 100 ever after: with groups and two workers, every
+ * question is skipped and still counted in usage. */
+static int    late_reads;
+static double late_clock(void) {
+    return late_reads++ ? 100.0 : 0.0;
+}
+
+Test(sched, deadline_all_expired_grouped) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    loaded_t l;
+    load(dir, &l);
+    sch_request_t   *req = decode_valid(DEADLINE_BODY, strlen(DEADLINE_BODY));
+    char             errstr[256];
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 2, .max_group = 32};
+    eng_answer_set_clock(late_clock);
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    slot_t   sl = {.w = &w};
+    waiter_init(&w);
+    submit(s, req, &sl);
+    wait_done(&w, 1);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    eng_sched_free(s);
+    eng_answer_set_clock(NULL);
+    cr_assert_eq(sl.err, SVC_OK);
+    for (size_t p = 0; p < 2; p++)
+        for (size_t i = 0; i < sch_request_part(req, p)->n_questions; i++)
+            cr_assert_str_eq(eng_answers_results(sl.ans)[p][i].error_code, "deadline_exceeded");
+    cr_assert_gt(eng_answers_input_tokens(sl.ans)[0], 0, "usage counts skipped questions");
+    cr_assert_gt(eng_answers_input_tokens(sl.ans)[1], 0);
+    cr_assert_eq(eng_answers_stats(sl.ans)->n_forward, 0);
+    cr_assert_eq(st.questions, 0);
+    eng_answers_free(sl.ans);
+    sch_request_free(req);
+    unload(&l);
+    rm_tree(dir);
+}
+
+/* ------------------------------------------------------------ (f) free in flight */
+
+Test(sched, free_in_flight_calls_every_done_once) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    loaded_t l;
+    load(dir, &l);
+    enum { N = 16 };
+    sch_request_t   *req[N];
+    slot_t           sl[N];
+    waiter_t         w;
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 2, .max_group = 4};
+    char             errstr[256];
+    waiter_init(&w);
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    for (size_t k = 0; k < N; k++) {
+        char *body = make_body(k);
+        req[k] = decode_valid(body, strlen(body));
+        free(body);
+        memset(&sl[k], 0, sizeof sl[k]);
+        sl[k].w = &w;
+        submit(s, req[k], &sl[k]);
+    }
+    eng_sched_free(s); /* drains */
+    cr_assert_eq(w.n_done, N);
+    for (size_t k = 0; k < N; k++) {
+        cr_assert_eq(sl[k].calls, 1, "request %zu: done called %d times", k, sl[k].calls);
+        cr_assert_eq(sl[k].err, SVC_OK);
+        eng_answers_free(sl[k].ans);
+        sch_request_free(req[k]);
+    }
+    unload(&l);
+    rm_tree(dir);
+}
+
+/* ------------------------------------------------------------ (g) media, empty */
+
+#define PNG_1X1                                                                                    \
+    "data:image/"                                                                                  \
+    "png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwG"           \
+    "A60e6kgAAAABJRU5ErkJggg=="
+
+Test(sched, media_refused_without_done) {
+    loaded_t l;
+    load(PKG, &l);
+    static const char body[] = "{\"state\": \"x\", \"images\": [\"" PNG_1X1
+                               "\"], \"questions\": {\"n\": {\"type\": \"noul\", "
+                               "\"instructions\": \"Is it?\"}}}";
+    sch_request_t   *req = decode_valid(body, strlen(body));
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {0};
+    char             errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    slot_t   sl = {.w = &w};
+    waiter_init(&w);
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &sl), SVC_ERR_UNSUPPORTED);
+    eng_sched_free(s);
+    cr_assert_eq(sl.calls, 0);
+    sch_request_free(req);
+    unload(&l);
+}
+
+/* No question reaches the model (all over the limit): done runs before
+ * submit returns. */
+Test(sched, nothing_to_run_completes_at_once) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 16);
+    loaded_t l;
+    load(dir, &l);
+    static const char body[] = "{\"state\": \"x\", \"questions\": {\"n\": {\"type\": \"noul\", "
+                               "\"instructions\": \"Is it?\"}}}";
+    sch_request_t    *req = decode_valid(body, strlen(body));
+    eng_sched_t      *s = NULL;
+    eng_sched_conf_t  conf = {.n_workers = 1};
+    char              errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    slot_t   sl = {.w = &w};
+    waiter_init(&w);
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &sl), SVC_OK);
+    cr_assert_eq(sl.calls, 1);
+    cr_assert_eq(sl.err, SVC_OK);
+    cr_assert_eq(eng_answers_input_tokens(sl.ans)[0], 0);
+    cr_assert_str_eq(eng_answers_results(sl.ans)[0][0].error_code, "max_length_exceeded");
+    eng_sched_free(s);
+    eng_answers_free(sl.ans);
+    sch_request_free(req);
+    unload(&l);
+    rm_tree(dir);
+}
