@@ -14,9 +14,26 @@
 
 /* ---------------------------------------------------------------- rebalance */
 
+/* One log line per rebalance step: "assigned t [0 2 5]" (what an operator
+ * reads first when a member stalls or duplicates). @locality poll thread */
+static void log_parts(const char *what, const rd_kafka_topic_partition_list_t *parts) {
+    char   line[1024];
+    size_t n = 0;
+    for (int i = 0; i < parts->cnt && n < sizeof line - 64; i++) {
+        bool same = i > 0 && strcmp(parts->elems[i].topic, parts->elems[i - 1].topic) == 0;
+        int  k = same ? snprintf(line + n, sizeof line - n, " %d", (int)parts->elems[i].partition)
+                      : snprintf(line + n, sizeof line - n, "%s%s [%d", i ? "] " : "",
+                                 parts->elems[i].topic, (int)parts->elems[i].partition);
+        n += k > 0 ? (size_t)k : 0;
+    }
+    fprintf(stderr, "d3stream consumer: %s %s%s\n", what, parts->cnt ? line : "nothing",
+            parts->cnt ? "]" : "");
+}
+
 /* @locality poll thread (rebalance callback) @locks takes lock */
 static void group_assign(cons_t *cons, rd_kafka_topic_partition_list_t *parts, bool coop) {
     atomic_fetch_add(&cons->assigns, 1);
+    log_parts("assigned", parts);
     /* Watermarks first, outside the lock: a blocking broker round trip. */
     if (cons->stop_at_end)
         for (int i = 0; i < parts->cnt; i++)
@@ -58,6 +75,7 @@ static void group_assign(cons_t *cons, rd_kafka_topic_partition_list_t *parts, b
  * @locality poll thread (rebalance callback) @locks takes lock */
 static void group_revoke(cons_t *cons, rd_kafka_topic_partition_list_t *parts, bool coop) {
     atomic_fetch_add(&cons->revokes, 1);
+    log_parts("revoked", parts);
     for (int i = 0; i < parts->cnt; i++) {
         atomic_fetch_add(&cons->revoked_parts, 1);
         if (cons->on_revoke)
@@ -74,6 +92,17 @@ static void group_revoke(cons_t *cons, rd_kafka_topic_partition_list_t *parts, b
                 cons->ends[k].assigned = false;
     }
     pthread_mutex_unlock(&cons->lock);
+    /* librdkafka keeps a partition's pause across unassign: were it revoked
+     * while the window is closed and assigned back while it is open, it
+     * would never be fetched again (seen as a member stalling after another
+     * left). So it leaves resumed. (Resuming a partition that is not paused
+     * is what 2.0.2 gets wrong -- it may refetch from an old position --
+     * hence only when the window closed it.) */
+    if (cons->paused && parts->cnt > 0) {
+        rd_kafka_resp_err_t e = rd_kafka_resume_partitions(cons->rk, parts);
+        if (e)
+            cons_report(cons, "resume revoked partitions: %s", rd_kafka_err2str(e));
+    }
 
     if (coop) {
         rd_kafka_error_t *error = rd_kafka_incremental_unassign(cons->rk, parts);
@@ -209,6 +238,9 @@ static rd_kafka_conf_t *conf_build(const cons_conf_t *cc, cons_t *cons, char *er
         {"group.id", cc->group},
         {"partition.assignment.strategy", "cooperative-sticky"},
         {"enable.auto.commit", cc->transactional ? "false" : "true"},
+        /* Every second instead of librdkafka's 5 s: what a crash or an
+         * outage replays is what was delivered since the last commit. */
+        {"auto.commit.interval.ms", "1000"},
         {"enable.auto.offset.store", "false"},
         {"auto.offset.reset", cc->from_beginning ? "earliest" : "latest"},
         {"enable.partition.eof", cc->stop_at_end ? "true" : "false"},

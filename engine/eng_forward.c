@@ -19,6 +19,9 @@
  * full-attention layers' keys and values and the Gated DeltaNet layers'
  * conv and recurrent states of the positions run before, so that a shared
  * prompt prefix runs once. eng_model_forward starts from an empty one.
+ * noncausal_full_attention states keep only the layers before the first
+ * full-attention layer plus the residual rows at its input
+ * (forward_noncausal).
  */
 #include "eng_fwd_int.h"
 #include "eng_model_int.h"
@@ -28,13 +31,16 @@
 
 struct eng_fwd_state {
     const eng_model_t *m;
-    size_t             len;    /* positions run */
-    size_t             cap;    /* KV rows every full layer's k and v hold */
-    bool               broken; /* a pass with update failed halfway */
-    float            **k;      /* (L): (cap, n_kv * hd) for full layers, else NULL */
-    float            **v;      /* (L): likewise */
-    float            **conv;   /* (L): (K - 1, conv channels) for linear layers */
-    float            **rec;    /* (L): (nv, dk, dv) for linear layers */
+    bool               noncausal; /* made for noncausal_full_attention passes */
+    size_t             n_pre;     /* layers [0, n_pre) kept per position: L, or F if noncausal */
+    size_t             len;       /* positions run */
+    size_t             cap;       /* rows held: KV rows of every full layer, or xs rows */
+    bool               broken;    /* a pass with update failed halfway */
+    float            **k;         /* (L): (cap, n_kv * hd) for full layers (causal), else NULL */
+    float            **v;         /* (L): likewise */
+    float            **conv;      /* (L): (K - 1, conv channels) for linear layers < n_pre */
+    float            **rec;       /* (L): (nv, dk, dv) for linear layers < n_pre */
+    float             *xs;        /* noncausal: (cap, H) residual stream at layer n_pre's input */
 };
 
 /* Per-call activations; every buffer is owned by the call. */
@@ -107,7 +113,7 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_sta
     f->pos3 = malloc(T * 3 * sizeof *f->pos3);
     if (!f->x || !f->h || !f->a || !f->b || !f->c || !f->d || !f->s1 || !f->s2 || !f->pos3)
         return SVC_ERR_NOMEM;
-    if (f->P > 0 && !f->update) { /* the state is read only: join prefix and new rows here */
+    if (f->P > 0 && !f->update && !st->noncausal) { /* read only: join prefix and new rows */
         size_t kvd = c->n_kv * c->head_dim;
         if (f->P + T > SIZE_MAX / sizeof(float) / kvd)
             return SVC_ERR_NOMEM;
@@ -140,14 +146,14 @@ static float softplusf_(float v) {
  * in f->st); h is (T, H), the mixer output lands in f->b as (T, H). */
 static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t T = f->T, H = c->hidden, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
-    size_t C = eng_lin_conv_dim(c), nv = c->lin_nv;
+    size_t                 T = f->T, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
+    size_t                 C = eng_lin_conv_dim(c), nv = c->lin_nv;
     /* states in: NULL (zeros) for a fresh sequence; out: kept only on update */
     float *conv_in = f->P > 0 ? f->st->conv[li] : NULL, *rec_in = f->P > 0 ? f->st->rec[li] : NULL;
     float *conv_out = f->update ? f->st->conv[li] : NULL;
     float *rec_out = f->update ? f->st->rec[li] : NULL;
     /* mixed qkv (T, C) -> causal depthwise conv + silu -> f->b (T, C) */
-    npu_matmul(f->h, l->in_qkv, T, H, C, f->a);
+    npu_matmul_packed(f->h, l->in_qkv, T, f->a);
     npu_conv1d_causal_silu(f->a, l->conv, T, C, c->conv_k, conv_in, conv_out, f->b);
     /* split into contiguous q (T, nk, dk), k (T, nk, dk), v (T, nv, dv) in f->a */
     float *q = f->a, *k = f->a + T * kd, *v = f->a + 2 * T * kd;
@@ -161,8 +167,8 @@ static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
     npu_l2norm(q, T * c->lin_nk, c->lin_dk, 1e-6f, q);
     npu_l2norm(k, T * c->lin_nk, c->lin_dk, 1e-6f, k);
     /* beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both (T, nv) */
-    npu_matmul(f->h, l->in_b, T, H, nv, f->s1);
-    npu_matmul(f->h, l->in_a, T, H, nv, f->s2);
+    npu_matmul_packed(f->h, l->in_b, T, f->s1);
+    npu_matmul_packed(f->h, l->in_a, T, f->s2);
     for (size_t t = 0; t < T; t++)
         for (size_t j = 0; j < nv; j++) {
             f->s1[t * nv + j] = sigmoidf_(f->s1[t * nv + j]);
@@ -174,9 +180,9 @@ static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
     if (err)
         return err;
     /* gated norm per value head with z = in_proj_z(h) (T, nv, dv), then out_proj */
-    npu_matmul(f->h, l->in_z, T, H, vd, f->c);
+    npu_matmul_packed(f->h, l->in_z, T, f->c);
     npu_rmsnorm_gated(f->d, f->c, l->lin_norm, T * nv, c->lin_dv, c->eps, f->d);
-    npu_matmul(f->d, l->out_proj, T, vd, H, f->b);
+    npu_matmul_packed(f->d, l->out_proj, T, f->b);
     return SVC_OK;
 }
 
@@ -206,11 +212,11 @@ static void kv_all(fwd_t *f, size_t li, float *k, float *v, float **K, float **V
  * layer li in f->st); h is (T, H), the mixer output lands in f->b as (T, H). */
 static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 T = f->T, H = c->hidden, hd = c->head_dim, nh = c->n_heads;
+    size_t                 T = f->T, hd = c->head_dim, nh = c->n_heads;
     size_t                 qd = nh * hd, kvd = c->n_kv * hd, QR = eng_q_rows(c);
     /* q_proj (T, nh, [2] hd): with the output gate, transformers views it as
      * (T, nh, 2 * hd) and chunks the last dim: query first, gate second. */
-    npu_matmul(f->h, l->q_proj, T, H, QR, f->a);
+    npu_matmul_packed(f->h, l->q_proj, T, f->a);
     float *q = f->b, *gate = f->c;
     for (size_t t = 0; t < T; t++)
         for (size_t i = 0; i < nh; i++) {
@@ -220,8 +226,8 @@ static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, size_t li, bool nonca
                 memcpy(gate + (t * nh + i) * hd, src + hd, hd * sizeof *gate);
         }
     float *k = f->d, *v = f->d + T * kvd;
-    npu_matmul(f->h, l->k_proj, T, H, kvd, k);
-    npu_matmul(f->h, l->v_proj, T, H, kvd, v);
+    npu_matmul_packed(f->h, l->k_proj, T, k);
+    npu_matmul_packed(f->h, l->v_proj, T, v);
     npu_rmsnorm(q, l->q_norm, T * nh, hd, c->eps, q, true);
     npu_rmsnorm(k, l->k_norm, T * c->n_kv, hd, c->eps, k, true);
     npu_mrope_ref(q, f->pos3, T, nh, hd, c->rot_dim, c->theta, c->section, c->interleaved);
@@ -236,18 +242,18 @@ static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, size_t li, bool nonca
     if (c->attn_gate)
         for (size_t i = 0; i < T * qd; i++)
             f->a[i] *= sigmoidf_(gate[i]);
-    npu_matmul(f->a, l->o_proj, T, qd, H, f->b);
+    npu_matmul_packed(f->a, l->o_proj, T, f->b);
     return SVC_OK;
 }
 
 /* Qwen3_5MLP on f->h (T, H): down(silu(gate(h)) * up(h)) -> f->c (T, H). */
 static void mlp(fwd_t *f, const eng_layer_t *l) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 T = f->T, H = c->hidden, I = c->inter;
-    npu_matmul(f->h, l->mlp_gate, T, H, I, f->a);
-    npu_matmul(f->h, l->mlp_up, T, H, I, f->b);
+    size_t                 T = f->T, I = c->inter;
+    npu_matmul_packed(f->h, l->mlp_gate, T, f->a);
+    npu_matmul_packed(f->h, l->mlp_up, T, f->b);
     npu_silu_mul(f->a, f->b, T, I, f->a);
-    npu_matmul(f->a, l->mlp_down, T, I, H, f->c);
+    npu_matmul_packed(f->a, l->mlp_down, T, f->c);
 }
 
 static svc_err_t layer_forward(fwd_t *f, size_t li, bool noncausal) {
@@ -285,19 +291,31 @@ static svc_err_t check_ids(const eng_model_t *m, const int32_t *ids, size_t T, c
  * Prefix states (eng_fwd_int.h)
  * --------------------------------------------------------------------- */
 
-eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m) {
+size_t eng_fwd_shared_layers(const eng_model_t *m, bool noncausal) {
+    const eng_model_cfg_t *c = &m->cfg;
+    size_t                 F = 0;
+    if (!noncausal)
+        return c->n_layers;
+    while (F < c->n_layers && c->kinds[F] == ENG_LAYER_LINEAR)
+        F++;
+    return F;
+}
+
+eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m, bool noncausal) {
     const eng_model_cfg_t *c = &m->cfg;
     size_t                 L = c->n_layers;
     eng_fwd_state_t       *st = calloc(1, sizeof *st);
     if (!st)
         return NULL;
     st->m = m;
+    st->noncausal = noncausal;
+    st->n_pre = eng_fwd_shared_layers(m, noncausal);
     st->k = calloc(L, sizeof *st->k);
     st->v = calloc(L, sizeof *st->v);
     st->conv = calloc(L, sizeof *st->conv);
     st->rec = calloc(L, sizeof *st->rec);
     bool ok = st->k && st->v && st->conv && st->rec;
-    for (size_t i = 0; ok && i < L; i++) {
+    for (size_t i = 0; ok && i < st->n_pre; i++) {
         if (c->kinds[i] != ENG_LAYER_LINEAR)
             continue;
         st->conv[i] = calloc((c->conv_k - 1) * eng_lin_conv_dim(c), sizeof *st->conv[i]);
@@ -328,6 +346,7 @@ void eng_fwd_state_free(eng_fwd_state_t *st) {
     free(st->v);
     free(st->conv);
     free(st->rec);
+    free(st->xs);
     free(st);
 }
 
@@ -335,15 +354,23 @@ size_t eng_fwd_state_len(const eng_fwd_state_t *st) {
     return st->len;
 }
 
-/* Room for n KV rows in every full layer; on failure st keeps its rows
- * (some buffers may have grown: harmless). */
+/* Room for n residual rows (noncausal) or n KV rows in every full layer;
+ * on failure st keeps its rows (some buffers may have grown: harmless). */
 static svc_err_t state_reserve(eng_fwd_state_t *st, size_t n) {
     const eng_model_cfg_t *c = &st->m->cfg;
     size_t                 kvd = c->n_kv * c->head_dim;
     if (n <= st->cap)
         return SVC_OK;
-    if (n > SIZE_MAX / sizeof(float) / kvd)
+    if (n > SIZE_MAX / sizeof(float) / (st->noncausal ? c->hidden : kvd))
         return SVC_ERR_NOMEM;
+    if (st->noncausal) {
+        float *xs = realloc(st->xs, n * c->hidden * sizeof *xs);
+        if (!xs)
+            return SVC_ERR_NOMEM;
+        st->xs = xs;
+        st->cap = n;
+        return SVC_OK;
+    }
     for (size_t i = 0; i < c->n_layers; i++) {
         if (c->kinds[i] == ENG_LAYER_LINEAR)
             continue;
@@ -365,17 +392,21 @@ svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src) {
     size_t                 kvd = c->n_kv * c->head_dim;
     size_t                 conv_n = (c->conv_k - 1) * eng_lin_conv_dim(c);
     size_t                 rec_n = c->lin_nv * c->lin_dk * c->lin_dv;
-    SVC_ASSERT(dst->m == src->m);
+    SVC_ASSERT(dst->m == src->m && dst->noncausal == src->noncausal);
     if (src->broken)
         return SVC_ERR_INVALID;
     svc_err_t err = state_reserve(dst, src->len);
     if (err)
         return err;
+    if (src->noncausal && src->len)
+        memcpy(dst->xs, src->xs, src->len * c->hidden * sizeof *dst->xs);
     for (size_t i = 0; i < c->n_layers; i++) {
         if (c->kinds[i] == ENG_LAYER_LINEAR) {
+            if (i >= src->n_pre)
+                continue;
             memcpy(dst->conv[i], src->conv[i], conv_n * sizeof *dst->conv[i]);
             memcpy(dst->rec[i], src->rec[i], rec_n * sizeof *dst->rec[i]);
-        } else if (src->len) {
+        } else if (src->len && !src->noncausal) {
             memcpy(dst->k[i], src->k[i], src->len * kvd * sizeof *dst->k[i]);
             memcpy(dst->v[i], src->v[i], src->len * kvd * sizeof *dst->v[i]);
         }
@@ -388,7 +419,7 @@ svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src) {
 eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src) {
     if (src->broken)
         return NULL;
-    eng_fwd_state_t *st = eng_fwd_state_new(src->m);
+    eng_fwd_state_t *st = eng_fwd_state_new(src->m, src->noncausal);
     if (st && eng_fwd_state_copy(st, src) != SVC_OK) {
         eng_fwd_state_free(st);
         st = NULL;
@@ -400,18 +431,83 @@ eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src) {
  * The pass
  * --------------------------------------------------------------------- */
 
+/* A noncausal pass from st (eng_fwd_int.h): layers [0, F) on the T new
+ * tokens continuing st's linear states (f), then layers [F, L) over the
+ * P prefix rows of st->xs and the T new rows from scratch (g, positions
+ * 0..P+T-1, attention over all of them). With update, st takes in the T
+ * rows before layers [F, L) run, and those are skipped when nothing reads
+ * their output (no final_last, no trace). */
+static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bool update,
+                                   const int32_t *ids, size_t T, float *final_last,
+                                   eng_trace_fn trace, void *user) {
+    const eng_model_cfg_t *c = &m->cfg;
+    size_t                 H = c->hidden, F = st->n_pre, P = st->len;
+    bool                   tail = final_last || trace;
+    fwd_t                  f, g;
+    memset(&g, 0, sizeof g);
+    svc_err_t err = fwd_alloc(&f, m, T, st, update);
+    if (!err && f.update)
+        err = state_reserve(st, P + T);
+    bool touched = false; /* st changed: a failure from here on leaves it unusable */
+    for (size_t t = 0; !err && t < T; t++)
+        memcpy(f.x + t * H, m->embed + (size_t)ids[t] * H, H * sizeof *f.x);
+    if (!err && trace)
+        trace(-1, f.x, T, H, user);
+    for (size_t i = 0; !err && i < F; i++) {
+        touched = f.update;
+        err = layer_forward(&f, i, true);
+        if (!err && trace)
+            trace((int)i, f.x, T, H, user);
+    }
+    if (!err && f.update) {
+        touched = true;
+        memcpy(st->xs + P * H, f.x, T * H * sizeof *st->xs);
+        st->len += T;
+    }
+    if (!err && tail)
+        err = fwd_alloc(&g, m, P + T, NULL, false);
+    if (!err && tail) {
+        if (P)
+            memcpy(g.x, st->xs, P * H * sizeof *g.x);
+        memcpy(g.x + P * H, f.x, T * H * sizeof *g.x);
+    }
+    fwd_free(&f);
+    for (size_t i = F; !err && tail && i < c->n_layers; i++) {
+        err = layer_forward(&g, i, true);
+        if (!err && trace)
+            trace((int)i, g.x + P * H, T, H, user);
+    }
+    if (!err && final_last)
+        npu_rmsnorm(g.x + (P + T - 1) * H, m->final_norm, 1, H, c->eps, final_last, true);
+    if (err && touched)
+        st->broken = true;
+    fwd_free(&g);
+    return err;
+}
+
 svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool update,
                                  const int32_t *ids, size_t T, bool noncausal, float *final_last,
                                  eng_trace_fn trace, void *user, char *errstr, size_t errstr_size) {
     svc_err_t err = check_ids(m, ids, T, errstr, errstr_size);
     if (err)
         return err;
-    if (st && (noncausal || st->broken || st->m != m)) {
+    if (st && (noncausal != st->noncausal || st->broken || st->m != m)) {
         svc_errf(errstr, errstr_size, "forward pass: %s",
-                 noncausal    ? "noncausal attention cannot continue from a prefix state"
+                 noncausal != st->noncausal
+                     ? (noncausal ? "a noncausal pass cannot continue from a causal prefix state"
+                                  : "a causal pass cannot continue from a noncausal prefix state")
                  : st->broken ? "the prefix state is unusable after a failed pass"
                               : "the prefix state belongs to another model");
         return SVC_ERR_INVALID;
+    }
+    if (st && st->noncausal) {
+        size_t P = st->len;
+        err = forward_noncausal(m, st, update, ids, T, final_last, trace, user);
+        if (err == SVC_ERR_NOMEM)
+            svc_errf(errstr, errstr_size,
+                     "out of memory for a forward pass over %zu tokens after a prefix of %zu", T,
+                     P);
+        return err;
     }
     const eng_model_cfg_t *c = &m->cfg;
     size_t                 H = c->hidden;

@@ -4,12 +4,27 @@
  * runs once (eng_sched.c). eng_model_forward is the same pass from an empty
  * state.
  *
- * A state holds what the positions run so far leave behind for the ones
- * after them (causal attention only):
+ * A state is made for one attention mode (SPEC d.3) and holds what the
+ * positions run so far leave behind for the ones after them.
+ *
+ * Causal: every layer's.
  *  - every full-attention layer: the keys (after k_norm and rope) and the
  *    values of those positions, (len, n_kv * head_dim) each;
  *  - every Gated DeltaNet layer: the conv state (K - 1, conv channels) and
  *    the recurrent state (n_v_heads, dk, dv).
+ *
+ * noncausal_full_attention: the full-attention layers let every position
+ * see the later ones, so only the layers before the first full-attention
+ * layer F (all Gated DeltaNet: causal, recurrent) are independent of what
+ * follows. The state holds
+ *  - every layer i < F: its conv and recurrent states (as above);
+ *  - the residual stream at layer F's input of every position run,
+ *    (len, hidden).
+ * A pass from it runs layers [0, F) on its T new tokens only, continuing
+ * the linear states, then layers [F, L) over all len + T rows from scratch
+ * (plain positions 0..len+T-1, noncausal attention over all of them). With
+ * F = 0 the state holds only the embedding rows and nothing is saved.
+ *
  * Positions stay plain: a state of len positions continues at len, len+1,
  * ... (text only, SPEC d.2), so prefix + suffix gives the same answer as
  * the whole prompt in one pass, within the kernels' rounding (the delta
@@ -26,13 +41,20 @@
 
 typedef struct eng_fwd_state eng_fwd_state_t;
 
-/* An empty state (0 positions) for m; NULL when out of memory. Memory:
- * the linear layers' states at once, the KV rows as positions are added. */
-eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m);
+/* An empty state (0 positions) for m's passes in the given attention mode;
+ * NULL when out of memory. Memory: the linear layers' states at once (all
+ * of them, or those before F when noncausal), the KV rows (causal) or the
+ * residual rows (noncausal) as positions are added. */
+eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m, bool noncausal);
 /* Frees st. NULL is a no-op. */
 void eng_fwd_state_free(eng_fwd_state_t *st);
 /* Positions run into st so far. */
 size_t eng_fwd_state_len(const eng_fwd_state_t *st);
+
+/* Layers a state keeps per position, so that a prefix token runs through
+ * them once: all of m's layers when causal, the layers before the first
+ * full-attention layer (F) when noncausal. */
+size_t eng_fwd_shared_layers(const eng_model_t *m, bool noncausal);
 
 /**
  * @brief A new state equal to src (so that several suffixes may each
@@ -43,7 +65,8 @@ size_t eng_fwd_state_len(const eng_fwd_state_t *st);
 eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src);
 
 /**
- * @brief Makes dst equal to src (same model), reusing dst's buffers.
+ * @brief Makes dst equal to src (same model and mode), reusing dst's
+ *        buffers.
  * @returns SVC_OK; SVC_ERR_NOMEM (dst unchanged); SVC_ERR_INVALID when src
  *          is unusable.
  */
@@ -54,12 +77,14 @@ SVC_WUR svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t
  *        continuing from st: the same contract as eng_model_forward
  *        otherwise (trace sees only the T new rows).
  * @param st optional (NULL: an empty state, nothing kept).
- * @param update true: st takes in the T positions (KV rows appended, linear
- *        states replaced); false: st is only read.
- * @param noncausal must be false when st is given: a noncausal prefix would
- *        see the suffix, so nothing can continue from it.
+ * @param update true: st takes in the T positions (KV rows or residual
+ *        rows appended, linear states replaced); false: st is only read.
+ * @param noncausal the attention mode (SPEC d.3); must be st's mode.
+ * @param final_last optional: (hidden) final-norm output at the last
+ *        position. A noncausal pass with update, no final_last and no
+ *        trace runs only layers [0, F): it just extends st.
  * @returns SVC_OK; SVC_ERR_INVALID (T == 0, an id outside the vocabulary,
- *          noncausal with a state, an unusable state) or SVC_ERR_NOMEM,
+ *          a state of the other mode, an unusable state) or SVC_ERR_NOMEM,
  *          with errstr. After a failure with update true, st is unusable
  *          (every later call on it returns SVC_ERR_INVALID); free it.
  */

@@ -165,20 +165,37 @@ static svc_err_t ld_lmat(const ld_t *ld, size_t i, const char *rest, size_t r, s
     return err ? err : ld_mat(ld, s, r, c, dst);
 }
 
+/* A projection "layers.<i>.<rest>" (r, c), packed for npu_matmul_packed:
+ * the fp32 copy goes to the pack (kept or freed there), so the weight is
+ * held once at rest. */
+static svc_err_t ld_lproj(const ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
+                          npu_wpack_t **dst) {
+    float    *w = NULL;
+    svc_err_t err = ld_lmat(ld, i, rest, r, c, &w);
+    if (err)
+        return err;
+    err = npu_wpack_new(w, r, c, dst);
+    if (err) {
+        free(w);
+        return ld_fail(ld, err, "out of memory packing tensor \"layers.%zu.%s\"", i, rest);
+    }
+    return SVC_OK;
+}
+
 static svc_err_t ld_linear(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
     size_t    H = c->hidden, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
     size_t    C = eng_lin_conv_dim(c);
     char      s[200];
     uint64_t  conv[3] = {C, 1, c->conv_k};
     svc_err_t err;
-    if ((err = ld_lmat(ld, i, "linear_attn.in_proj_qkv.weight", 2 * kd + vd, H, &l->in_qkv)) ||
-        (err = ld_lmat(ld, i, "linear_attn.in_proj_z.weight", vd, H, &l->in_z)) ||
-        (err = ld_lmat(ld, i, "linear_attn.in_proj_b.weight", c->lin_nv, H, &l->in_b)) ||
-        (err = ld_lmat(ld, i, "linear_attn.in_proj_a.weight", c->lin_nv, H, &l->in_a)) ||
+    if ((err = ld_lproj(ld, i, "linear_attn.in_proj_qkv.weight", 2 * kd + vd, H, &l->in_qkv)) ||
+        (err = ld_lproj(ld, i, "linear_attn.in_proj_z.weight", vd, H, &l->in_z)) ||
+        (err = ld_lproj(ld, i, "linear_attn.in_proj_b.weight", c->lin_nv, H, &l->in_b)) ||
+        (err = ld_lproj(ld, i, "linear_attn.in_proj_a.weight", c->lin_nv, H, &l->in_a)) ||
         (err = ld_lvec(ld, i, "linear_attn.dt_bias", c->lin_nv, &l->dt_bias)) ||
         (err = ld_lvec(ld, i, "linear_attn.A_log", c->lin_nv, &l->a_log)) ||
         (err = ld_lvec(ld, i, "linear_attn.norm.weight", c->lin_dv, &l->lin_norm)) ||
-        (err = ld_lmat(ld, i, "linear_attn.out_proj.weight", H, vd, &l->out_proj)) ||
+        (err = ld_lproj(ld, i, "linear_attn.out_proj.weight", H, vd, &l->out_proj)) ||
         (err = ld_layer_name(s, sizeof s, i, "linear_attn.conv1d.weight")))
         return err;
     return ld_take(ld, s, 3, conv, &l->conv);
@@ -187,10 +204,10 @@ static svc_err_t ld_linear(const ld_t *ld, const eng_model_cfg_t *c, size_t i, e
 static svc_err_t ld_full(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
     size_t    H = c->hidden, hd = c->head_dim, kvd = c->n_kv * hd;
     svc_err_t err;
-    if ((err = ld_lmat(ld, i, "self_attn.q_proj.weight", eng_q_rows(c), H, &l->q_proj)) ||
-        (err = ld_lmat(ld, i, "self_attn.k_proj.weight", kvd, H, &l->k_proj)) ||
-        (err = ld_lmat(ld, i, "self_attn.v_proj.weight", kvd, H, &l->v_proj)) ||
-        (err = ld_lmat(ld, i, "self_attn.o_proj.weight", H, c->n_heads * hd, &l->o_proj)) ||
+    if ((err = ld_lproj(ld, i, "self_attn.q_proj.weight", eng_q_rows(c), H, &l->q_proj)) ||
+        (err = ld_lproj(ld, i, "self_attn.k_proj.weight", kvd, H, &l->k_proj)) ||
+        (err = ld_lproj(ld, i, "self_attn.v_proj.weight", kvd, H, &l->v_proj)) ||
+        (err = ld_lproj(ld, i, "self_attn.o_proj.weight", H, c->n_heads * hd, &l->o_proj)) ||
         (err = ld_lvec(ld, i, "self_attn.q_norm.weight", hd, &l->q_norm)) ||
         (err = ld_lvec(ld, i, "self_attn.k_norm.weight", hd, &l->k_norm)))
         return err;
@@ -203,9 +220,9 @@ static svc_err_t ld_layer(const ld_t *ld, const eng_model_cfg_t *c, size_t i, en
     l->kind = c->kinds[i];
     if ((err = ld_lvec(ld, i, "input_layernorm.weight", H, &l->in_norm)) ||
         (err = ld_lvec(ld, i, "post_attention_layernorm.weight", H, &l->post_norm)) ||
-        (err = ld_lmat(ld, i, "mlp.gate_proj.weight", I, H, &l->mlp_gate)) ||
-        (err = ld_lmat(ld, i, "mlp.up_proj.weight", I, H, &l->mlp_up)) ||
-        (err = ld_lmat(ld, i, "mlp.down_proj.weight", H, I, &l->mlp_down)))
+        (err = ld_lproj(ld, i, "mlp.gate_proj.weight", I, H, &l->mlp_gate)) ||
+        (err = ld_lproj(ld, i, "mlp.up_proj.weight", I, H, &l->mlp_up)) ||
+        (err = ld_lproj(ld, i, "mlp.down_proj.weight", H, I, &l->mlp_down)))
         return err;
     return l->kind == ENG_LAYER_LINEAR ? ld_linear(ld, c, i, l) : ld_full(ld, c, i, l);
 }
@@ -339,12 +356,14 @@ svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr, size_
 }
 
 static void layer_free(eng_layer_t *l) {
-    float *all[] = {l->in_norm, l->post_norm, l->mlp_gate, l->mlp_up,   l->mlp_down,
-                    l->in_qkv,  l->in_z,      l->in_b,     l->in_a,     l->conv,
-                    l->dt_bias, l->a_log,     l->lin_norm, l->out_proj, l->q_proj,
-                    l->k_proj,  l->v_proj,    l->o_proj,   l->q_norm,   l->k_norm};
+    float *all[] = {l->in_norm, l->post_norm, l->conv,   l->dt_bias,
+                    l->a_log,   l->lin_norm,  l->q_norm, l->k_norm};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
+    npu_wpack_t *packs[] = {l->mlp_gate, l->mlp_up,   l->mlp_down, l->in_qkv, l->in_z,   l->in_b,
+                            l->in_a,     l->out_proj, l->q_proj,   l->k_proj, l->v_proj, l->o_proj};
+    for (size_t i = 0; i < sizeof packs / sizeof packs[0]; i++)
+        npu_wpack_free(packs[i]);
 }
 
 void eng_model_free(eng_model_t *m) {

@@ -2,14 +2,17 @@
  * eng_model_int.h -- private: the loaded Qwen3.5 text tower (eng_model.c
  * loads it, eng_forward.c runs it).
  *
- * Every weight is an owned, contiguous fp32 array in the torch layout of
- * the checkpoint (nn.Linear weights are (out, in)); eng_model_free frees
- * them all. Shapes are given next to each field.
+ * Every weight is owned and fp32. The projections (nn.Linear weights,
+ * (out, in) in the checkpoint) are packed at load for npu_matmul_packed
+ * (npu.h: npu_wpack_t, the plain copy freed, so a weight is held once);
+ * the rest are contiguous arrays in the checkpoint's torch layout.
+ * eng_model_free frees them all. Shapes are given next to each field.
  */
 #ifndef D3STREAM_ENG_MODEL_INT_H
 #define D3STREAM_ENG_MODEL_INT_H
 
 #include "engine.h"
+#include "npu.h"
 
 typedef enum eng_layer_kind {
     ENG_LAYER_LINEAR = 0, /* "linear_attention": Gated DeltaNet */
@@ -59,26 +62,26 @@ typedef struct eng_layer {
     eng_layer_kind_t kind;
     float           *in_norm;   /* input_layernorm (H), (1 + w) */
     float           *post_norm; /* post_attention_layernorm (H), (1 + w) */
-    float           *mlp_gate;  /* (I, H) */
-    float           *mlp_up;    /* (I, H) */
-    float           *mlp_down;  /* (H, I) */
+    npu_wpack_t     *mlp_gate;  /* (I, H) */
+    npu_wpack_t     *mlp_up;    /* (I, H) */
+    npu_wpack_t     *mlp_down;  /* (H, I) */
     /* linear_attention */
-    float *in_qkv;   /* (2 * key_dim + value_dim, H) */
-    float *in_z;     /* (value_dim, H) */
-    float *in_b;     /* (nv, H) */
-    float *in_a;     /* (nv, H) */
-    float *conv;     /* (conv channels, K), conv1d.weight (C, 1, K) squeezed */
-    float *dt_bias;  /* (nv) */
-    float *a_log;    /* (nv) */
-    float *lin_norm; /* (dv), plain w (gated norm) */
-    float *out_proj; /* (H, value_dim) */
+    npu_wpack_t *in_qkv;   /* (2 * key_dim + value_dim, H) */
+    npu_wpack_t *in_z;     /* (value_dim, H) */
+    npu_wpack_t *in_b;     /* (nv, H) */
+    npu_wpack_t *in_a;     /* (nv, H) */
+    float       *conv;     /* (conv channels, K), conv1d.weight (C, 1, K) squeezed */
+    float       *dt_bias;  /* (nv) */
+    float       *a_log;    /* (nv) */
+    float       *lin_norm; /* (dv), plain w (gated norm) */
+    npu_wpack_t *out_proj; /* (H, value_dim) */
     /* full_attention */
-    float *q_proj; /* (eng_q_rows, H): per head [query(hd), gate(hd)] when gated */
-    float *k_proj; /* (n_kv * hd, H) */
-    float *v_proj; /* (n_kv * hd, H) */
-    float *o_proj; /* (H, n_heads * hd) */
-    float *q_norm; /* (hd), (1 + w) */
-    float *k_norm; /* (hd), (1 + w) */
+    npu_wpack_t *q_proj; /* (eng_q_rows, H): per head [query(hd), gate(hd)] when gated */
+    npu_wpack_t *k_proj; /* (n_kv * hd, H) */
+    npu_wpack_t *v_proj; /* (n_kv * hd, H) */
+    npu_wpack_t *o_proj; /* (H, n_heads * hd) */
+    float       *q_norm; /* (hd), (1 + w) */
+    float       *k_norm; /* (hd), (1 + w) */
 } eng_layer_t;
 
 /* Where the weights came from (eng_model_format). */

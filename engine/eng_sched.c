@@ -13,8 +13,13 @@
  * is the cached state of the constant head every prompt starts with (SPEC
  * c.1), for the questions whose ids start with exactly its ids, or an
  * empty state. A question shares at most n - 1 tokens: the readout needs
- * the final hidden state of its last token. noncausal packages share
- * nothing (each question runs whole from an empty state).
+ * the final hidden state of its last token.
+ *
+ * noncausal_full_attention packages use the same trie with noncausal
+ * states (eng_fwd_int.h): a shared segment runs once through the layers
+ * before the first full-attention layer (F), and every question still
+ * runs layers [F, L) over its whole prompt. tokens_computed counts the
+ * former, token_layers the work of both.
  *
  * Locking: one mutex (s->mu) guards the queue, the requests' counters,
  * deadlines and stats. Forward passes run unlocked; a question's result
@@ -72,8 +77,10 @@ struct eng_sched {
     pthread_t           *threads;   /* (n_workers) */
     struct wctx         *ctx;       /* (n_workers) */
     size_t               n_threads; /* started */
+    size_t               n_layers;  /* the model's L */
+    size_t               n_shared;  /* layers a prefix state keeps per token (F or L) */
     eng_ids_t            head;      /* the constant head's ids */
-    eng_fwd_state_t     *head_st;   /* state after head (causal only), read-only */
+    eng_fwd_state_t     *head_st;   /* state after head, read-only */
 
     pthread_mutex_t   mu;
     pthread_cond_t    cv;
@@ -233,6 +240,7 @@ static void run_leaf(wctx_t *w, squ_t *q, const eng_fwd_state_t *st, size_t dept
         s->stats.questions++;
         s->stats.tokens += q->n;
         s->stats.tokens_computed += q->n - depth;
+        s->stats.token_layers += (q->n - depth) * s->n_shared + q->n * (s->n_layers - s->n_shared);
         s->stats.groups += lone;
     }
     finish_locked(w, q);
@@ -277,10 +285,11 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
         double    t0 = eng_now_ms();
         svc_err_t err = SVC_ERR_NOMEM;
         w->errstr[0] = '\0';
-        own = st ? eng_fwd_state_clone(st) : eng_fwd_state_new(s->model);
-        if (own)
-            err = eng_model_forward_from(s->model, own, true, v[0]->ids + depth, D - depth, false,
-                                         NULL, NULL, NULL, w->errstr, sizeof w->errstr);
+        own = st ? eng_fwd_state_clone(st) : eng_fwd_state_new(s->model, s->noncausal);
+        if (own) /* no final_last: a noncausal pass stops at layer F */
+            err =
+                eng_model_forward_from(s->model, own, true, v[0]->ids + depth, D - depth,
+                                       s->noncausal, NULL, NULL, NULL, w->errstr, sizeof w->errstr);
         if (err) {
             if (err == SVC_ERR_NOMEM && !w->errstr[0])
                 svc_errf(w->errstr, sizeof w->errstr, "out of memory for a prefix state");
@@ -300,6 +309,7 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
         pthread_mutex_lock(&s->mu);
         s->stats.groups++;
         s->stats.tokens_computed += D - depth;
+        s->stats.token_layers += (D - depth) * s->n_shared;
         pthread_mutex_unlock(&s->mu);
         st = own;
         depth = D;
@@ -325,11 +335,6 @@ static bool starts_with_head(const eng_sched_t *s, const squ_t *q) {
 /* A batch of n questions taken from the queue. */
 static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
     eng_sched_t *s = w->s;
-    if (s->noncausal) {
-        for (size_t k = 0; k < n; k++)
-            run_leaf(w, v[k], NULL, 0, 0, true);
-        return;
-    }
     qsort(v, n, sizeof *v, cmp_ids);
     for (size_t k = 0; k + 1 < n; k++)
         lc[k] = lcp(v[k], v[k + 1]);
@@ -340,7 +345,7 @@ static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
         while (b < n && starts_with_head(s, v[b]) == head)
             b++;
         run_range(w, v + a, lc + a, b - a, head ? s->head_st : NULL, head ? s->head.n : 0,
-                  MAX_DEPTH, 0, false);
+                  s->n_shared ? MAX_DEPTH : 0, 0, false);
         a = b;
     }
 }
@@ -412,12 +417,14 @@ static svc_err_t head_init(eng_sched_t *s, char *errstr, size_t errstr_size) {
     if (at)
         err = eng_tokenizer_encode(eng_package_tokenizer(s->pkg), pr.text.data,
                                    (size_t)(at - pr.text.data) + strlen(HEAD_TEXT_START), &s->head);
-    if (!err && at && s->head.n > 0) {
-        s->head_st = eng_fwd_state_new(s->model);
-        err = s->head_st ? eng_model_forward_from(s->model, s->head_st, true, s->head.v, s->head.n,
-                                                  false, NULL, NULL, NULL, errstr, errstr_size)
-                         : SVC_ERR_NOMEM;
+    if (!err && at && s->head.n > 0 && s->n_shared > 0) { /* F = 0: nothing to keep */
+        s->head_st = eng_fwd_state_new(s->model, s->noncausal);
+        err = s->head_st
+                  ? eng_model_forward_from(s->model, s->head_st, true, s->head.v, s->head.n,
+                                           s->noncausal, NULL, NULL, NULL, errstr, errstr_size)
+                  : SVC_ERR_NOMEM;
         s->stats.tokens_computed += s->head.n;
+        s->stats.token_layers += s->head.n * s->n_shared;
     }
     if (err && errstr_size && !errstr[0])
         svc_errf(errstr, errstr_size, "scheduler: the prompt head: %s", svc_err_name(err));
@@ -465,6 +472,8 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     s->pkg = pkg;
     s->model = model;
     s->noncausal = eng_package_noncausal(pkg);
+    s->n_layers = eng_fwd_shared_layers(model, false);
+    s->n_shared = eng_fwd_shared_layers(model, s->noncausal);
     s->n_workers = conf->n_workers;
     if (!s->n_workers) {
         int n = npu_probe()->n_cpus;
@@ -478,7 +487,7 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     s->threads = calloc(s->n_workers, sizeof *s->threads);
     s->ctx = calloc(s->n_workers, sizeof *s->ctx);
     svc_err_t err = s->threads && s->ctx ? SVC_OK : SVC_ERR_NOMEM;
-    if (!err && !s->noncausal)
+    if (!err)
         err = head_init(s, errstr, errstr_size);
     for (size_t k = 0; !err && k < s->n_workers; k++) {
         wctx_t *w = &s->ctx[k];

@@ -350,8 +350,12 @@ const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans);
  * state is kept and each question's remaining tokens run from it. Prefix
  * sharing is exact in token ids, so the answers equal those of
  * eng_answer_request within the kernels' rounding (chunk boundaries of the
- * delta rule move). noncausal_full_attention packages share nothing: their
- * full-attention layers let the prefix see the suffix.
+ * delta rule move). noncausal_full_attention packages share less: their
+ * full-attention layers let the prefix see the suffix, so a prefix runs
+ * once only through the layers before the first full-attention layer (F:
+ * 3 of Qwen3.5's 4 layers per block are Gated DeltaNet, the first block's
+ * three are shared), and each question runs layers [F, L) over its whole
+ * prompt. A package whose first layer is full attention shares nothing.
  *
  * Outcomes are eng_answer_request's: the same planning (length check,
  * usage), the same readout, and options.deadline_ms checked before each
@@ -428,8 +432,16 @@ typedef struct eng_sched_stats {
                                  questions run alone from the root (head or empty) */
     uint64_t tokens;          /* prompt tokens of those questions */
     uint64_t tokens_computed; /* tokens actually run through the tower, incl. the
-                                 cached head once at eng_sched_new */
+                                 cached head once at eng_sched_new. noncausal
+                                 packages: a token counts once it has run
+                                 through the layers a prefix state keeps
+                                 (those before the first full-attention layer);
+                                 the later layers still run over every prompt
+                                 token of every question (see token_layers). */
     uint64_t queued;          /* questions admitted, not finished (gauge) */
+    uint64_t token_layers;    /* the work: sum of tokens x layers run through,
+                                 incl. the head; without any sharing it would
+                                 be tokens x the model's layers */
 } eng_sched_stats_t;
 
 /* A consistent snapshot of the counters. @locality any thread. */

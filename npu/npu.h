@@ -242,9 +242,61 @@ const char *npu_kernels_name(void);
  * different order than the reference. out must not alias x or w. */
 void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
 
+/* ---- packed weights -------------------------------------------------------
+ *
+ * A projection weight w (N, K) (torch nn.Linear layout: out = x w^T) in the
+ * layout the matmul kernel wants, made once at model load:
+ *  - with the AVX-512 kernels: K-major panels of NPU_WPACK_NR output
+ *    columns, panel p holding w[p * 32 + c][k] at [k][c] (columns past N
+ *    are 0): ceil(N / 32) * 32 * K floats, 64-byte aligned. The plain copy
+ *    is freed, so at rest a weight costs what its fp32 copy did (plus the
+ *    zero columns of the last panel when N is not a multiple of 32);
+ *  - with the references (no AVX-512, valgrind, D3_NPU_KERNELS=ref): the
+ *    plain (N, K) array itself, no copy; npu_matmul_packed then calls
+ *    npu_matmul_ref, bit-identical to it.
+ * The layout follows the dispatch decision, made at the first npu_wpack_new
+ * or kernel call (whichever comes first) and fixed for the process.
+ * Thread-safety: a pack is read-only after npu_wpack_new; any number of
+ * threads may multiply by it at once. */
+typedef struct npu_wpack npu_wpack_t;
+
+/* Output columns per panel of the AVX-512 layout. */
+#define NPU_WPACK_NR 32
+
+/**
+ * @brief Packs the weight w (N, K) for npu_matmul_packed.
+ * @param w malloc'd (N, K) fp32 array (N or K may be 0: then w may be NULL,
+ *   and a product is zeros (K = 0) or empty (N = 0), as npu_matmul_ref).
+ * @returns SVC_OK with *out set: w now belongs to the pack (kept or freed:
+ *   the caller must not use it again); SVC_ERR_NOMEM with *out NULL: the
+ *   caller still owns w.
+ * @remark free with npu_wpack_free.
+ */
+SVC_WUR svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out);
+
+/* Frees a pack and its weight; NULL is a no-op. */
+void npu_wpack_free(npu_wpack_t *wp);
+
+/* The weight's shape: N (rows of w = columns of out) and K. */
+size_t npu_wpack_n(const npu_wpack_t *wp);
+size_t npu_wpack_k(const npu_wpack_t *wp);
+
+/* Bytes the pack holds at rest (the weight's storage). */
+size_t npu_wpack_bytes(const npu_wpack_t *wp);
+
+/* out = x w^T as npu_matmul_ref (x (T, K), out (T, N), with N and K those
+ * of the pack), fp32 accumulation in K blocks of 256 (partial sums added
+ * into out between blocks). out must not alias x. */
+void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out);
+
 /* Attention as npu_attention_ref (online softmax, GQA, causal with the
  * Tq <= Tk prefix offset, key_mask, zeros for a query that sees no key).
- * Scores of 16 keys at a time in fp32, vector exp. */
+ * head_dim <= 32: each KV head's keys are transposed into blocks of 16
+ * (d-major) so that 16 scores are D broadcast FMAs; up to 8 queries (the
+ * GQA heads of a KV head, then consecutive tokens) share each block; all
+ * scores of a query are computed before its max is taken (two passes, no
+ * rescaling). Larger heads: scores of 16 keys at a time in fp32, online
+ * softmax. Vector exp both ways. */
 SVC_WUR svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t Tq,
                                 size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                 bool causal, const uint8_t *key_mask, float *out);
@@ -286,6 +338,14 @@ void npu_matmul_avx512(const float *x, const float *w, size_t T, size_t K, size_
 svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                                size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                                const uint8_t *key_mask, float *out);
+/* The head_dim <= 32 path of npu_attention_avx512 (asserts head_dim <= 32). */
+svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float *v, size_t Tq,
+                                     size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                     bool causal, const uint8_t *key_mask, float *out);
+/* The packed matmul on the panel layout above: panels holds
+ * ceil(N / 32) panels of K * 32 floats. */
+void npu_matmul_panels_avx512(const float *x, const float *panels, size_t T, size_t K, size_t N,
+                              float *out);
 svc_err_t npu_delta_rule_avx512(const float *q, const float *k, const float *v, const float *g,
                                 const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
                                 size_t dk, size_t dv, const float *state_in, float *state_out,

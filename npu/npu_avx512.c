@@ -1,13 +1,15 @@
 /*
  * npu_avx512.c -- AVX-512 fp32 kernels for the text tower's hot spots:
- * matmul, attention, the gated delta rule, the causal conv, the norms and
- * the MLP activation. Each has the contract of its _ref twin in npu_ref.c /
- * npu_ref_delta.c and is checked against it by tests/test_npu_fast.c;
- * npu_fast.c calls these only when npu_probe() reports avx512f/bw/vl.
+ * matmul (plain layout; the packed one is in npu_avx512_mm.c), attention
+ * (a small-head path for head_dim <= 32, a general one above), the gated
+ * delta rule, the causal conv, the norms and the MLP activation. Each
+ * has the contract of its _ref twin in npu_ref.c / npu_ref_delta.c and is
+ * checked against it by tests/test_npu_fast.c; npu_fast.c calls these
+ * only when npu_probe() reports avx512f/bw/vl.
  *
- * Only this file is compiled for AVX-512 (the target pragma below, placed
- * after the includes so that the headers' inline functions stay baseline);
- * the rest of the binary runs on any x86-64.
+ * This file and npu_avx512_mm.c are compiled for AVX-512 (the target
+ * pragma below, placed after the includes so that the headers' inline
+ * functions stay baseline); the rest of the binary runs on any x86-64.
  */
 #include "npu.h"
 
@@ -229,10 +231,211 @@ static inline __attribute__((always_inline)) void attn_acc_v(float *acc, const f
         _mm512_storeu_ps(acc + 16 * u, a[u]);
 }
 
+/* ---- attention, head_dim <= 32 -------------------------------------------- */
+
+/* Queries of one KV head done together (GQA heads, then tokens). */
+#define AS_QMAX 8
+/* The widest head of this path: two vectors. */
+#define AS_DMAX 32
+
+/* Lanes of key block b (keys 16 b ..) below jend. */
+static inline __mmask16 as_below(size_t b, size_t jend) {
+    return jend <= b * 16 ? (__mmask16)0 : mask_n(jend - b * 16);
+}
+
+/* One KV head's view, shared by its query chunks. */
+typedef struct as_ctx {
+    const float     *kt;   /* (nb, D, 16): key block b, dim d, key jb; 0 past Tk */
+    const __mmask16 *kvis; /* (nb): keys < Tk and not masked out */
+    const float     *v;    /* v of this KV head: row j at v + j * ldk */
+    size_t           ldk, D, Tkp;
+    float            scale;
+    float           *S; /* (AS_QMAX, Tkp): scores, then probabilities */
+} as_ctx_t;
+
+/* Queries qp[0 .. QN) see keys [0, jend[i]) (jend ascending); the first nq
+ * are real and stored to op[i], the rest repeat the last one (QN, NV are
+ * constants, so the accumulators stay in registers; NV vectors per head).
+ * Pass 1: all scores and a lane-wise max; pass 2: exp(s - max) and the sum;
+ * pass 3: p-weighted sum of the value rows, each row loaded once for all. */
+static inline __attribute__((always_inline)) void
+as_queries(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[AS_QMAX],
+           float *const op[AS_QMAX], int nq, int QN, int NV) {
+    const size_t D = c->D, jmax = jend[nq - 1], nbq = (jmax + 15) / 16;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(c->scale);
+    __m512       vmax[AS_QMAX], acc[AS_QMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; i++)
+        vmax[i] = ninf;
+    for (size_t b = 0; b < nbq; b++) {
+        const float *kb = c->kt + b * D * 16;
+#pragma GCC unroll 8
+        for (int i = 0; i < QN; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (size_t d = 0; d < D; d++) {
+            __m512 kv = _mm512_loadu_ps(kb + d * 16);
+#pragma GCC unroll 8
+            for (int i = 0; i < QN; i++)
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(qp[i][d]), kv, acc[i]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < QN; i++) {
+            __mmask16 vis = c->kvis[b] & as_below(b, jend[i]);
+            __m512    s = _mm512_mask_mul_ps(ninf, vis, acc[i], scale);
+            _mm512_storeu_ps(c->S + i * c->Tkp + b * 16, s);
+            vmax[i] = _mm512_max_ps(vmax[i], s);
+        }
+    }
+    /* Register arrays are only ever indexed by unrolled constants (a
+     * runtime index would put them on the stack). */
+    float l[AS_QMAX], mx[AS_QMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; i++)
+        mx[i] = _mm512_reduce_max_ps(vmax[i]);
+    for (int i = 0; i < QN; i++) {
+        float *si = c->S + i * c->Tkp;
+        float  m = mx[i];
+        if (m == -INFINITY) { /* sees no key: p = 0, out = 0 */
+            memset(si, 0, nbq * 16 * sizeof *si);
+            l[i] = 0.0f;
+            continue;
+        }
+        __m512 mv = _mm512_set1_ps(m), lv = _mm512_setzero_ps();
+        for (size_t b = 0; b < nbq; b++) {
+            __m512    s = _mm512_loadu_ps(si + b * 16);
+            __mmask16 vis = _mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ);
+            __m512    p = _mm512_maskz_mov_ps(vis, exp512(_mm512_sub_ps(s, mv)));
+            _mm512_storeu_ps(si + b * 16, p);
+            lv = _mm512_add_ps(lv, p);
+        }
+        l[i] = _mm512_reduce_add_ps(lv);
+    }
+    const __mmask16 dm0 = mask_n(D), dm1 = mask_n(D > 16 ? D - 16 : 0);
+    __m512          a1[AS_QMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; i++) {
+        acc[i] = _mm512_setzero_ps();
+        a1[i] = _mm512_setzero_ps();
+    }
+    const float *sp[AS_QMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; i++)
+        sp[i] = c->S + i * c->Tkp;
+    for (size_t j = 0; j < jmax; j++) {
+        const float *vj = c->v + j * c->ldk;
+        __m512       v0 = _mm512_maskz_loadu_ps(dm0, vj);
+        __m512       v1 = NV == 2 ? _mm512_maskz_loadu_ps(dm1, vj + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int i = 0; i < QN; i++) {
+            __m512 p = _mm512_set1_ps(sp[i][j]);
+            acc[i] = _mm512_fmadd_ps(p, v0, acc[i]);
+            if (NV == 2)
+                a1[i] = _mm512_fmadd_ps(p, v1, a1[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < QN; i++) {
+        if (i >= nq)
+            break;
+        __m512 inv = _mm512_set1_ps(l[i] > 0.0f ? 1.0f / l[i] : 0.0f);
+        _mm512_mask_storeu_ps(op[i], dm0, _mm512_mul_ps(acc[i], inv));
+        if (NV == 2)
+            _mm512_mask_storeu_ps(op[i] + 16, dm1, _mm512_mul_ps(a1[i], inv));
+    }
+}
+
+/* as_queries with the smallest QN in {1, 2, 4, 8} that holds nq. */
+static void as_run(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[AS_QMAX],
+                   float *const op[AS_QMAX], int nq) {
+    if (c->D <= 16) {
+        if (nq <= 1)
+            as_queries(c, qp, jend, op, nq, 1, 1);
+        else if (nq <= 2)
+            as_queries(c, qp, jend, op, nq, 2, 1);
+        else if (nq <= 4)
+            as_queries(c, qp, jend, op, nq, 4, 1);
+        else
+            as_queries(c, qp, jend, op, nq, 8, 1);
+    } else {
+        if (nq <= 1)
+            as_queries(c, qp, jend, op, nq, 1, 2);
+        else if (nq <= 2)
+            as_queries(c, qp, jend, op, nq, 2, 2);
+        else if (nq <= 4)
+            as_queries(c, qp, jend, op, nq, 4, 2);
+        else
+            as_queries(c, qp, jend, op, nq, 8, 2);
+    }
+}
+
+svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float *v, size_t Tq,
+                                     size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                     bool causal, const uint8_t *key_mask, float *out) {
+    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0 &&
+               head_dim <= AS_DMAX);
+    if (Tq == 0)
+        return SVC_OK;
+    size_t group = n_heads / n_kv_heads, D = head_dim, nb = (Tk + 15) / 16, Tkp = nb * 16;
+    size_t nf = nb * D * 16 + AS_QMAX * Tkp;
+    float *buf = malloc(nf * sizeof *buf + nb * sizeof(__mmask16));
+    if (!buf)
+        return SVC_ERR_NOMEM;
+    __mmask16 *kvis = (__mmask16 *)(void *)(buf + nf);
+    for (size_t b = 0; b < nb; b++) {
+        __mmask16 vis = mask_n(Tk - b * 16);
+        if (key_mask) {
+            __m128i km = _mm_maskz_loadu_epi8(vis, key_mask + b * 16);
+            vis &= _mm_test_epi8_mask(km, km);
+        }
+        kvis[b] = vis;
+    }
+    as_ctx_t c = {
+        .kt = buf,
+        .kvis = kvis,
+        .ldk = n_kv_heads * D,
+        .D = D,
+        .Tkp = Tkp,
+        .scale = (float)(1.0 / sqrt((double)D)),
+        .S = buf + nb * D * 16,
+    };
+    size_t n_pairs = Tq * group;
+    for (size_t kvh = 0; kvh < n_kv_heads; kvh++) {
+        /* Transpose this head's keys: buf[(b * D + d) * 16 + jb] = k_j[d]. */
+        for (size_t b = 0; b < nb; b++)
+            for (size_t jb = 0; jb < 16; jb++) {
+                size_t       j = b * 16 + jb;
+                const float *kj = k + j * c.ldk + kvh * D;
+                for (size_t d = 0; d < D; d++)
+                    buf[(b * D + d) * 16 + jb] = j < Tk ? kj[d] : 0.0f;
+            }
+        c.v = v + kvh * D;
+        /* Pairs (token i, head g of the group) in token order, 8 at a time. */
+        for (size_t p0 = 0; p0 < n_pairs; p0 += AS_QMAX) {
+            int          nq = n_pairs - p0 < AS_QMAX ? (int)(n_pairs - p0) : AS_QMAX;
+            const float *qp[AS_QMAX];
+            float       *op[AS_QMAX];
+            size_t       jend[AS_QMAX];
+            for (int u = 0; u < AS_QMAX; u++) {
+                size_t pi = p0 + (size_t)(u < nq ? u : nq - 1);
+                size_t i = pi / group, h = kvh * group + pi % group;
+                qp[u] = q + (i * n_heads + h) * D;
+                op[u] = out + (i * n_heads + h) * D;
+                jend[u] = causal ? i + (Tk - Tq) + 1 : Tk;
+            }
+            as_run(&c, qp, jend, op, nq);
+        }
+    }
+    free(buf);
+    return SVC_OK;
+}
+
 svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                                size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                                const uint8_t *key_mask, float *out) {
     SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
+    if (head_dim <= AS_DMAX)
+        return npu_attention_small_avx512(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
+                                          key_mask, out);
     size_t group = n_heads / n_kv_heads;
     size_t D = head_dim;
     size_t Dv = (D + 15) / 16 * 16; /* acc is padded to whole vectors */

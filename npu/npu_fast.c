@@ -2,7 +2,8 @@
  * npu_fast.c -- the fast kernels' entry points (npu.h, "Fast kernels"):
  * one table of function pointers, filled once per process with the
  * AVX-512 kernels (npu_avx512.c) or the references (npu_ref.c,
- * npu_ref_delta.c), and calls through it.
+ * npu_ref_delta.c), and calls through it; and the packed weights of
+ * npu_matmul_packed, whose layout follows that choice.
  */
 #include "npu.h"
 
@@ -118,4 +119,84 @@ void npu_l2norm(const float *x, size_t T, size_t D, float eps, float *out) {
 
 void npu_silu_mul(const float *gate, const float *up, size_t T, size_t F, float *out) {
     kernels()->silu_mul(gate, up, T, F, out);
+}
+
+/* ---- packed weights ------------------------------------------------------- */
+
+struct npu_wpack {
+    size_t N, K;
+    bool   panels; /* true: AVX-512 panel layout (npu.h); false: w as given */
+    float *data;
+    size_t bytes;
+};
+
+/* panels[p][k][c] = w[p * NR + c][k], 0 past N. */
+static void wpack_panels(const float *w, size_t N, size_t K, float *panels) {
+    size_t n_pan = (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR;
+    for (size_t p = 0; p < n_pan; p++) {
+        float *pan = panels + p * K * NPU_WPACK_NR;
+        size_t nc = N - p * NPU_WPACK_NR < NPU_WPACK_NR ? N - p * NPU_WPACK_NR : NPU_WPACK_NR;
+        if (nc < NPU_WPACK_NR)
+            memset(pan, 0, K * NPU_WPACK_NR * sizeof *pan);
+        /* Row by row of w: reads stream, writes stride by NR floats. */
+        for (size_t c = 0; c < nc; c++) {
+            const float *wr = w + (p * NPU_WPACK_NR + c) * K;
+            for (size_t k = 0; k < K; k++)
+                pan[k * NPU_WPACK_NR + c] = wr[k];
+        }
+    }
+}
+
+svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
+    *out = NULL;
+    npu_wpack_t *wp = calloc(1, sizeof *wp);
+    if (!wp)
+        return SVC_ERR_NOMEM;
+    wp->N = N;
+    wp->K = K;
+    wp->panels = kernels() == &k_avx512;
+    if (!wp->panels) {
+        wp->data = w;
+        wp->bytes = N * K * sizeof *w;
+        *out = wp;
+        return SVC_OK;
+    }
+    /* A multiple of 64 bytes (32 floats per k), as aligned_alloc wants;
+     * at least 64 when N or K is 0. */
+    wp->bytes = (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR * NPU_WPACK_NR * K * sizeof *w;
+    wp->data = aligned_alloc(64, wp->bytes ? wp->bytes : 64);
+    if (!wp->data) {
+        free(wp);
+        return SVC_ERR_NOMEM;
+    }
+    wpack_panels(w, N, K, wp->data);
+    free(w);
+    *out = wp;
+    return SVC_OK;
+}
+
+void npu_wpack_free(npu_wpack_t *wp) {
+    if (!wp)
+        return;
+    free(wp->data);
+    free(wp);
+}
+
+size_t npu_wpack_n(const npu_wpack_t *wp) {
+    return wp->N;
+}
+
+size_t npu_wpack_k(const npu_wpack_t *wp) {
+    return wp->K;
+}
+
+size_t npu_wpack_bytes(const npu_wpack_t *wp) {
+    return wp->bytes;
+}
+
+void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out) {
+    if (w->panels)
+        npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);
+    else
+        kernels()->matmul(x, w->data, T, w->K, w->N, out);
 }

@@ -628,3 +628,68 @@ Test(consumer, transactional_rewind, .timeout = 120) {
         cr_assert_lt(committed(group, topic, p), 0,
                      "partition %d: a transactional consumer committed by itself", p);
 }
+
+/* A partition revoked while the window had paused the assignment and
+ * assigned back once the window is open again must be fetched: librdkafka
+ * keeps a partition's pause across unassign, so the consumer resumes what it
+ * gives up (a member stalled for good after another left, before that). */
+Test(consumer, revoked_while_paused_comes_back, .timeout = 240) {
+    enum { N = 400, PARTS = 4, WINDOW = 10 };
+    char topic[128], group[128];
+    unique_name(topic, sizeof topic, "pausedrev");
+    unique_name(group, sizeof group, "pausedrev-g");
+    topic_fill(topic, PARTS, N);
+    static int seen[N];
+    memset(seen, 0, sizeof seen);
+    member_t *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    a->seen = b->seen = seen;
+    b->finish_on_revoke = true;
+    member_new(a, group, topic, WINDOW, false);
+    /* a fills its window and holds it: the assignment is paused. */
+    int64_t      deadline = now_ms() + wait_ms();
+    cons_stats_t sa;
+    do {
+        cr_assert_lt(now_ms(), deadline, "a never paused");
+        member_step(a, 3600000, 3600000);
+        cons_stats(a->cons, &sa);
+    } while (sa.pauses == 0);
+    /* b joins; a gives partitions up while paused (it keeps its held
+     * messages: they become stale). */
+    member_new(b, group, topic, 1000, false);
+    deadline = now_ms() + wait_ms();
+    while (a->revoke_calls == 0) {
+        cr_assert_lt(now_ms(), deadline, "a gave nothing up");
+        member_step(a, 3600000, 3600000);
+        member_step(b, 0, 0);
+    }
+    /* a finishes what it held (the window reopens), b leaves: its
+     * partitions come back to a, which must read them to the end. */
+    for (size_t i = 0; a->n_held;)
+        finish_at(a, i, true);
+    deadline = now_ms() + wait_ms();
+    while (b->got == 0) {
+        cr_assert_lt(now_ms(), deadline, "b got nothing");
+        member_step(a, 0, 0);
+        member_step(b, 0, 0);
+    }
+    for (size_t i = 0; b->n_held;)
+        finish_at(b, i, true);
+    cr_assert_eq(cons_close(b->cons), SVC_OK, "%s", cons_strerror(b->cons));
+    int64_t last = now_ms();
+    int     before = distinct(seen, N);
+    while (distinct(seen, N) < N) {
+        member_step(a, 0, 0);
+        if (distinct(seen, N) > before) {
+            before = distinct(seen, N);
+            last = now_ms();
+        }
+        cr_assert_lt(now_ms() - last, wait_ms(),
+                     "a stalled at %d of %d after b left (a revoked while paused)",
+                     distinct(seen, N), N);
+    }
+    cr_assert_eq(cons_close(a->cons), SVC_OK);
+    cons_free(b->cons);
+    cons_free(a->cons);
+    free(a);
+    free(b);
+}

@@ -113,6 +113,68 @@ Test(npu_fast, matmul_hand) {
     cr_expect_float_eq(out[3], 11.0f, 1e-6);
 }
 
+/* ---- packed matmul ---------------------------------------------------------- */
+
+static void check_matmul_packed(rng_t *r, size_t T, size_t K, size_t N) {
+    float *x = rand_vec(r, T * K, -1, 1), *w = rand_vec(r, N * K, -1, 1);
+    float *wc = malloc(N * K * sizeof *wc);
+    cr_assert(wc);
+    memcpy(wc, w, N * K * sizeof *w);
+    npu_wpack_t *wp;
+    cr_assert_eq(npu_wpack_new(wc, N, K, &wp), SVC_OK); /* wc now belongs to wp */
+    cr_expect_eq(npu_wpack_n(wp), N);
+    cr_expect_eq(npu_wpack_k(wp), K);
+    cr_expect_geq(npu_wpack_bytes(wp), N * K * sizeof(float));
+    float *a = nans(T * N), *b = nans(T * N);
+    npu_matmul_packed(x, wp, T, a);
+    npu_matmul_ref(x, w, T, K, N, b);
+    double e = rel_err(a, b, T * N);
+    cr_expect(e <= 1e-5, "matmul_packed T=%zu K=%zu N=%zu: rel err %g", T, K, N, e);
+    npu_wpack_free(wp);
+    free(x), free(w), free(a), free(b);
+}
+
+Test(npu_fast, matmul_packed_shapes) {
+    expect_fast_dispatch();
+    rng_t        r = {0x4321};
+    const size_t Ts[] = {1, 3, 8, 9, 17, 64, 65, 260};
+    const size_t Ks[] = {1, 15, 16, 17, 64, 100, 2048};
+    const size_t Ns[] = {1, 5, 16, 31, 32, 33, 64, 128, 150};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof Ks[0]; j++)
+            for (size_t l = 0; l < sizeof Ns / sizeof Ns[0]; l++) {
+                if (Ts[i] * Ks[j] * Ns[l] > 20000000)
+                    continue;
+                check_matmul_packed(&r, Ts[i], Ks[j], Ns[l]);
+            }
+}
+
+/* K over several blocks of 256 with a tail, T over several blocks of 64. */
+Test(npu_fast, matmul_packed_blocked) {
+    rng_t r = {78};
+    check_matmul_packed(&r, 9, 1500, 150);
+    check_matmul_packed(&r, 130, 1024, 70);
+    check_matmul_packed(&r, 200, 300, 33);
+}
+
+/* The hand case of matmul_hand through a pack (catches a transposed panel). */
+Test(npu_fast, matmul_packed_hand) {
+    const float x[2 * 3] = {1, 2, 3, 4, 5, 6};
+    float      *w = malloc(6 * sizeof *w); /* out[t] = (x0, x1 + x2) */
+    cr_assert(w);
+    memcpy(w, (const float[6]){1, 0, 0, 0, 1, 1}, 6 * sizeof *w);
+    npu_wpack_t *wp;
+    cr_assert_eq(npu_wpack_new(w, 2, 3, &wp), SVC_OK);
+    float out[4];
+    npu_matmul_packed(x, wp, 2, out);
+    cr_expect_float_eq(out[0], 1.0f, 1e-6);
+    cr_expect_float_eq(out[1], 5.0f, 1e-6);
+    cr_expect_float_eq(out[2], 4.0f, 1e-6);
+    cr_expect_float_eq(out[3], 11.0f, 1e-6);
+    npu_wpack_free(wp);
+    npu_wpack_free(NULL);
+}
+
 /* ---- attention ------------------------------------------------------------- */
 
 static void check_attention(rng_t *r, size_t Tq, size_t Tk, size_t H, size_t Hkv, size_t D,
@@ -150,6 +212,60 @@ Test(npu_fast, attention_shapes) {
             check_attention(&r, 3, 300, 4, 1, 100, causal, holes);
             check_attention(&r, 20, 64, 16, 2, 256, causal, holes);
         }
+}
+
+/* The head_dim <= 32 path (several queries per key block, two passes):
+ * head sizes around one and two vectors, GQA ratios 1, 2, 4 (and 8, more
+ * queries per token than a chunk holds), Tq < Tk, key_mask holes. */
+Test(npu_fast, attention_small_heads) {
+    expect_fast_dispatch();
+    rng_t        r = {123};
+    const size_t Ds[] = {1, 8, 15, 16, 17, 32};
+    const size_t Hs[][2] = {{2, 2}, {4, 2}, {4, 1}, {8, 1}};
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+        for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++)
+            for (int causal = 0; causal < 2; causal++)
+                for (int holes = 0; holes < 2; holes++) {
+                    size_t H = Hs[hi][0], Hkv = Hs[hi][1], D = Ds[di];
+                    check_attention(&r, 1, 1, H, Hkv, D, causal, false);
+                    check_attention(&r, 3, 3, H, Hkv, D, causal, holes);
+                    check_attention(&r, 23, 23, H, Hkv, D, causal, holes);
+                    check_attention(&r, 7, 45, H, Hkv, D, causal, holes); /* a prefix */
+                    check_attention(&r, 1, 33, H, Hkv, D, causal, holes); /* one token */
+                    check_attention(&r, 70, 270, H, Hkv, D, causal, holes);
+                }
+}
+
+/* Queries that see no key (key_mask holes over a causal prefix) among ones
+ * that do, in one chunk of 8: zeros for the former only. */
+Test(npu_fast, attention_small_no_key_mixed) {
+    rng_t   r = {6};
+    size_t  T = 6, H = 4, Hkv = 2, D = 8;
+    float  *q = rand_vec(&r, T * H * D, -1, 1), *k = rand_vec(&r, T * Hkv * D, -1, 1);
+    float  *v = rand_vec(&r, T * Hkv * D, -1, 1), *a = nans(T * H * D), *b = nans(T * H * D);
+    uint8_t mask[6] = {0, 0, 0, 1, 1, 0};
+    cr_assert_eq(npu_attention(q, k, v, T, T, H, Hkv, D, true, mask, a), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, T, T, H, Hkv, D, true, mask, b), SVC_OK);
+    for (size_t i = 0; i < 3 * H * D; i++)
+        cr_expect(a[i] == 0.0f, "token %zu: %g", i / (H * D), a[i]);
+    cr_expect(rel_err(a, b, T * H * D) <= 1e-4, "%g", rel_err(a, b, T * H * D));
+    free(q), free(k), free(v), free(a), free(b);
+}
+
+/* The small-head kernel by name agrees with the general AVX-512 path's
+ * reference on the tiny model's shape (noncausal, 270 tokens). */
+Test(npu_fast, attention_small_by_name) {
+    const npu_features_t *f = npu_probe();
+    if (!(f->avx512f && f->avx512bw && f->avx512vl))
+        cr_skip_test("no AVX-512 F/BW/VL");
+    rng_t  r = {17};
+    size_t T = 270, H = 4, Hkv = 2, D = 16;
+    float *q = rand_vec(&r, T * H * D, -2, 2), *k = rand_vec(&r, T * Hkv * D, -2, 2);
+    float *v = rand_vec(&r, T * Hkv * D, -1, 1), *a = nans(T * H * D), *b = nans(T * H * D);
+    cr_assert_eq(npu_attention_small_avx512(q, k, v, T, T, H, Hkv, D, false, NULL, a), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, T, T, H, Hkv, D, false, NULL, b), SVC_OK);
+    cr_expect(rel_err(a, b, T * H * D) <= 1e-4, "%g", rel_err(a, b, T * H * D));
+    free(q), free(k), free(v), free(a), free(b);
 }
 
 /* Causal, query 0 of a fresh sequence with key 0 masked: sees nothing -> 0. */
@@ -386,6 +502,15 @@ Test(npu_fast, env_ref_bit_identical) {
     npu_matmul(x, w, T, K, N, a);
     npu_matmul_ref(x, w, T, K, N, b);
     cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "matmul");
+    float *wc = malloc(N * K * sizeof *wc);
+    cr_assert(wc);
+    memcpy(wc, w, N * K * sizeof *wc);
+    npu_wpack_t *wp;
+    cr_assert_eq(npu_wpack_new(wc, N, K, &wp), SVC_OK);
+    cr_expect_eq(npu_wpack_bytes(wp), N * K * sizeof(float)); /* the plain copy, kept */
+    npu_matmul_packed(x, wp, T, a);
+    cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "matmul_packed");
+    npu_wpack_free(wp);
     cr_assert_eq(npu_attention(x, x, x, T, T, 4, 2, 25, true, NULL, a), SVC_OK);
     cr_assert_eq(npu_attention_ref(x, x, x, T, T, 4, 2, 25, true, NULL, b), SVC_OK);
     cr_expect(memcmp(a, b, T * K * sizeof *a) == 0, "attention");

@@ -1,10 +1,12 @@
 /*
  * test_sched.c -- the scheduler (eng_sched.c) and the prefix-state forward
  * pass under it (eng_fwd_int.h), on copies of the tiny upstream package:
- *  - prefix + rest from a state equals the whole prompt in one pass;
+ *  - prefix + rest from a state equals the whole prompt in one pass, causal
+ *    and noncausal (layers before the first full-attention layer F kept;
+ *    F = 3, 1 and 0 by swapping layers of the package);
  *  - the scheduler's answers equal eng_answer_request's (the unshared
  *    reference) for many requests, with 1 and 2 workers, groups of 1 and 32;
- *  - sharing happens for causal packages and never for noncausal ones;
+ *  - sharing happens for causal and noncausal packages (F > 0), counted;
  *  - backpressure, deadline (fake clock), free with requests in flight,
  *    media refused.
  */
@@ -50,6 +52,56 @@ static void copy_pkg(char *dir, size_t size, const char *mode, size_t max_length
         0);
     cr_assert_eq(json_dump_file(dc, path, JSON_PRESERVE_ORDER), 0);
     json_decref(dc);
+}
+
+/* Swaps layers a and b of the package in dir: their tensor names in
+ * model.safetensors' header (same length, so nothing moves) and their
+ * layer_types. Tiny packages only (single-digit layer indices). */
+static void swap_layers(const char *dir, size_t a, size_t b) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *fp = fopen(path, "r+b");
+    cr_assert(fp, "%s", path);
+    unsigned char len8[8];
+    cr_assert_eq(fread(len8, 1, 8, fp), 8);
+    size_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | len8[i];
+    char *hdr = malloc(n + 1);
+    cr_assert(hdr);
+    cr_assert_eq(fread(hdr, 1, n, fp), n);
+    hdr[n] = '\0';
+    char pa[16], pb[16];
+    snprintf(pa, sizeof pa, "layers.%zu.", a);
+    snprintf(pb, sizeof pb, "layers.%zu.", b);
+    size_t k = strlen(pa);
+    cr_assert_eq(k, strlen(pb));
+    size_t swapped = 0;
+    for (char *at = strstr(hdr, "layers."); at; at = strstr(at + 1, "layers.")) {
+        if (memcmp(at, pa, k) == 0) {
+            memcpy(at, pb, k);
+            swapped++;
+        } else if (memcmp(at, pb, k) == 0) {
+            memcpy(at, pa, k);
+            swapped++;
+        }
+    }
+    cr_assert_gt(swapped, 0);
+    cr_assert_eq(fseek(fp, 8, SEEK_SET), 0);
+    cr_assert_eq(fwrite(hdr, 1, n, fp), n);
+    cr_assert_eq(fclose(fp), 0);
+    free(hdr);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t jerr;
+    json_t      *cfg = json_load_file(path, 0, &jerr);
+    cr_assert(cfg, "%s", jerr.text);
+    json_t *lt = json_object_get(json_object_get(cfg, "text_config"), "layer_types");
+    cr_assert(json_is_array(lt));
+    json_t *ta = json_incref(json_array_get(lt, a)), *tb = json_incref(json_array_get(lt, b));
+    cr_assert_eq(json_array_set_new(lt, a, tb), 0);
+    cr_assert_eq(json_array_set_new(lt, b, ta), 0);
+    cr_assert_eq(json_dump_file(cfg, path, JSON_PRESERVE_ORDER), 0);
+    json_decref(cfg);
 }
 
 /* The ids of question q of part 0 of body. */
@@ -112,7 +164,7 @@ Test(sched, prefix_state_forward) {
     cr_assert_eq(eng_model_forward(l.model, b.v, b.n, false, hb, NULL, NULL, errstr, sizeof errstr),
                  SVC_OK, "%s", errstr);
     /* the prefix in three pieces (delta-rule chunk boundaries move) */
-    eng_fwd_state_t *st = eng_fwd_state_new(l.model);
+    eng_fwd_state_t *st = eng_fwd_state_new(l.model, false);
     cr_assert(st);
     size_t cut[] = {0, 7, P - 3, P};
     for (size_t k = 0; k < 3; k++)
@@ -165,7 +217,7 @@ Test(sched, prefix_state_forward) {
                                         errstr, sizeof errstr),
                  SVC_OK, "%s", errstr);
     cr_assert(rel_diff(h, ha, H) <= HIDDEN_TOL);
-    /* noncausal never continues from a state */
+    /* a noncausal pass never continues from a causal state */
     cr_assert_eq(eng_model_forward_from(l.model, st, false, a.v + P, a.n - P, true, h, NULL, NULL,
                                         errstr, sizeof errstr),
                  SVC_ERR_INVALID);
@@ -180,6 +232,154 @@ Test(sched, prefix_state_forward) {
     eng_ids_fini(&a);
     eng_ids_fini(&b);
     unload(&l);
+    rm_tree(dir);
+}
+
+/* Runs ids[from..to) into st (update) and checks its length. */
+static void extend(const loaded_t *l, eng_fwd_state_t *st, const eng_ids_t *ids, size_t from,
+                   size_t to) {
+    char errstr[256] = "";
+    cr_assert_eq(eng_model_forward_from(l->model, st, true, ids->v + from, to - from, true, NULL,
+                                        NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_fwd_state_len(st), to);
+}
+
+/* The rest of ids after st, read-only, against want. */
+static void check_rest(const loaded_t *l, const eng_fwd_state_t *st, const eng_ids_t *ids,
+                       const float *want, const char *what) {
+    size_t H = eng_model_hidden_size(l->model), P = eng_fwd_state_len(st);
+    float *h = malloc(H * sizeof *h);
+    char   errstr[256] = "";
+    cr_assert_eq(eng_model_forward_from(l->model, (eng_fwd_state_t *)st, false, ids->v + P,
+                                        ids->n - P, true, h, NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s: %s", what, errstr);
+    double d = rel_diff(h, want, H);
+    cr_assert(d <= HIDDEN_TOL, "%s (prefix %zu of %zu): rel diff %g", what, P, ids->n, d);
+    cr_assert_eq(eng_fwd_state_len(st), P, "%s: read-only", what);
+    free(h);
+}
+
+typedef struct trace_count {
+    size_t calls, rows_ok;
+    size_t T;
+} trace_count_t;
+
+static void count_trace(int layer, const float *x, size_t T, size_t H, void *user) {
+    trace_count_t *tc = user;
+    (void)layer;
+    (void)x;
+    (void)H;
+    tc->calls++;
+    tc->rows_ok += T == tc->T;
+}
+
+/* Noncausal prefix states on the package in dir, whose first
+ * full-attention layer is F: nested prefixes, several suffixes, a suffix of
+ * one token, clones with update, all against the whole prompt in one
+ * noncausal pass. */
+static void noncausal_states(const char *dir, size_t F) {
+    loaded_t l;
+    load(dir, &l);
+    cr_assert(eng_package_noncausal(l.pkg));
+    cr_assert_eq(eng_fwd_shared_layers(l.model, true), F);
+    cr_assert_eq(eng_fwd_shared_layers(l.model, false), 6);
+    eng_ids_t a, b;
+    prompt_ids(&l, TWO_Q, 0, &a);
+    prompt_ids(&l, TWO_Q, 1, &b);
+    size_t P = common(&a, &b), H = eng_model_hidden_size(l.model);
+    cr_assert_gt(P, 20);
+    float *ha = malloc(H * sizeof *ha), *hb = malloc(H * sizeof *hb), *h = malloc(H * sizeof *h);
+    char   errstr[256] = "";
+    cr_assert_eq(eng_model_forward(l.model, a.v, a.n, true, ha, NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_model_forward(l.model, b.v, b.n, true, hb, NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    /* nested: s1 (7 tokens) -> s2 (P - 3) -> s3 (P), each a clone of the last */
+    eng_fwd_state_t *s1 = eng_fwd_state_new(l.model, true);
+    cr_assert(s1);
+    check_rest(&l, s1, &a, ha, "empty state, whole prompt a");
+    extend(&l, s1, &a, 0, 7);
+    eng_fwd_state_t *s2 = eng_fwd_state_clone(s1);
+    cr_assert(s2);
+    extend(&l, s2, &a, 7, P - 3);
+    eng_fwd_state_t *s3 = eng_fwd_state_clone(s2);
+    cr_assert(s3);
+    extend(&l, s3, &a, P - 3, P);
+    /* several suffixes from each level, read-only (twice: nothing changes) */
+    for (int rep = 0; rep < 2; rep++) {
+        check_rest(&l, s1, &a, ha, "s1, a");
+        check_rest(&l, s1, &b, hb, "s1, b");
+        check_rest(&l, s2, &a, ha, "s2, a");
+        check_rest(&l, s2, &b, hb, "s2, b");
+        check_rest(&l, s3, &a, ha, "s3, a");
+        check_rest(&l, s3, &b, hb, "s3, b");
+    }
+    /* a suffix of one token: the state holds all of a but its last */
+    eng_fwd_state_t *s4 = eng_fwd_state_clone(s3);
+    cr_assert(s4);
+    extend(&l, s4, &a, P, a.n - 1);
+    check_rest(&l, s4, &a, ha, "one-token suffix");
+    /* update with a final hidden state: the clone takes b's suffix in */
+    cr_assert_eq(eng_fwd_state_copy(s4, s3), SVC_OK);
+    cr_assert_eq(eng_fwd_state_len(s4), P);
+    cr_assert_eq(eng_model_forward_from(l.model, s4, true, b.v + P, b.n - P, true, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert(rel_diff(h, hb, H) <= HIDDEN_TOL, "update with final: %g", rel_diff(h, hb, H));
+    cr_assert_eq(eng_fwd_state_len(s4), b.n);
+    /* a wrong prefix must show: a's suffix after all of b */
+    cr_assert_eq(eng_model_forward_from(l.model, s4, false, a.v + P, a.n - P, true, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK);
+    cr_assert(rel_diff(h, ha, H) > 1e-3, "the comparison can fail");
+    /* trace sees the T new rows of every layer */
+    trace_count_t tc = {.T = a.n - P};
+    cr_assert_eq(eng_model_forward_from(l.model, s3, false, a.v + P, a.n - P, true, h, count_trace,
+                                        &tc, errstr, sizeof errstr),
+                 SVC_OK);
+    cr_assert_eq(tc.calls, 7);
+    cr_assert_eq(tc.rows_ok, 7);
+    /* refusals: the other mode either way, a bad id (the state is kept) */
+    cr_assert_eq(eng_model_forward_from(l.model, s3, false, a.v + P, a.n - P, false, h, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert(strstr(errstr, "causal pass cannot continue from a noncausal"), "%s", errstr);
+    int32_t bad = -1;
+    cr_assert_eq(eng_model_forward_from(l.model, s3, true, &bad, 1, true, h, NULL, NULL, errstr,
+                                        sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert_eq(eng_fwd_state_len(s3), P);
+    check_rest(&l, s3, &b, hb, "s3 after a refused pass");
+    eng_fwd_state_free(s1);
+    eng_fwd_state_free(s2);
+    eng_fwd_state_free(s3);
+    eng_fwd_state_free(s4);
+    free(ha);
+    free(hb);
+    free(h);
+    eng_ids_fini(&a);
+    eng_ids_fini(&b);
+    unload(&l);
+}
+
+Test(sched, noncausal_prefix_state_forward) {
+    noncausal_states(PKG, 3); /* L L L F L F */
+}
+
+Test(sched, noncausal_prefix_state_first_full_1) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "noncausal_full_attention", 0);
+    swap_layers(dir, 1, 3); /* L F L L L F */
+    noncausal_states(dir, 1);
+    rm_tree(dir);
+}
+
+Test(sched, noncausal_prefix_state_first_full_0) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "noncausal_full_attention", 0);
+    swap_layers(dir, 0, 3); /* F L L L L F: the state holds only the rows */
+    noncausal_states(dir, 0);
     rm_tree(dir);
 }
 
@@ -425,10 +625,38 @@ Test(sched, equal_2_workers_group_32) {
 
 /* ------------------------------------------------------------ (c) noncausal */
 
-Test(sched, noncausal_shares_nothing) {
+/* The fixture is noncausal_full_attention with F = 3 of 6 layers: the
+ * scheduler shares prefixes through layers [0, 3) and its answers still
+ * equal the unshared reference's. */
+Test(sched, noncausal_shares_prefix_layers) {
     loaded_t l;
-    load(PKG, &l); /* the fixture is noncausal_full_attention */
+    load(PKG, &l);
     cr_assert(eng_package_noncausal(l.pkg));
+    for (size_t g = 1; g <= 32; g += 31) {
+        eng_sched_conf_t  conf = {.n_workers = 2, .max_group = g};
+        eng_sched_stats_t st;
+        size_t            n_too_long;
+        run_many(&l, &conf, &st, &n_too_long);
+        cr_assert_gt(st.tokens, 0);
+        cr_assert_lt(st.tokens_computed, st.tokens, "group %zu: %llu of %llu", g,
+                     (unsigned long long)st.tokens_computed, (unsigned long long)st.tokens);
+        if (g > 1)
+            cr_assert_lt(st.groups, st.questions);
+        /* layers [3, 6) ran over every prompt token, [0, 3) only once */
+        cr_assert_gt(st.token_layers, st.tokens * 3);
+        cr_assert_lt(st.token_layers, st.tokens * 6);
+    }
+    unload(&l);
+}
+
+/* First layer full attention (F = 0): nothing can be shared, and the
+ * scheduler keeps no states. */
+Test(sched, noncausal_first_layer_full_shares_nothing) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "noncausal_full_attention", 0);
+    swap_layers(dir, 0, 3);
+    loaded_t l;
+    load(dir, &l);
     eng_sched_conf_t  conf = {.n_workers = 2, .max_group = 32};
     eng_sched_stats_t st;
     size_t            n_too_long;
@@ -436,14 +664,17 @@ Test(sched, noncausal_shares_nothing) {
     cr_assert_gt(st.tokens, 0);
     cr_assert_eq(st.tokens_computed, st.tokens);
     cr_assert_eq(st.groups, st.questions);
+    cr_assert_eq(st.token_layers, st.tokens * 6);
     unload(&l);
+    rm_tree(dir);
 }
 
 /* Questions of one state with a single worker and one group: the state
- * runs once, so far fewer tokens run than the prompts hold. */
-Test(sched, sharing_counted) {
+ * runs once (through the layers a state keeps, F of L), so far fewer
+ * tokens run than the prompts hold. */
+static void sharing_counted(const char *mode, size_t F) {
     char dir[64];
-    copy_pkg(dir, sizeof dir, "causal", 0);
+    copy_pkg(dir, sizeof dir, mode, 0);
     loaded_t l;
     load(dir, &l);
     eng_sched_t     *s = NULL;
@@ -453,6 +684,7 @@ Test(sched, sharing_counted) {
     eng_sched_stats_t st0;
     eng_sched_stats(s, &st0);
     cr_assert_gt(st0.tokens_computed, 10, "the head ran once at start");
+    cr_assert_eq(st0.token_layers, st0.tokens_computed * F);
     sch_request_t *req = decode_valid(TWO_Q, strlen(TWO_Q));
     waiter_t       w;
     slot_t         sl = {.w = &w};
@@ -473,12 +705,22 @@ Test(sched, sharing_counted) {
     /* the head ran at start (st0), the rest of the prefix once, each suffix once */
     cr_assert_eq(st.tokens_computed, a.n + b.n - P, "the shared prefix ran once: %llu",
                  (unsigned long long)st.tokens_computed);
+    /* layers [F, 6) over both whole prompts */
+    cr_assert_eq(st.token_layers, (a.n + b.n - P) * F + (a.n + b.n) * (6 - F));
     eng_ids_fini(&a);
     eng_ids_fini(&b);
     eng_answers_free(sl.ans);
     sch_request_free(req);
     unload(&l);
     rm_tree(dir);
+}
+
+Test(sched, sharing_counted_causal) {
+    sharing_counted("causal", 6);
+}
+
+Test(sched, sharing_counted_noncausal) {
+    sharing_counted("noncausal_full_attention", 3);
 }
 
 /* ------------------------------------------------------------ (d) backpressure */

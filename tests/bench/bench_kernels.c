@@ -55,36 +55,58 @@ static double time_matmul(matmul_fn fn, size_t T, size_t K, size_t N, int iters)
     return 2.0 * (double)T * (double)K * (double)N / dt * 1e-9;
 }
 
+/* npu_matmul_packed on a pack of a random w (N, K), GFLOP/s. */
+static double time_matmul_packed(size_t T, size_t K, size_t N, int iters) {
+    float       *x = rand_vec(T * K, -1, 1), *o = rand_vec(T * N, 0, 0);
+    npu_wpack_t *wp;
+    if (npu_wpack_new(rand_vec(N * K, -1, 1), N, K, &wp) != SVC_OK)
+        exit(1);
+    npu_matmul_packed(x, wp, T, o); /* warm up */
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++)
+        npu_matmul_packed(x, wp, T, o);
+    double dt = (now_s() - t0) / iters;
+    npu_wpack_free(wp);
+    free(x), free(o);
+    return 2.0 * (double)T * (double)K * (double)N / dt * 1e-9;
+}
+
 static void bench_matmul(size_t T, size_t K, size_t N, size_t T_ref, int iters, int iters_ref) {
     double fast = time_matmul(npu_matmul, T, K, N, iters);
+    double packed = time_matmul_packed(T, K, N, iters);
     double ref = time_matmul(npu_matmul_ref, T_ref, K, N, iters_ref);
-    printf("matmul T=%-4zu K=%-5zu N=%-5zu  fast %7.2f GFLOP/s  ref %6.2f GFLOP/s%s  x%.1f\n", T, K,
-           N, fast, ref, T_ref != T ? " (T=16)" : "", fast / ref);
+    printf("matmul T=%-4zu K=%-5zu N=%-5zu  fast %7.2f  packed %7.2f GFLOP/s  ref %6.2f "
+           "GFLOP/s%s  packed x%.1f fast\n",
+           T, K, N, fast, packed, ref, T_ref != T ? " (T=16)" : "", packed / fast);
 }
 
 typedef svc_err_t (*attn_fn)(const float *, const float *, const float *, size_t, size_t, size_t,
                              size_t, size_t, bool, const uint8_t *, float *);
 
-static double time_attention(attn_fn fn, size_t T, size_t H, size_t Hkv, size_t D, int iters) {
+static double time_attention(attn_fn fn, size_t T, size_t H, size_t Hkv, size_t D, bool causal,
+                             int iters) {
     float *q = rand_vec(T * H * D, -1, 1), *k = rand_vec(T * Hkv * D, -1, 1);
     float *v = rand_vec(T * Hkv * D, -1, 1), *o = rand_vec(T * H * D, 0, 0);
     double t0 = now_s();
     for (int i = 0; i < iters; i++)
-        if (fn(q, k, v, T, T, H, Hkv, D, true, NULL, o) != SVC_OK)
+        if (fn(q, k, v, T, T, H, Hkv, D, causal, NULL, o) != SVC_OK)
             exit(1);
     double dt = (now_s() - t0) / iters;
     free(q), free(k), free(v), free(o);
     return dt * 1e3;
 }
 
-static void bench_attention(size_t T, size_t H, size_t Hkv, size_t D, int iters, int iters_ref) {
-    double fast = time_attention(npu_attention, T, H, Hkv, D, iters);
-    double ref = time_attention(npu_attention_ref, T, H, Hkv, D, iters_ref);
-    /* causal: T (T + 1) / 2 query-key pairs per head, 4 D flops each */
-    double fl = 2.0 * (double)T * (double)(T + 1) * (double)H * (double)D;
-    printf("attention T=%-4zu H=%zu/%zu D=%-3zu causal  fast %8.3f ms (%5.1f GFLOP/s)  ref %8.3f "
+/* The dispatched kernel (the small-head path for D <= 32) vs the reference. */
+static void bench_attention(size_t T, size_t H, size_t Hkv, size_t D, bool causal, int iters,
+                            int iters_ref) {
+    double fast = time_attention(npu_attention, T, H, Hkv, D, causal, iters);
+    double ref = time_attention(npu_attention_ref, T, H, Hkv, D, causal, iters_ref);
+    /* T (T + 1) / 2 query-key pairs per head causal, T^2 not; 4 D flops each */
+    double pairs = causal ? (double)T * (double)(T + 1) / 2.0 : (double)T * (double)T;
+    double fl = 4.0 * pairs * (double)H * (double)D;
+    printf("attention T=%-4zu H=%zu/%zu D=%-3zu %-9s fast %8.3f ms (%5.1f GFLOP/s)  ref %8.3f "
            "ms  x%.1f\n",
-           T, H, Hkv, D, fast, fl / fast * 1e-6, ref, ref / fast);
+           T, H, Hkv, D, causal ? "causal" : "noncausal", fast, fl / fast * 1e-6, ref, ref / fast);
 }
 
 typedef svc_err_t (*delta_fn)(const float *, const float *, const float *, const float *,
@@ -157,8 +179,13 @@ int main(int argc, char **argv) {
     bench_matmul(260, 64, 64, 260, 200 * scale, 20 * scale);
     bench_matmul(260, 64, 256, 260, 200 * scale, 20 * scale);
     bench_matmul(512, 2048, 6144, 16, scale, scale);
-    bench_attention(260, 4, 2, 16, 50 * scale, 5 * scale);
-    bench_attention(512, 16, 2, 256, scale, scale);
+    bench_matmul(270, 64, 64, 270, 200 * scale, 20 * scale);
+    bench_matmul(270, 128, 64, 270, 200 * scale, 20 * scale);
+    bench_matmul(270, 64, 4, 270, 200 * scale, 20 * scale);
+    bench_attention(260, 4, 2, 16, true, 50 * scale, 5 * scale);
+    bench_attention(270, 4, 2, 16, false, 50 * scale, 5 * scale);
+    bench_attention(270, 8, 2, 32, false, 50 * scale, 5 * scale);
+    bench_attention(512, 16, 2, 256, true, scale, scale);
     bench_delta(260, 2, 4, 16, 100 * scale, 10 * scale);
     bench_delta(1024, 16, 16, 128, scale, scale);
     return 0;

@@ -7,7 +7,9 @@
  *
  * Request k has one of 50 states and 1-4 questions (so questions share a
  * state within a request, and requests share a state across the queue).
- * Prints tokens vs tokens computed, wall time of both paths and the
+ * Prints tokens vs tokens computed, the work in token x layer steps
+ * (noncausal packages share only the layers before the first
+ * full-attention layer), wall and CPU time of both paths and the
  * scheduler's per-request latency p50/p99 (submit -> done).
  */
 #include <math.h>
@@ -207,6 +209,15 @@ int main(int argc, char **argv) {
            (unsigned long long)st0.tokens_computed,
            100.0 * (double)(st.tokens_computed - st0.tokens_computed) / (double)st.tokens,
            (unsigned long long)st.groups);
+    eng_model_info_t info;
+    eng_model_get_info(m, &info);
+    printf("scheduler: token x layer steps %llu (+%llu head once) = %.1f%% of tokens x %zu "
+           "layers\n",
+           (unsigned long long)(st.token_layers - st0.token_layers),
+           (unsigned long long)st0.token_layers,
+           100.0 * (double)(st.token_layers - st0.token_layers) /
+               ((double)st.tokens * (double)info.n_layers),
+           info.n_layers);
     printf("scheduler latency submit->done: p50 %.1f ms, p99 %.1f ms\n", lat[n_req / 2],
            lat[(size_t)((double)(n_req - 1) * 0.99)]);
     for (size_t k = 0; k < n_req; k++) {

@@ -2,13 +2,16 @@
 # Throughput of the stream processor: broker -> d3stream serve -> broker.
 #
 #   tests/bench/bench_serve.sh [N] [serve options...]
+#   BENCH_INVALID=1 tests/bench/bench_serve.sh [N]   the stream path alone
+#   BENCH_TOKENIZER=build/_fetch/qwen3-tokenizer tests/bench/bench_serve.sh [N]
 #
 # Preloads N requests (default 5000, tests/bench/gen_requests.py: short
 # ticket-routing states, 1-3 questions each) into a fresh 4-partition topic,
 # then times `d3stream serve --stop-at-end` from its start until it exits
 # with every result delivered (and committed), on the tiny synthetic package,
 # and prints requests/s, questions/s and the engine's token counts (from the
-# metrics file). The broker is the one D3_KAFKA_BOOTSTRAP names, else a
+# metrics file). BENCH_INVALID=1 sends requests that all fail validation
+# (400 without the engine): the capacity of the Kafka path itself. The broker is the one D3_KAFKA_BOOTSTRAP names, else a
 # fresh one from ops/kafka.sh in build/_kafka-bench (stopped at the end).
 # A benchmark, not a test: the figure depends on the machine and its load;
 # compare runs made side by side.
@@ -18,8 +21,18 @@ cd "$ROOT"
 N="${1:-5000}"
 shift || true
 BIN="${D3STREAM:-$ROOT/build/d3stream}"
-PKG="$ROOT/build/_demo/d3-synthetic-tiny"
-[ -f "$PKG/MODEL_MANIFEST.json" ] || "$BIN" make-package --size tiny --seed 1 --out "$PKG" --force >&2
+# BENCH_TOKENIZER=DIR: the tiny package with that (Qwen) tokenizer, whose
+# prompts are as long as the real package's (the tiny package's own 548-id
+# tokenizer makes them ~2.6x longer).
+if [ -n "${BENCH_TOKENIZER:-}" ]; then
+  PKG="$ROOT/build/_demo/d3-synthetic-tiny-$(basename "$BENCH_TOKENIZER")"
+  TOKOPT=(--tokenizer "$BENCH_TOKENIZER")
+else
+  PKG="$ROOT/build/_demo/d3-synthetic-tiny"
+  TOKOPT=()
+fi
+[ -f "$PKG/MODEL_MANIFEST.json" ] ||
+  "$BIN" make-package --size tiny --seed 1 ${TOKOPT[@]+"${TOKOPT[@]}"} --out "$PKG" --force >&2
 
 KDIR="$ROOT/build/_kafka-bench"
 if [ -n "${D3_KAFKA_BOOTSTRAP:-}" ]; then
@@ -35,12 +48,12 @@ RUN="bench-$(date +%s)-$$"
 WORK="$(mktemp -d)"
 ops/kafka.sh topic create "$RUN.in" 4 "$KDIR" >/dev/null
 ops/kafka.sh topic create "$RUN.out" 4 "$KDIR" >/dev/null
-tests/bench/gen_requests.py "$N" >"$WORK/requests.tsv"
+tests/bench/gen_requests.py "$N" 1 ${BENCH_INVALID:+--invalid} >"$WORK/requests.tsv"
 QUESTIONS=$(python3 -c "
 import json,sys
 print(sum(len(json.loads(l.split('\t',1)[1])['questions']) for l in open('$WORK/requests.tsv')))")
 kcat -P -b "$BROKER" -t "$RUN.in" -K$'\t' -l "$WORK/requests.tsv"
-echo "bench_serve: $N requests ($QUESTIONS questions) preloaded in $RUN.in" >&2
+echo "bench_serve: $N requests ($QUESTIONS questions) preloaded in $RUN.in; package $PKG" >&2
 
 t0=$(date +%s.%N)
 "$BIN" serve --model "$PKG" --brokers "$BROKER" --group "$RUN" --input "$RUN.in" \

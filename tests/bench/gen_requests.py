@@ -6,7 +6,11 @@ three questions per request (choice, noul, score), a third of the requests
 asking several questions about one state (the scheduler shares its prefix).
 Deterministic for a given seed, so two runs send the same bytes.
 
-    tests/bench/gen_requests.py N [SEED] > requests.tsv
+    tests/bench/gen_requests.py N [SEED] [--invalid] > requests.tsv
+
+--invalid makes every request fail validation (each choice has one option:
+a 400 without the engine), to measure the stream path alone: consume,
+decode, validate, encode, produce, commit.
 """
 import json
 import random
@@ -36,18 +40,24 @@ def question(rng, kind):
             "criteria": ["Calm", "Annoyed", "Angry"]}
 
 
-def request(rng):
+def request(rng, invalid):
+    if invalid:
+        return {"state": state(rng), "questions": {"team": {
+            "type": "choice", "criteria": {"billing": "Payments and invoices"}}}}
     n = 1 if rng.random() < 0.67 else rng.choice([2, 3])
     kinds = rng.sample(["choice", "noul", "score"], n)
     return {"state": state(rng), "questions": {k: question(rng, k) for k in kinds}}
 
 
 def main():
-    n = int(sys.argv[1])
-    rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    args = [a for a in sys.argv[1:] if a != "--invalid"]
+    invalid = len(args) != len(sys.argv) - 1
+    n = int(args[0])
+    rng = random.Random(int(args[1]) if len(args) > 1 else 1)
     out = sys.stdout
     for i in range(n):
-        out.write(f"req-{i:07d}\t{json.dumps(request(rng), separators=(',', ':'))}\n")
+        body = json.dumps(request(rng, invalid), separators=(',', ':'))
+        out.write(f"req-{i:07d}\t{body}\n")
 
 
 if __name__ == "__main__":
