@@ -169,11 +169,13 @@ static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
     /* beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both (T, nv) */
     npu_matmul_packed(f->h, l->in_b, T, f->s1);
     npu_matmul_packed(f->h, l->in_a, T, f->s2);
-    for (size_t t = 0; t < T; t++)
-        for (size_t j = 0; j < nv; j++) {
+    for (size_t j = 0; j < nv; j++) {
+        float decay = -expf(l->a_log[j]); /* once per head, not per token */
+        for (size_t t = 0; t < T; t++) {
             f->s1[t * nv + j] = sigmoidf_(f->s1[t * nv + j]);
-            f->s2[t * nv + j] = -expf(l->a_log[j]) * softplusf_(f->s2[t * nv + j] + l->dt_bias[j]);
+            f->s2[t * nv + j] = decay * softplusf_(f->s2[t * nv + j] + l->dt_bias[j]);
         }
+    }
     /* core (T, nv, dv) in f->d */
     svc_err_t err = npu_delta_rule(q, k, v, f->s2, f->s1, T, c->lin_nk, nv, c->lin_dk, c->lin_dv,
                                    rec_in, rec_out, f->d);
@@ -240,8 +242,7 @@ static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, size_t li, bool nonca
     if (err)
         return err;
     if (c->attn_gate)
-        for (size_t i = 0; i < T * qd; i++)
-            f->a[i] *= sigmoidf_(gate[i]);
+        npu_sigmoid_mul(gate, f->a, T * qd);
     npu_matmul_packed(f->a, l->o_proj, T, f->b);
     return SVC_OK;
 }

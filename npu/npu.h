@@ -166,6 +166,10 @@ void npu_l2norm_ref(const float *x, size_t T, size_t D, float eps, float *out);
  * gate, up, out are (T, F); out may equal gate or up. */
 void npu_silu_mul_ref(const float *gate, const float *up, size_t T, size_t F, float *out);
 
+/* Qwen3.5's attention output gate: x[i] *= sigmoid(gate[i]) over n values,
+ * in place (computed in double here). */
+void npu_sigmoid_mul_ref(const float *gate, float *x, size_t n);
+
 /* Gated delta rule, token by token: the oracle, as transformers'
  * torch_recurrent_gated_delta_rule. Per value head h, with state S (dk, dv):
  *   S     = S * exp(g[t][h])
@@ -330,6 +334,9 @@ void npu_l2norm(const float *x, size_t T, size_t D, float eps, float *out);
 
 /* As npu_silu_mul_ref (out may equal gate or up). */
 void npu_silu_mul(const float *gate, const float *up, size_t T, size_t F, float *out);
+/* As npu_sigmoid_mul_ref, in fp32 with the vectorised exp (relative error
+ * ~1e-7 of the gate). */
+void npu_sigmoid_mul(const float *gate, float *x, size_t n);
 
 /* The AVX-512 implementations behind the entry points above, for tests and
  * benchmarks that want one regardless of D3_NPU_KERNELS. Calling one on a
@@ -358,5 +365,6 @@ void npu_rmsnorm_gated_avx512(const float *x, const float *z, const float *w, si
                               float eps, float *out);
 void npu_l2norm_avx512(const float *x, size_t T, size_t D, float eps, float *out);
 void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F, float *out);
+void npu_sigmoid_mul_avx512(const float *gate, float *x, size_t n);
 
 #endif /* D3STREAM_NPU_H */

@@ -693,6 +693,16 @@ void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F,
     }
 }
 
+void npu_sigmoid_mul_avx512(const float *gate, float *x, size_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = mask_n(n - i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_maskz_loadu_ps(m, gate + i)));
+        __m512 y = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(x + i, m, y);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #elif defined(__GNUC__)

@@ -29,6 +29,7 @@ typedef struct npu_kernels {
                           float eps, float *out);
     void (*l2norm)(const float *x, size_t T, size_t D, float eps, float *out);
     void (*silu_mul)(const float *gate, const float *up, size_t T, size_t F, float *out);
+    void (*sigmoid_mul)(const float *gate, float *x, size_t n);
 } npu_kernels_t;
 
 static const npu_kernels_t k_ref = {
@@ -41,6 +42,7 @@ static const npu_kernels_t k_ref = {
     .rmsnorm_gated = npu_rmsnorm_gated_ref,
     .l2norm = npu_l2norm_ref,
     .silu_mul = npu_silu_mul_ref,
+    .sigmoid_mul = npu_sigmoid_mul_ref,
 };
 
 static const npu_kernels_t k_avx512 = {
@@ -53,6 +55,7 @@ static const npu_kernels_t k_avx512 = {
     .rmsnorm_gated = npu_rmsnorm_gated_avx512,
     .l2norm = npu_l2norm_avx512,
     .silu_mul = npu_silu_mul_avx512,
+    .sigmoid_mul = npu_sigmoid_mul_avx512,
 };
 
 static const npu_kernels_t *g_kernels;
@@ -119,6 +122,10 @@ void npu_l2norm(const float *x, size_t T, size_t D, float eps, float *out) {
 
 void npu_silu_mul(const float *gate, const float *up, size_t T, size_t F, float *out) {
     kernels()->silu_mul(gate, up, T, F, out);
+}
+
+void npu_sigmoid_mul(const float *gate, float *x, size_t n) {
+    kernels()->sigmoid_mul(gate, x, n);
 }
 
 /* ---- packed weights ------------------------------------------------------- */

@@ -356,6 +356,11 @@ void npu_l2norm_ref(const float *x, size_t T, size_t D, float eps, float *out) {
 }
 
 /* Qwen3_5MLP: act_fn(gate_proj(x)) * up_proj(x), act_fn = silu. */
+void npu_sigmoid_mul_ref(const float *gate, float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((double)x[i] / (1.0 + exp(-(double)gate[i])));
+}
+
 void npu_silu_mul_ref(const float *gate, const float *up, size_t T, size_t F, float *out) {
     size_t n = T * F;
     for (size_t i = 0; i < n; i++)

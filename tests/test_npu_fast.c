@@ -489,6 +489,27 @@ Test(npu_fast, silu_elementwise) {
     free(x), free(one), free(a), free(b);
 }
 
+/* The attention output gate x *= sigmoid(g): per element, over the whole
+ * range including saturated ends and a length with a tail. */
+Test(npu_fast, sigmoid_mul_elementwise) {
+    rng_t  r = {13};
+    size_t n = 1029;
+    float *g = rand_vec(&r, n, -40, 40), *x = rand_vec(&r, n, -3, 3);
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    cr_assert(a && b);
+    g[0] = -1000.0f, g[1] = 1000.0f, g[2] = 0.0f;
+    memcpy(a, x, n * sizeof *a);
+    memcpy(b, x, n * sizeof *b);
+    npu_sigmoid_mul(g, a, n);
+    npu_sigmoid_mul_ref(g, b, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabsf(a[i] - b[i]) <= 2e-6f * fabsf(b[i]) + 1e-30f, "g=%g x=%g: %g vs %g", g[i],
+                  x[i], a[i], b[i]);
+    cr_assert_float_eq(a[1], x[1], 1e-6, "sigmoid(1000) must be 1");
+    cr_assert_float_eq(a[2], x[2] / 2, 1e-6, "sigmoid(0) must be 1/2");
+    free(g), free(x), free(a), free(b);
+}
+
 /* ---- dispatch --------------------------------------------------------------- */
 
 /* D3_NPU_KERNELS=ref: every entry point is bit-identical to its _ref. */
