@@ -21,9 +21,11 @@ static const char USAGE[] =
     "  tokenize  token ids of text, with a package's tokenizer.json\n"
     "  version   version and the compute features of this machine\n"
     "  make-package  a synthetic package with random weights (meaningless answers)\n"
-    "  serve     answer requests from a Kafka topic onto a results topic (at least once)\n"
+    "  serve     answer requests from a Kafka topic onto a results topic (at least or exactly "
+    "once)\n"
+    "  http      serve the System One HTTP API (POST /v1/systemone, port 52625)\n"
     "\n"
-    "Coming with later issues: http, bench.\n"
+    "Coming with later issues: bench.\n"
     "\n"
     "'d3stream <command> --help' explains each command.\n";
 
@@ -41,6 +43,7 @@ static const struct {
     {"version", ops_cmd_version},
     {"make-package", ops_cmd_make_package},
     {"serve", ops_cmd_serve},
+    {"http", ops_cmd_http},
 };
 
 int main(int argc, char **argv) {

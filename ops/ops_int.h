@@ -72,4 +72,40 @@ int ops_ask_verify(const char *dir, bool no_verify, char *sha);
 int ops_ask_encode(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
                    svc_buf_t *out, int *status, char *errstr, size_t errstr_size);
 
+/* ---- Prometheus text format 0.0.4 (ops_metrics.c), shared by serve's
+ * --metrics-file and the HTTP shim's GET /metrics ---- */
+
+/* The text being built; bad once an append failed (out of memory): the
+ * caller then serves or writes nothing rather than a short text. */
+typedef struct ops_prom {
+    svc_buf_t b;
+    bool      bad;
+} ops_prom_t;
+
+void ops_prom_init(ops_prom_t *p); /* capped at 4 MiB */
+void ops_prom_fini(ops_prom_t *p);
+SVC_FMT(2, 3) void ops_prom_addf(ops_prom_t *p, const char *fmt, ...);
+/* One sample with its HELP/TYPE lines (labels "" for none, else "{k=\"v\"}"). */
+void ops_prom_metric(ops_prom_t *p, const char *name, const char *type, const char *help,
+                     const char *labels, double value);
+/* A further sample of the metric just written (other labels). */
+void ops_prom_sample(ops_prom_t *p, const char *name, const char *labels, double value);
+/* A label value as the format wants it: \\, \" and \n escaped. */
+void ops_prom_label_value(ops_prom_t *p, const char *v);
+/* d3stream_info{model="...",mode="..."} 1 */
+void ops_prom_info(ops_prom_t *p, const char *model_id, const char *mode);
+/* The scheduler's counters (d3stream_engine_*); nothing when s is NULL. */
+void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s);
+
+/* A latency histogram in seconds; the caller serialises access. */
+#define OPS_HIST_N 14
+typedef struct ops_hist {
+    uint64_t bucket[OPS_HIST_N]; /* cumulative at write time: bucket i counts <= bound i */
+    uint64_t count;
+    double   sum;
+} ops_hist_t;
+void ops_hist_add(ops_hist_t *h, double seconds);
+/* name_bucket{le=...}, name_sum, name_count with HELP/TYPE. */
+void ops_prom_hist(ops_prom_t *p, const char *name, const char *help, const ops_hist_t *h);
+
 #endif

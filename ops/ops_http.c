@@ -1,0 +1,370 @@
+/*
+ * ops_http.c -- `d3stream http`: the synchronous HTTP shim. It serves the
+ * upstream worker's routes and bodies (SPEC f.1) and the frontend's
+ * GET /v1/systemone/models (f.2) on one engine and one scheduler, with
+ * libmicrohttpd (internal polling threads; a request waiting for the
+ * engine is suspended and holds no thread).
+ *
+ * Start-up: the manifest check and the package's config come first (as
+ * `ask`); then the server listens, answering /health with 503 and
+ * decision requests with 503 not_ready while the weights load; then the
+ * scheduler starts and the model is ready. SIGTERM or SIGINT: stop
+ * accepting, answer what was received, exit 0.
+ */
+#include "ops_http_int.h"
+
+#include "eng_manifest_int.h"
+#include "npu.h"
+
+#include <getopt.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static const char HTTP_HELP[] =
+    "Usage: d3stream http --model DIR [--listen HOST:PORT] [--workers N] [--max-queue N]\n"
+    "                     [--max-connections N] [--timeout S] [--max-body-memory MIB]\n"
+    "                     [--no-verify]\n"
+    "\n"
+    "Serves the System One API of the upstream decision runtime over HTTP/1.1\n"
+    "(keep-alive; chunked request bodies accepted) with the package in DIR, on the\n"
+    "same engine and scheduler as `serve`: questions of concurrent requests run\n"
+    "together on the worker threads. Bodies and statuses follow SPEC.md (a.1, b.7,\n"
+    "f.1).\n"
+    "\n"
+    "Routes:\n"
+    "  POST /v1/systemone      a System One request -> the response body `ask` prints\n"
+    "  POST /v1/decisions      the same handler\n"
+    "  POST /v1/classify, /v1/embeddings, /v1/rerank, /v1/bundle\n"
+    "                          422 unsupported_surface (decision3 serves decisions)\n"
+    "  GET  /v1/models         {\"object\":\"list\",\"api_version\",\"data\":[model "
+    "card],\"limits\"}\n"
+    "  GET  /v1/systemone/models  "
+    "{\"object\":\"list\",\"data\":[{\"id\",\"object\",\"api\",\"routing\"}]}\n"
+    "  GET  /health            200 ready, 503 loading or stopping:\n"
+    "                          {\"api_version\",\"status\",\"reason\",\"model\"}\n"
+    "  GET  /health/live       200 {\"api_version\",\"status\":\"alive\"}\n"
+    "  GET  /metrics           Prometheus text: requests by route and status, questions by\n"
+    "                          outcome, input tokens, latency histograms (queue, forward,\n"
+    "                          total), engine queue depth and counters, connections, model\n"
+    "  GET  /openapi.yaml      the OpenAPI 3.0 contract of these routes\n"
+    "  GET routes answer HEAD too.\n"
+    "\n"
+    "Statuses of the decision routes ({\"error\":{\"code\",\"message\"}} unless 200):\n"
+    "  200  answered; a question that failed carries its own error (SPEC b.6)\n"
+    "  400  invalid_request: not UTF-8 or not JSON, a request-level rule, every\n"
+    "       question invalid\n"
+    "  404  model_not_found: \"model\" names another model\n"
+    "  413  request_too_large: Content-Length over 8388608 bytes (refused before the\n"
+    "       body is read), or a chunked body growing past it\n"
+    "  422  unsupported_surface: the other surfaces\n"
+    "  429  overloaded: the engine's queue is full, or the memory for request\n"
+    "       bodies (--max-body-memory) is spent; retry later (Retry-After: 1)\n"
+    "  500  internal_error: the engine failed, or the model gave a non-finite number\n"
+    "  503  not_ready: the model is loading, or the server is shutting down\n"
+    "  Every decision-route response carries Server-Timing: parse, tokenize, queue,\n"
+    "  forward, post, serialize, total (milliseconds). An unknown path answers 404 and\n"
+    "  a known path with another method 405, both {\"error\":{\"code\":\"invalid_request\"}}.\n"
+    "  The Content-Type of a request is not checked (as upstream).\n"
+    "\n"
+    "  --model DIR           the decision3 package, checked and loaded as `ask` does\n"
+    "  --listen HOST:PORT    address to listen on (default 127.0.0.1:52625; port 0\n"
+    "                        picks a free one; [::1]:PORT for IPv6). The address is\n"
+    "                        printed on stderr once listening\n"
+    "  --workers N           engine threads (default: the online CPUs)\n"
+    "  --max-queue N         questions admitted to the engine and not answered\n"
+    "                        (default 1024); past it requests get 429\n"
+    "  --max-connections N   open connections (default 1024, lowered to fit the\n"
+    "                        open-file limit); more are accepted and closed at once\n"
+    "  --timeout S           idle connection timeout in seconds (default 30): slow or\n"
+    "                        silent clients are disconnected\n"
+    "  --max-body-memory MIB request bodies held at once, in MiB (default 256)\n"
+    "  --no-verify           skip the manifest check (a warning is printed)\n"
+    "\n"
+    "SIGTERM or SIGINT: stop accepting connections, answer every request already\n"
+    "received (new requests on open connections get 503), exit 0.\n"
+    "\n"
+    "Exit status: 0 stopped by a signal, 2 usage, 3 the package failed its checks\n"
+    "or could not be loaded, or the address could not be listened on.\n";
+
+#define HTTP_DRAIN_S 60.0
+
+/* ------------------------------------------------------------ listening */
+
+/* HOST:PORT (or [V6]:PORT) -> o->host, o->port; false when malformed. */
+static bool parse_listen(const char *arg, http_opts_t *o) {
+    const char *colon = strrchr(arg, ':');
+    if (!colon || colon == arg)
+        return false;
+    const char *h = arg;
+    size_t      n = (size_t)(colon - arg);
+    if (h[0] == '[' && n >= 2 && h[n - 1] == ']') {
+        h++;
+        n -= 2;
+    }
+    char              *end = NULL;
+    unsigned long long port = strtoull(colon + 1, &end, 10);
+    if (n == 0 || n >= sizeof o->host || !colon[1] || *end || port > 65535 || colon[1] == '-')
+        return false;
+    memcpy(o->host, h, n);
+    o->host[n] = '\0';
+    o->port = (int)port;
+    return true;
+}
+
+static struct MHD_Daemon *start_daemon(http_t *h, const struct addrinfo *ai) {
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    return MHD_start_daemon(flags, 0, NULL, NULL, ops_http_handler, h, MHD_OPTION_SOCK_ADDR,
+                            ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, 2u,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->o->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, h->o->timeout_s,
+                            MHD_OPTION_NOTIFY_COMPLETED, ops_http_completed, h, MHD_OPTION_END);
+}
+
+/* Listens on o->host:o->port; false (after saying why) when it cannot. */
+static bool http_listen(http_t *h) {
+    const http_opts_t *o = h->o;
+    struct addrinfo    hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo   *ai = NULL;
+    char               port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int gai = getaddrinfo(o->host, port, &hints, &ai);
+    if (gai) {
+        ops_fail("http", "--listen %s:%d: %s", o->host, o->port, gai_strerror(gai));
+        return false;
+    }
+    h->mhd = start_daemon(h, ai);
+    freeaddrinfo(ai);
+    if (!h->mhd) {
+        ops_fail("http", "cannot listen on %s:%d (in use, or not an address of this machine)",
+                 o->host, o->port);
+        return false;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    bool                        v6 = strchr(o->host, ':') != NULL;
+    fprintf(stderr, "d3stream http: listening on http://%s%s%s:%u (model %s)\n", v6 ? "[" : "",
+            o->host, v6 ? "]" : "", di ? (unsigned)di->port : (unsigned)o->port, h->label);
+    return true;
+}
+
+/* ------------------------------------------------------------ running */
+
+/* Waits up to s seconds for every request begun to complete. */
+static bool drain(http_t *h, double s) {
+    double end = ops_http_now_s() + s;
+    while (atomic_load(&h->in_flight) > 0) {
+        if (ops_http_now_s() > end)
+            return false;
+        usleep(10000);
+    }
+    return true;
+}
+
+/* Loads the weights and starts the scheduler; false after saying why. */
+static bool http_load(http_t *h, eng_model_t **model) {
+    char errstr[1024] = "";
+    if (eng_model_load(h->o->dir, model, errstr, sizeof errstr) ||
+        (!h->o->no_verify &&
+         eng_model_check_parameters(*model, h->o->dir, errstr, sizeof errstr))) {
+        ops_fail("http", "%s", errstr);
+        return false;
+    }
+    h->ask.model = *model;
+    eng_sched_conf_t sc = {.n_workers = h->o->workers, .max_questions = h->o->max_queue};
+    if (eng_sched_new(h->ask.pkg, *model, &sc, &h->sched, errstr, sizeof errstr)) {
+        ops_fail("http", "engine: %s", errstr);
+        return false;
+    }
+    return true;
+}
+
+static void device_label(http_t *h) {
+    const npu_features_t *f = npu_probe();
+    snprintf(h->device, sizeof h->device, "cpu (%d cores)", f->n_cpus);
+}
+
+/* Listens, loads, serves until a signal; returns the exit status. */
+static int http_run(http_t *h, const sigset_t *sigs) {
+    eng_model_t *model = NULL;
+    int          rc = OPS_EXIT_FAILURE;
+    device_label(h);
+    if (!http_listen(h))
+        return OPS_EXIT_FAILURE;
+    double t = ops_http_now_s();
+    if (http_load(h, &model)) {
+        atomic_store(&h->state, HTTP_READY);
+        fprintf(stderr, "d3stream http: ready (model loaded in %.1f s)\n", ops_http_now_s() - t);
+        int sig = 0;
+        while (sigwait(sigs, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
+            ;
+        fprintf(stderr, "d3stream http: %s: stopping (finishing %zu requests)\n",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&h->in_flight));
+        rc = OPS_EXIT_OK;
+    }
+    atomic_store(&h->state, HTTP_STOPPING);
+    MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
+    if (lfd != MHD_INVALID_SOCKET)
+        close(lfd);
+    if (!drain(h, HTTP_DRAIN_S))
+        fprintf(stderr, "d3stream http: %zu requests still open after %.0f s\n",
+                atomic_load(&h->in_flight), HTTP_DRAIN_S);
+    /* Finishes whatever the engine still holds (done resumes those
+     * connections), so that no connection is suspended when MHD stops. */
+    eng_sched_free(h->sched);
+    h->sched = NULL;
+    (void)drain(h, 5.0);
+    MHD_stop_daemon(h->mhd);
+    h->mhd = NULL;
+    eng_model_free(model);
+    h->ask.model = NULL;
+    fprintf(stderr, "d3stream http: stopped\n");
+    return rc;
+}
+
+/* Verify and open (as `ask`), then serve. */
+static int http_package(const http_opts_t *o) {
+    char sha[ENG_SHA256_HEX + 1];
+    int  rc = ops_ask_verify(o->dir, o->no_verify, sha);
+    if (rc != OPS_EXIT_OK)
+        return rc;
+    ops_chat_template_warn("http", o->dir);
+    char           errstr[1024];
+    eng_package_t *pkg = NULL;
+    if (eng_package_open(o->dir, &pkg, errstr, sizeof errstr)) {
+        ops_fail("http", "%s", errstr);
+        return OPS_EXIT_FAILURE;
+    }
+    /* Signals are taken by sigwait on this thread only: every thread
+     * started from here on (MHD's, the engine's) inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    http_t h = {.o = o, .ask = {pkg, NULL, o->dir, sha}, .label = eng_package_model_id(pkg)};
+    pthread_mutex_init(&h.lock, NULL);
+    atomic_init(&h.state, HTTP_LOADING);
+    atomic_init(&h.in_flight, 0);
+    atomic_init(&h.body_bytes, 0);
+    rc = http_run(&h, &sigs);
+    pthread_mutex_destroy(&h.lock);
+    eng_package_free(pkg);
+    return rc;
+}
+
+/* ------------------------------------------------------------ options */
+
+static bool count_opt(const char *name, const char *arg, size_t max, size_t *out) {
+    char              *end = NULL;
+    unsigned long long v = strtoull(arg, &end, 10);
+    if (!*arg || *end || v == 0 || v > max || arg[0] == '-') {
+        ops_fail("http", "--%s \"%s\": expected a whole number from 1 to %zu", name, arg, max);
+        return false;
+    }
+    *out = (size_t)v;
+    return true;
+}
+
+/* The connection limit must leave file descriptors for the package and
+ * the engine: raise the soft limit to the hard one, then fit under it. */
+static size_t fit_connections(size_t want) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return want;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+        (void)getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want + 64) {
+        size_t fit = rl.rlim_cur > 128 ? (size_t)rl.rlim_cur - 64 : 64;
+        fprintf(stderr,
+                "d3stream http: --max-connections %zu lowered to %zu (open-file limit %llu)\n",
+                want, fit, (unsigned long long)rl.rlim_cur);
+        return fit;
+    }
+    return want;
+}
+
+enum { O_LISTEN = 256, O_WORKERS, O_QUEUE, O_CONNS, O_TIMEOUT, O_BODYMEM, O_NOVERIFY };
+
+static const struct option HTTP_OPTS[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"listen", required_argument, NULL, O_LISTEN},
+    {"workers", required_argument, NULL, O_WORKERS},
+    {"max-queue", required_argument, NULL, O_QUEUE},
+    {"max-connections", required_argument, NULL, O_CONNS},
+    {"timeout", required_argument, NULL, O_TIMEOUT},
+    {"max-body-memory", required_argument, NULL, O_BODYMEM},
+    {"no-verify", no_argument, NULL, O_NOVERIFY},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* One option; -1 to go on, else the exit status. */
+static int http_opt(int c, const char *arg, http_opts_t *o) {
+    size_t v;
+    switch (c) {
+    case 'm':
+        o->dir = arg;
+        return -1;
+    case O_LISTEN:
+        if (parse_listen(arg, o))
+            return -1;
+        ops_fail("http", "--listen \"%s\": expected HOST:PORT (e.g. 127.0.0.1:52625)", arg);
+        return OPS_EXIT_USAGE;
+    case O_WORKERS:
+        return count_opt("workers", arg, 256, &o->workers) ? -1 : OPS_EXIT_USAGE;
+    case O_QUEUE:
+        return count_opt("max-queue", arg, 1u << 20, &o->max_queue) ? -1 : OPS_EXIT_USAGE;
+    case O_CONNS:
+        return count_opt("max-connections", arg, 1u << 20, &o->max_connections) ? -1
+                                                                                : OPS_EXIT_USAGE;
+    case O_TIMEOUT:
+        if (!count_opt("timeout", arg, 3600, &v))
+            return OPS_EXIT_USAGE;
+        o->timeout_s = (unsigned)v;
+        return -1;
+    case O_BODYMEM:
+        if (!count_opt("max-body-memory", arg, 1u << 20, &v))
+            return OPS_EXIT_USAGE;
+        o->body_budget = v << 20;
+        return -1;
+    case O_NOVERIFY:
+        o->no_verify = true;
+        return -1;
+    case 'h':
+        fputs(HTTP_HELP, stdout);
+        return OPS_EXIT_OK;
+    default:
+        fputs(HTTP_HELP, stderr);
+        return OPS_EXIT_USAGE;
+    }
+}
+
+int ops_cmd_http(int argc, char **argv) {
+    http_opts_t o = {.host = "127.0.0.1",
+                     .port = 52625,
+                     .max_queue = 1024,
+                     .max_connections = 1024,
+                     .timeout_s = 30,
+                     .body_budget = (size_t)256 << 20};
+    int         c, rc = -1;
+    optind = 1;
+    while (rc < 0 && (c = getopt_long(argc, argv, "m:h", HTTP_OPTS, NULL)) != -1)
+        rc = http_opt(c, optarg, &o);
+    if (rc < 0 && (!o.dir || optind != argc)) {
+        ops_fail("http", "--model DIR is required (and no other operand): see --help");
+        rc = OPS_EXIT_USAGE;
+    }
+    if (rc >= 0)
+        return rc;
+    if (o.body_budget < SCH_DEFAULT_MAX_REQUEST_BYTES)
+        o.body_budget = SCH_DEFAULT_MAX_REQUEST_BYTES; /* one largest body always fits */
+    o.max_connections = fit_connections(o.max_connections);
+    return http_package(&o);
+}

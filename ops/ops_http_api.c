@@ -1,0 +1,187 @@
+/*
+ * ops_http_api.c -- what `d3stream http` answers: POST /v1/systemone (and
+ * /v1/decisions) through the shared scheduler, and the GET bodies of
+ * /health, /health/live, /v1/models and /v1/systemone/models (SPEC f.1,
+ * f.2).
+ *
+ * A decision request is decoded on the MHD thread (the contract's
+ * whole-request errors come back at once), then its connection is
+ * suspended and the request submitted; the scheduler's done callback
+ * encodes the body on the worker thread and resumes the connection, so a
+ * request waiting for the engine holds no MHD thread.
+ */
+#include "ops_http_int.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+
+void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...) {
+    char    msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sch_error_t e;
+    sch_error_init(&e);
+    sch_error_set(&e, status, code, "%s", msg);
+    svc_buf_reset(&r->out);
+    r->status = status;
+    if (sch_error_encode(&e, &r->out)) {
+        /* Out of memory for a few bytes: an empty 500 still answers. */
+        svc_buf_reset(&r->out);
+        r->status = 500;
+    }
+    sch_error_fini(&e);
+}
+
+/* An engine failure: the 500 upstream answers for an exception. */
+static void internal_error(http_req_t *r, const char *why) {
+    ops_http_error(r, 500, "internal_error", "RuntimeError: %s",
+                   why && why[0] ? why : "the request could not be answered");
+}
+
+/* The scheduler's completion, on a worker thread. */
+static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const char *errstr) {
+    http_req_t *r = user;
+    http_t     *h = r->h;
+    double      t = ops_http_now_s();
+    if (err) {
+        internal_error(r, errstr && errstr[0] ? errstr : svc_err_name(err));
+    } else {
+        const eng_answer_stats_t *st = eng_answers_stats(ans);
+        r->tokenize_ms = st->tokenize_ms;
+        r->queue_ms = st->queue_ms;
+        r->forward_ms = st->forward_ms;
+        char why[1024] = "";
+        int  http = 200; /* ops_ask_encode sets it only when it writes an error */
+        svc_buf_reset(&r->out);
+        int rc = ops_ask_encode(&h->ask, r->req, ans, &r->out, &http, why, sizeof why);
+        if (rc == OPS_EXIT_FAILURE)
+            internal_error(r, why);
+        else
+            r->status = http;
+        ops_http_count_answers(h, r->req, ans);
+    }
+    eng_answers_free(ans);
+    sch_request_free(r->req);
+    r->req = NULL;
+    r->serialize_ms = (ops_http_now_s() - t) * 1000.0;
+    atomic_store(&r->phase, HTTP_P_DONE);
+    MHD_resume_connection(r->con);
+}
+
+bool ops_http_decisions(http_req_t *r) {
+    http_t *h = r->h;
+    double  t = ops_http_now_s();
+    char    why[1024] = "";
+    int     http = 500;
+    svc_buf_reset(&r->out);
+    int rc = ops_decode_request(h->ask.pkg, h->ask.dir, false, r->body.data ? r->body.data : "",
+                                r->body.len, &r->req, &r->out, &http, why, sizeof why);
+    r->parse_ms = (ops_http_now_s() - t) * 1000.0;
+    svc_buf_fini(&r->body); /* the request holds a copy */
+    if (rc == OPS_EXIT_VERDICT) {
+        r->status = http;
+        atomic_store(&r->phase, HTTP_P_DONE);
+        return false;
+    }
+    if (rc != OPS_EXIT_OK) {
+        internal_error(r, why);
+        atomic_store(&r->phase, HTTP_P_DONE);
+        return false;
+    }
+    /* Suspended before the submit: done may run at once, on any thread. */
+    atomic_store(&r->phase, HTTP_P_ENGINE);
+    MHD_suspend_connection(r->con);
+    svc_err_t err = eng_sched_submit(h->sched, r->req, engine_done, r);
+    if (err == SVC_OK)
+        return true;
+    sch_request_free(r->req);
+    r->req = NULL;
+    if (err == SVC_ERR_RETRIABLE) {
+        ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
+        pthread_mutex_lock(&h->lock);
+        h->n.overloaded++;
+        pthread_mutex_unlock(&h->lock);
+    } else {
+        snprintf(why, sizeof why, "the engine refused the request: %s", svc_err_name(err));
+        internal_error(r, why);
+    }
+    atomic_store(&r->phase, HTTP_P_DONE);
+    MHD_resume_connection(r->con); /* the handler runs again and sends it */
+    return true;
+}
+
+/* ------------------------------------------------------------ GET bodies */
+
+static void set_json(http_req_t *r, int status, json_t *v) {
+    char *s = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(v);
+    svc_buf_reset(&r->out);
+    if (!s || svc_buf_adds(&r->out, s)) {
+        ops_http_error(r, 500, "internal_error", "MemoryError: the response body");
+    } else {
+        r->status = status;
+    }
+    free(s);
+}
+
+static const char *state_name(int state) {
+    return state == HTTP_READY ? "ready" : state == HTTP_STOPPING ? "stopping" : "loading";
+}
+
+void ops_http_health(http_req_t *r, bool live) {
+    http_t *h = r->h;
+    if (live) {
+        set_json(r, 200,
+                 json_pack("{s:s, s:s}", "api_version", HTTP_API_VERSION, "status", "alive"));
+        return;
+    }
+    int state = atomic_load(&h->state);
+    set_json(r, state == HTTP_READY ? 200 : 503,
+             json_pack("{s:s, s:s, s:s?, s:s}", "api_version", HTTP_API_VERSION, "status",
+                       state_name(state), "reason",
+                       state == HTTP_READY     ? NULL
+                       : state == HTTP_LOADING ? "the model is loading"
+                                               : "the runtime is shutting down",
+                       "model", h->label));
+}
+
+/* The worker's model card (SPEC f.1), as far as d3stream knows it. */
+static json_t *model_card(http_t *h, int state) {
+    json_t *params = json_null();
+    if (state != HTTP_LOADING && h->ask.model) {
+        eng_model_info_t mi;
+        eng_model_get_info(h->ask.model, &mi);
+        params = json_integer((json_int_t)(mi.n_params_text + mi.n_params_readout));
+    }
+    const char *sha = h->ask.model_sha256 && h->ask.model_sha256[0] ? h->ask.model_sha256 : NULL;
+    return json_pack(
+        "{s:s, s:s, s:s, s:s, s:n, s:n, s:s?, s:n, s:[s], s:[s,s,s], s:[s], "
+        "s:{s:I, s:i, s:i, s:i, s:i}, s:n, s:s, s:[s], s:s, s:s, s:b, s:s, s:s, s:o, s:b, s:s, "
+        "s:s?, s:n, s:[]}",
+        "id", h->label, "object", "model", "owned_by", "vllm-sr", "family", "decision3", "repo",
+        "revision", "model_sha256", sha, "manifest_sha256", "surfaces", "decisions",
+        "question_types", "choice", "noul", "score", "modalities", "text", "limits",
+        "max_input_tokens", (json_int_t)eng_package_max_length(h->ask.pkg), "min_options", 2,
+        "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile", "exact",
+        "profiles", "exact", "engine", "d3stream", "accelerator", "cpu", "accelerator_validated", 0,
+        "device", h->device, "dtype", "fp32/fp32-readout", "parameters", params, "ready",
+        state == HTTP_READY, "status", state_name(state), "reason",
+        state == HTTP_READY ? NULL : "the model is not ready", "golden", "plugins");
+}
+
+void ops_http_models(http_req_t *r, bool systemone) {
+    http_t *h = r->h;
+    int     state = atomic_load(&h->state);
+    if (systemone) {
+        set_json(r, 200,
+                 json_pack("{s:s, s:[{s:s, s:s, s:s, s:b}]}", "object", "list", "data", "id",
+                           h->label, "object", "model", "api", "systemone", "routing", 0));
+        return;
+    }
+    set_json(r, 200,
+             json_pack("{s:s, s:s, s:[o], s:{s:i, s:I}}", "object", "list", "api_version",
+                       HTTP_API_VERSION, "data", model_card(h, state), "limits", "max_bundle_tasks",
+                       64, "max_request_bytes", (json_int_t)SCH_DEFAULT_MAX_REQUEST_BYTES));
+}

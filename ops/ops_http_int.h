@@ -1,0 +1,145 @@
+/*
+ * ops_http_int.h -- what the parts of `d3stream http` share (private):
+ * ops_http.c (options, set-up, load, shutdown), ops_http_route.c (the
+ * libmicrohttpd access handler: routes, methods, bodies, limits),
+ * ops_http_api.c (the POST /v1/systemone way through the scheduler and the
+ * GET bodies) and ops_http_metrics.c (counters and GET /metrics).
+ *
+ * Threads: libmicrohttpd's internal polling thread(s) run the handler and
+ * the completion callback; the scheduler's done callback runs on an engine
+ * worker thread and touches only its own request and the counters (under
+ * http_t.lock), then resumes the suspended connection.
+ */
+#ifndef D3STREAM_OPS_HTTP_INT_H
+#define D3STREAM_OPS_HTTP_INT_H
+
+#include "ops_int.h"
+
+#include "schemas.h"
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define HTTP_API_VERSION "2.3.0"
+#define HTTP_JSON        "application/json"
+
+typedef struct http_opts {
+    const char *dir;
+    char        host[256];
+    int         port;
+    bool        no_verify;
+    size_t      workers, max_queue, max_connections, body_budget;
+    unsigned    timeout_s; /* idle connection timeout */
+} http_opts_t;
+
+/* The routes: index into the counters. */
+typedef enum http_route {
+    HTTP_R_SYSTEMONE = 0,
+    HTTP_R_DECISIONS,
+    HTTP_R_CLASSIFY,
+    HTTP_R_EMBEDDINGS,
+    HTTP_R_RERANK,
+    HTTP_R_BUNDLE,
+    HTTP_R_MODELS,
+    HTTP_R_SYSTEMONE_MODELS,
+    HTTP_R_HEALTH,
+    HTTP_R_HEALTH_LIVE,
+    HTTP_R_METRICS,
+    HTTP_R_OPENAPI,
+    HTTP_R_UNMATCHED, /* no route: 404 */
+    HTTP_R_COUNT
+} http_route_t;
+
+/* Model state: what /health and 503 not_ready say. */
+typedef enum http_state {
+    HTTP_LOADING = 0,
+    HTTP_READY = 1,
+    HTTP_STOPPING = 2,
+} http_state_t;
+
+#define HTTP_N_STATUS  10 /* 200 400 404 405 413 422 429 500 503, other */
+#define HTTP_N_OUTCOME 6  /* answered + the per-question error codes + other */
+
+typedef struct http_counts {
+    uint64_t   requests[HTTP_R_COUNT][HTTP_N_STATUS];
+    uint64_t   questions[HTTP_N_OUTCOME];
+    uint64_t   input_tokens;
+    uint64_t   overloaded; /* 429s: scheduler full or body budget spent */
+    ops_hist_t queue_s, forward_s, total_s;
+} http_counts_t;
+
+typedef struct http {
+    const http_opts_t *o;
+    ops_ask_t          ask; /* model NULL until loaded */
+    const char        *label;
+    eng_sched_t       *sched;
+    struct MHD_Daemon *mhd;
+    _Atomic int        state;      /* http_state_t */
+    atomic_size_t      in_flight;  /* requests begun, not completed */
+    atomic_size_t      body_bytes; /* request body bytes held (bounded by o->body_budget) */
+    pthread_mutex_t    lock;       /* counts */
+    http_counts_t      n;
+    char               device[512]; /* meta.device, for model cards */
+} http_t;
+
+/* One request's state, from its headers to its completion. */
+typedef enum http_phase {
+    HTTP_P_READING = 0, /* receiving the body */
+    HTTP_P_ENGINE,      /* suspended: the scheduler has it */
+    HTTP_P_DONE,        /* the response is ready (status, out) */
+    HTTP_P_SENT,        /* queued to libmicrohttpd */
+} http_phase_t;
+
+typedef struct http_req {
+    http_t                *h;
+    struct MHD_Connection *con;
+    http_route_t           route;
+    _Atomic int            phase; /* http_phase_t: the done callback sets DONE */
+    double                 t0;    /* headers received (monotonic seconds) */
+    svc_buf_t              body;
+    size_t                 reserved; /* of h->body_bytes */
+    bool                   too_large, over_budget;
+    size_t                 dropped; /* body bytes read and dropped after a refusal */
+    sch_request_t         *req;     /* while the engine has it */
+    int                    status;
+    svc_buf_t              out;   /* the response body */
+    const char            *type;  /* its Content-Type; NULL: JSON */
+    bool                   timed; /* a /v1 surface: Server-Timing */
+    double                 parse_ms, tokenize_ms, queue_ms, forward_ms, serialize_ms;
+} http_req_t;
+
+double ops_http_now_s(void);
+
+/* ops_http_route.c: the MHD callbacks. */
+enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const char *url,
+                                 const char *method, const char *version, const char *upload,
+                                 size_t *upload_size, void **req_cls);
+void            ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
+                                   enum MHD_RequestTerminationCode toe);
+
+/* ops_http_api.c */
+/* POST /v1/systemone with the whole body in r->body: decodes and submits.
+ * Returns false with r->phase DONE (a whole-request error to send now), or
+ * true: the connection is suspended and is resumed (by the done callback,
+ * or at once when the scheduler refused it) with r->phase DONE.
+ * @locality an MHD thread. */
+bool ops_http_decisions(http_req_t *r);
+/* r->out/r->status for an error of our own (sch_error_encode). */
+void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...)
+    SVC_FMT(4, 5);
+/* GET bodies: health, models; r->out/r->status set. */
+void ops_http_health(http_req_t *r, bool live);
+void ops_http_models(http_req_t *r, bool systemone);
+
+/* ops_http_metrics.c */
+void ops_http_count_request(http_t *h, http_route_t route, int status, double total_s);
+void ops_http_count_answers(http_t *h, const sch_request_t *req, const eng_answers_t *ans);
+/* The /metrics text into out (fresh); false when out of memory. */
+bool ops_http_metrics_text(http_t *h, svc_buf_t *out);
+
+/* openapi.yaml, compiled in by CMakeLists.txt */
+extern const char   ops_openapi_yaml[];
+extern const size_t ops_openapi_yaml_len;
+
+#endif

@@ -1,0 +1,334 @@
+/*
+ * ops_http_route.c -- the libmicrohttpd access handler of `d3stream http`:
+ * routes and methods (SPEC f.1), the request body under its limit (SPEC
+ * a.1: 413 from Content-Length before anything is read, or once a chunked
+ * body grows past it), the shared body budget (bounded memory across
+ * connections: 429 past it), and sending what ops_http_api.c decided.
+ *
+ * MHD calls the handler several times per request: first with the headers
+ * (*req_cls NULL), then with each piece of the body, then once with none
+ * (the body is complete), and again after a suspended connection is
+ * resumed. A response may be queued only on the first or the last kind of
+ * call.
+ */
+#include "ops_http_int.h"
+
+#include <stdarg.h>
+#include <time.h>
+
+/* Bytes of a body past the limit that are read and dropped before the
+ * connection is closed instead of answered (a client streaming forever). */
+#define HTTP_DISCARD_MAX ((size_t)64 << 20)
+
+double ops_http_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static const struct {
+    const char  *path;
+    http_route_t route;
+    bool         post; /* else GET (and HEAD) */
+} ROUTES[] = {
+    {"/v1/systemone", HTTP_R_SYSTEMONE, true},
+    {"/v1/decisions", HTTP_R_DECISIONS, true},
+    {"/v1/classify", HTTP_R_CLASSIFY, true},
+    {"/v1/embeddings", HTTP_R_EMBEDDINGS, true},
+    {"/v1/rerank", HTTP_R_RERANK, true},
+    {"/v1/bundle", HTTP_R_BUNDLE, true},
+    {"/v1/models", HTTP_R_MODELS, false},
+    {"/v1/systemone/models", HTTP_R_SYSTEMONE_MODELS, false},
+    {"/health", HTTP_R_HEALTH, false},
+    {"/health/live", HTTP_R_HEALTH_LIVE, false},
+    {"/metrics", HTTP_R_METRICS, false},
+    {"/openapi.yaml", HTTP_R_OPENAPI, false},
+};
+
+/* ------------------------------------------------------------ the body budget */
+
+/* Takes n bytes of the shared body budget for r; false when it is spent. */
+static bool reserve(http_req_t *r, size_t n) {
+    http_t *h = r->h;
+    size_t  cur = atomic_load(&h->body_bytes);
+    do {
+        if (cur + n > h->o->body_budget || cur + n < cur)
+            return false;
+    } while (!atomic_compare_exchange_weak(&h->body_bytes, &cur, cur + n));
+    r->reserved += n;
+    return true;
+}
+
+/* Frees r's body and gives its budget back. */
+static void drop_body(http_req_t *r) {
+    svc_buf_fini(&r->body);
+    svc_buf_init(&r->body, SCH_DEFAULT_MAX_REQUEST_BYTES);
+    if (r->reserved)
+        atomic_fetch_sub(&r->h->body_bytes, r->reserved);
+    r->reserved = 0;
+}
+
+/* ------------------------------------------------------------ responses */
+
+static void overloaded(http_req_t *r) {
+    ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
+}
+
+/* "parse;dur=P, tokenize;dur=T, queue;dur=Q, forward;dur=F, post;dur=O,
+ * serialize;dur=S, total;dur=X" (SPEC f.1): milliseconds, 3 decimals. */
+static void server_timing(const http_req_t *r, char *buf, size_t size) {
+    double total = (ops_http_now_s() - r->t0) * 1000.0;
+    snprintf(buf, size,
+             "parse;dur=%.3f, tokenize;dur=%.3f, queue;dur=%.3f, forward;dur=%.3f, "
+             "post;dur=%.3f, serialize;dur=%.3f, total;dur=%.3f",
+             r->parse_ms, r->tokenize_ms, r->queue_ms, r->forward_ms, 0.0, r->serialize_ms, total);
+}
+
+/* Queues r->out with r->status; MHD_NO closes the connection. */
+static enum MHD_Result respond(http_req_t *r) {
+    const char *type = r->type ? r->type : HTTP_JSON;
+    drop_body(r);
+    size_t               len = 0;
+    char                *data = svc_buf_steal(&r->out, &len);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        len, data ? data : (void *)"", data ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(data);
+        return MHD_NO;
+    }
+    char timing[320];
+    (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (r->timed) {
+        server_timing(r, timing, sizeof timing);
+        (void)MHD_add_response_header(resp, "Server-Timing", timing);
+    }
+    if (r->status == 405)
+        (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
+                                      r->route <= HTTP_R_BUNDLE ? "POST" : "GET, HEAD");
+    if (r->status == 429)
+        (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (atomic_load(&r->h->state) == HTTP_STOPPING)
+        (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    r->phase = HTTP_P_SENT;
+    enum MHD_Result ok = MHD_queue_response(r->con, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static enum MHD_Result send_json(http_req_t *r) {
+    return respond(r);
+}
+
+/* Answers on the last call, once the (empty) body is read: a response
+ * queued before that closes the connection, and these keep it alive. */
+static enum MHD_Result later(http_req_t *r) {
+    atomic_store(&r->phase, HTTP_P_DONE);
+    return MHD_YES;
+}
+
+/* A GET route's body into r->out (sent by later()). */
+static enum MHD_Result get(http_req_t *r) {
+    switch (r->route) {
+    case HTTP_R_MODELS:
+    case HTTP_R_SYSTEMONE_MODELS:
+        ops_http_models(r, r->route == HTTP_R_SYSTEMONE_MODELS);
+        break;
+    case HTTP_R_HEALTH:
+    case HTTP_R_HEALTH_LIVE:
+        ops_http_health(r, r->route == HTTP_R_HEALTH_LIVE);
+        break;
+    case HTTP_R_METRICS:
+        if (!ops_http_metrics_text(r->h, &r->out)) {
+            ops_http_error(r, 500, "internal_error", "MemoryError: the metrics text");
+            break;
+        }
+        r->status = 200;
+        r->type = "text/plain; version=0.0.4; charset=utf-8";
+        break;
+    default: /* HTTP_R_OPENAPI */
+        svc_buf_reset(&r->out);
+        if (svc_buf_add(&r->out, ops_openapi_yaml, ops_openapi_yaml_len)) {
+            ops_http_error(r, 500, "internal_error", "MemoryError: the contract");
+            break;
+        }
+        r->status = 200;
+        r->type = "application/yaml";
+        break;
+    }
+    return later(r);
+}
+
+/* ------------------------------------------------------------ the request */
+
+/* The first call: route, method, the limit from Content-Length. */
+static enum MHD_Result begin(http_req_t *r, const char *url, const char *method) {
+    http_t *h = r->h;
+    size_t  i = 0, n = sizeof ROUTES / sizeof ROUTES[0];
+    while (i < n && strcmp(url, ROUTES[i].path) != 0)
+        i++;
+    if (i == n) {
+        r->route = HTTP_R_UNMATCHED;
+        ops_http_error(r, 404, "invalid_request", "no route %s", url);
+        return later(r);
+    }
+    r->route = ROUTES[i].route;
+    bool ok = ROUTES[i].post ? strcmp(method, MHD_HTTP_METHOD_POST) == 0
+                             : strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+                                   strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    if (!ok) {
+        ops_http_error(r, 405, "invalid_request", "method not allowed");
+        return later(r);
+    }
+    if (!ROUTES[i].post)
+        return get(r);
+    r->timed = true;
+    if (atomic_load(&h->state) == HTTP_STOPPING) {
+        ops_http_error(r, 503, "not_ready", "the runtime is shutting down");
+        return send_json(r);
+    }
+    const char *cl =
+        MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char              *end = NULL;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (end != cl && v > SCH_DEFAULT_MAX_REQUEST_BYTES) {
+            ops_http_error(r, 413, "request_too_large", "the request body exceeds %u bytes",
+                           (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+            return send_json(r);
+        }
+        if (end != cl && v > 0 && (!reserve(r, (size_t)v) || svc_buf_reserve(&r->body, v))) {
+            overloaded(r);
+            return send_json(r);
+        }
+    }
+    return MHD_YES;
+}
+
+/* A piece of the body; MHD_NO closes the connection. */
+static enum MHD_Result take(http_req_t *r, const char *data, size_t n) {
+    if (r->too_large || r->over_budget) {
+        r->dropped += n;
+        return r->dropped > HTTP_DISCARD_MAX ? MHD_NO : MHD_YES;
+    }
+    if (r->body.len + n > SCH_DEFAULT_MAX_REQUEST_BYTES)
+        r->too_large = true;
+    else if (r->body.len + n > r->reserved && !reserve(r, r->body.len + n - r->reserved))
+        r->over_budget = true;
+    else if (svc_buf_add(&r->body, data, n))
+        r->over_budget = true;
+    if (r->too_large || r->over_budget) {
+        r->dropped = r->body.len + n;
+        drop_body(r);
+    }
+    return MHD_YES;
+}
+
+/* SPEC a.1 before a.2 1.: a body that is not JSON (or holds an unpaired
+ * surrogate) gets its 400 even while the model loads. True with that
+ * error in r->out. */
+static bool transport_error(http_req_t *r) {
+    sch_request_t *req = NULL;
+    char           why[256];
+    int            http = 0;
+    int            rc =
+        ops_decode_request(r->h->ask.pkg, r->h->ask.dir, false, r->body.data ? r->body.data : "",
+                           r->body.len, &req, &r->out, &http, why, sizeof why);
+    sch_request_free(req);
+    bool a1 = rc == OPS_EXIT_VERDICT && http == 400 && r->out.data &&
+              (strstr(r->out.data, "\"message\":\"the request body is not JSON") ||
+               strstr(r->out.data, "\"message\":\"the request contains an unpaired surrogate\""));
+    if (a1)
+        r->status = 400;
+    return a1;
+}
+
+/* The body is complete: answer it now, or hand it to the engine. */
+static enum MHD_Result finish(http_req_t *r) {
+    http_t *h = r->h;
+    if (r->too_large) {
+        ops_http_error(r, 413, "request_too_large", "the request body exceeds %u bytes",
+                       (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+        return send_json(r);
+    }
+    if (r->over_budget) {
+        overloaded(r);
+        return send_json(r);
+    }
+    if (r->route != HTTP_R_SYSTEMONE && r->route != HTTP_R_DECISIONS) {
+        const char *path = r->route == HTTP_R_CLASSIFY     ? "/v1/classify"
+                           : r->route == HTTP_R_EMBEDDINGS ? "/v1/embeddings"
+                           : r->route == HTTP_R_RERANK     ? "/v1/rerank"
+                                                           : "/v1/bundle";
+        ops_http_error(r, 422, "unsupported_surface", "model %s does not serve %s", h->label, path);
+        return send_json(r);
+    }
+    int state = atomic_load(&h->state);
+    if (state == HTTP_STOPPING) {
+        ops_http_error(r, 503, "not_ready", "the runtime is shutting down");
+        return send_json(r);
+    }
+    if (state == HTTP_LOADING) {
+        if (!transport_error(r))
+            ops_http_error(r, 503, "not_ready", "model %s is loading", h->label);
+        return send_json(r);
+    }
+    if (ops_http_decisions(r))
+        return MHD_YES; /* suspended: resumed by the done callback */
+    return send_json(r);
+}
+
+enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const char *url,
+                                 const char *method, const char *version, const char *upload,
+                                 size_t *upload_size, void **req_cls) {
+    (void)version;
+    http_t     *h = cls;
+    http_req_t *r = *req_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r)
+            return MHD_NO;
+        r->h = h;
+        r->con = con;
+        r->t0 = ops_http_now_s();
+        svc_buf_init(&r->body, SCH_DEFAULT_MAX_REQUEST_BYTES);
+        svc_buf_init(&r->out, SIZE_MAX / 2);
+        atomic_fetch_add(&h->in_flight, 1);
+        *req_cls = r;
+        return begin(r, url, method);
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->phase != HTTP_P_READING) { /* answered already: dropped */
+            r->dropped += n;
+            return r->dropped > HTTP_DISCARD_MAX ? MHD_NO : MHD_YES;
+        }
+        return take(r, upload, n);
+    }
+    if (r->phase == HTTP_P_READING)
+        return finish(r);
+    if (atomic_load(&r->phase) == HTTP_P_DONE)
+        return send_json(r);
+    return MHD_YES;
+}
+
+void ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
+                        enum MHD_RequestTerminationCode toe) {
+    (void)con;
+    (void)toe;
+    http_t     *h = cls;
+    http_req_t *r = *req_cls;
+    if (!r)
+        return;
+    *req_cls = NULL;
+    /* A request that got no answer: the client went away (upstream
+     * records 499) or the server stopped. */
+    int status = r->phase == HTTP_P_SENT ? r->status : 499;
+    ops_http_count_request(h, r->route, status, ops_http_now_s() - r->t0);
+    drop_body(r);
+    svc_buf_fini(&r->body);
+    svc_buf_fini(&r->out);
+    sch_request_free(r->req);
+    free(r);
+    atomic_fetch_sub(&h->in_flight, 1);
+}

@@ -1,0 +1,760 @@
+/*
+ * test_http.c -- `d3stream http` as clients see it: the real binary on a
+ * free loopback port with a tiny synthetic package, driven with libcurl
+ * (and a raw socket where a client must not send what it announced). Every
+ * contract case over HTTP, the D3-Nano-NPU2 example, 404/405/413/429, the
+ * GET routes, /metrics in the Prometheus text format, and SIGTERM with
+ * requests in flight.
+ *
+ * Waits scale with D3_TEST_TIMEOUT_MULT (ops/test.sh sets 3 under ASan).
+ */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <curl/curl.h>
+#include <jansson.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "svc.h"
+
+#define EXAMPLE   D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
+#define CASES     D3_SOURCE_DIR "/tests/contract/cases.jsonl"
+#define LIMIT     8388608u
+#define MODEL_ID  "d3stream-synthetic-tiny"
+#define MAX_MULTI 64
+
+/* ---------------------------------------------------------------- basics */
+
+static const char *binary(void) {
+    const char *b = getenv("D3STREAM");
+    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
+    return b;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Seconds to wait for something, times D3_TEST_TIMEOUT_MULT. */
+static double wait_s(double s) {
+    const char *m = getenv("D3_TEST_TIMEOUT_MULT");
+    double      k = m && *m ? strtod(m, NULL) : 1.0;
+    return s * (k >= 1.0 ? k : 1.0);
+}
+
+static char *slurp(const char *path, size_t *len) {
+    svc_buf_t b;
+    char      errstr[256];
+    svc_buf_init(&b, (size_t)1 << 30);
+    cr_assert(svc_buf_read_file(&b, path, errstr, sizeof errstr) == SVC_OK, "%s", errstr);
+    return svc_buf_steal(&b, len);
+}
+
+/* ---------------------------------------------------------------- the server */
+
+typedef struct server {
+    pid_t pid;
+    int   port;
+    char  dir[64], pkg[128], log[128];
+} server_t;
+
+/* Starts `d3stream http` on a free port with a new tiny package and waits
+ * until /health answers 200. */
+static void server_start(server_t *s, const char *extra) {
+    snprintf(s->dir, sizeof s->dir, "/tmp/d3http-XXXXXX");
+    cr_assert_not_null(mkdtemp(s->dir));
+    snprintf(s->pkg, sizeof s->pkg, "%s/pkg", s->dir);
+    snprintf(s->log, sizeof s->log, "%s/log", s->dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' make-package --size tiny --out '%s' >/dev/null 2>&1", binary(),
+             s->pkg);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "exec '%s' http --model '%s' --listen 127.0.0.1:0 %s 2>'%s'",
+             binary(), s->pkg, extra, s->log);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    s->port = 0;
+    double end = now_s() + wait_s(30);
+    while (!s->port && now_s() < end) {
+        usleep(20000);
+        FILE *f = fopen(s->log, "r");
+        char  line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *p = strstr(line, "listening on http://127.0.0.1:");
+            if (p)
+                s->port = (int)strtol(p + strlen("listening on http://127.0.0.1:"), NULL, 10);
+        }
+        if (f)
+            fclose(f);
+        cr_assert_eq(waitpid(s->pid, NULL, WNOHANG), 0, "d3stream http exited; see %s", s->log);
+    }
+    cr_assert(s->port > 0, "d3stream http did not listen; see %s", s->log);
+    /* Listening comes before the weights are loaded: /health says when. */
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/health", s->port);
+    long code = 0;
+    while (code != 200 && now_s() < end) {
+        CURL *e = curl_easy_init();
+        curl_easy_setopt(e, CURLOPT_URL, url);
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+        if (curl_easy_perform(e) == CURLE_OK)
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+        curl_easy_cleanup(e);
+        if (code != 200)
+            usleep(20000);
+    }
+    cr_assert_eq(code, 200, "/health never answered 200; see %s", s->log);
+}
+
+/* SIGTERM, then the exit status (-1 if it had to be killed). */
+static int server_stop(server_t *s) {
+    kill(s->pid, SIGTERM);
+    double end = now_s() + wait_s(30);
+    int    st = 0;
+    while (waitpid(s->pid, &st, WNOHANG) == 0) {
+        if (now_s() > end) {
+            kill(s->pid, SIGKILL);
+            waitpid(s->pid, &st, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void server_cleanup(server_t *s) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s->dir);
+    (void)system(cmd);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+typedef struct resp {
+    long      status;
+    svc_buf_t body, headers;
+} resp_t;
+
+static size_t on_data(char *p, size_t size, size_t n, void *user) {
+    svc_buf_t *b = user;
+    return svc_buf_add(b, p, size * n) ? 0 : size * n;
+}
+
+static void resp_init(resp_t *r) {
+    r->status = 0;
+    svc_buf_init(&r->body, (size_t)1 << 26);
+    svc_buf_init(&r->headers, (size_t)1 << 20);
+    cr_assert(svc_buf_add(&r->body, "", 0) == SVC_OK);
+    cr_assert(svc_buf_add(&r->headers, "", 0) == SVC_OK);
+}
+
+static void resp_fini(resp_t *r) {
+    svc_buf_fini(&r->body);
+    svc_buf_fini(&r->headers);
+}
+
+/* Sets up e for one request; body NULL: no body (GET, or method as given). */
+static struct curl_slist *setup(CURL *e, const server_t *s, const char *method, const char *path,
+                                const char *body, size_t len, resp_t *r, bool chunked) {
+    char url[512];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &r->body);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_data);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, &r->headers);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT, (long)wait_s(60));
+    struct curl_slist *h = curl_slist_append(NULL, "Expect:");
+    if (chunked)
+        h = curl_slist_append(h, "Transfer-Encoding: chunked");
+    if (body) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    if (strcmp(method, "HEAD") == 0)
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    else if (strcmp(method, body ? "POST" : "GET") != 0)
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    return h;
+}
+
+/* One request on e (kept alive between calls); fills r. */
+static void request_on(CURL *e, const server_t *s, const char *method, const char *path,
+                       const char *body, size_t len, resp_t *r, bool chunked) {
+    resp_init(r);
+    curl_easy_reset(e);
+    struct curl_slist *h = setup(e, s, method, path, body, len, r, chunked);
+    CURLcode           rc = curl_easy_perform(e);
+    curl_slist_free_all(h);
+    cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
+}
+
+static void request(const server_t *s, const char *method, const char *path, const char *body,
+                    size_t len, resp_t *r) {
+    CURL *e = curl_easy_init();
+    request_on(e, s, method, path, body, len, r, false);
+    curl_easy_cleanup(e);
+}
+
+/* n identical POSTs at once; statuses and bodies into rs. */
+static void post_many(const server_t *s, const char *body, size_t len, int n, resp_t *rs) {
+    cr_assert(n <= MAX_MULTI);
+    CURLM             *m = curl_multi_init();
+    CURL              *es[MAX_MULTI];
+    struct curl_slist *hs[MAX_MULTI];
+    for (int i = 0; i < n; i++) {
+        resp_init(&rs[i]);
+        es[i] = curl_easy_init();
+        hs[i] = setup(es[i], s, "POST", "/v1/systemone", body, len, &rs[i], false);
+        curl_easy_setopt(es[i], CURLOPT_FORBID_REUSE, 1L);
+        curl_multi_add_handle(m, es[i]);
+    }
+    int running = 1;
+    while (running) {
+        cr_assert_eq(curl_multi_perform(m, &running), CURLM_OK);
+        if (running)
+            curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        curl_easy_getinfo(es[i], CURLINFO_RESPONSE_CODE, &rs[i].status);
+        curl_multi_remove_handle(m, es[i]);
+        curl_easy_cleanup(es[i]);
+        curl_slist_free_all(hs[i]);
+    }
+    curl_multi_cleanup(m);
+}
+
+static const char *error_code(const resp_t *r) {
+    static char code[64];
+    json_t     *j = json_loads(r->body.data, 0, NULL);
+    const char *c = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+    snprintf(code, sizeof code, "%s", c ? c : "");
+    json_decref(j);
+    return code;
+}
+
+static bool has_header(const resp_t *r, const char *line) {
+    return strcasestr(r->headers.data, line) != NULL;
+}
+
+/* A decision request with n questions about a state of words words: about
+ * n x 50 ms on the tiny package. */
+static char *slow_request(int n, int words) {
+    json_t *q = json_object();
+    for (int i = 0; i < n; i++) {
+        char id[16], ins[32];
+        snprintf(id, sizeof id, "q%d", i);
+        snprintf(ins, sizeof ins, "Pick %d", i);
+        json_object_set_new(q, id,
+                            json_pack("{s:s, s:s, s:{s:s, s:n}}", "type", "choice", "instructions",
+                                      ins, "criteria", "a", "the first", "b"));
+    }
+    svc_buf_t st;
+    svc_buf_init(&st, (size_t)1 << 24);
+    for (int i = 0; i < words; i++)
+        cr_assert(svc_buf_addf(&st, "word%d ", i) == SVC_OK);
+    json_t *r = json_pack("{s:s, s:o}", "state", st.data, "questions", q);
+    char   *s = json_dumps(r, JSON_COMPACT);
+    json_decref(r);
+    svc_buf_fini(&st);
+    return s;
+}
+
+/* ---------------------------------------------------------------- /metrics */
+
+/* The Prometheus text format, strictly: every sample line is
+ * `name{labels} value` with a float value, and its metric family has HELP
+ * and TYPE lines before it. Returns the value of want (name+labels as
+ * written), or -1 when absent. */
+static double prom_check(const char *text, const char *want) {
+    char  *copy = strdup(text), *save = NULL;
+    char   typed[256][128];
+    int    n_typed = 0;
+    double found = -1;
+    cr_assert(text[strlen(text) - 1] == '\n', "/metrics must end with a newline");
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char name[128];
+        if (line[0] == '#') {
+            char kind[8];
+            cr_assert(sscanf(line, "# %7s %127s", kind, name) == 2, "bad comment: %s", line);
+            if (strcmp(kind, "TYPE") == 0) {
+                const char *t = line + strlen("# TYPE ") + strlen(name) + 1;
+                cr_assert(strcmp(t, "counter") == 0 || strcmp(t, "gauge") == 0 ||
+                              strcmp(t, "histogram") == 0,
+                          "bad type: %s", line);
+                cr_assert(n_typed < 256);
+                snprintf(typed[n_typed++], sizeof typed[0], "%s", name);
+            }
+            continue;
+        }
+        size_t k = strspn(line, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:");
+        cr_assert(k > 0 && k < sizeof name, "bad sample name: %s", line);
+        memcpy(name, line, k);
+        name[k] = '\0';
+        const char *p = line + k;
+        if (*p == '{') {
+            const char *end = strstr(p, "} ");
+            cr_assert(end, "unterminated labels: %s", line);
+            for (const char *l = p + 1; l < end;) { /* k="v" pairs */
+                size_t kl = strspn(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_");
+                cr_assert(kl > 0 && l[kl] == '=' && l[kl + 1] == '"', "bad label: %s", line);
+                l += kl + 2;
+                while (*l && *l != '"')
+                    l += *l == '\\' ? 2 : 1;
+                cr_assert(*l == '"', "bad label value: %s", line);
+                l++;
+                if (*l == ',')
+                    l++;
+            }
+            p = end + 1;
+        }
+        cr_assert(*p == ' ', "no value: %s", line);
+        char  *vend = NULL;
+        double v = strtod(p + 1, &vend);
+        cr_assert(vend != p + 1 && *vend == '\0', "bad value: %s", line);
+        bool known = false;
+        for (int i = 0; i < n_typed && !known; i++) {
+            size_t tl = strlen(typed[i]);
+            known = strncmp(name, typed[i], tl) == 0 &&
+                    (name[tl] == '\0' || strcmp(name + tl, "_bucket") == 0 ||
+                     strcmp(name + tl, "_sum") == 0 || strcmp(name + tl, "_count") == 0);
+        }
+        cr_assert(known, "sample before its TYPE line: %s", line);
+        if (strncmp(line, want, strlen(want)) == 0 && line[strlen(want)] == ' ')
+            found = v;
+    }
+    free(copy);
+    return found;
+}
+
+/* ---------------------------------------------------------------- raw socket */
+
+/* Sends head (no body) and returns what the server answered. */
+static char *raw_exchange(const server_t *s, const char *head) {
+    int                fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    struct timeval tv = {.tv_sec = (long)wait_s(10)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    cr_assert(write(fd, head, strlen(head)) == (ssize_t)strlen(head));
+    svc_buf_t b;
+    svc_buf_init(&b, 1 << 20);
+    char    chunk[4096];
+    ssize_t n;
+    while ((n = read(fd, chunk, sizeof chunk)) > 0) {
+        cr_assert(svc_buf_add(&b, chunk, (size_t)n) == SVC_OK);
+        if (strstr(b.data, "\r\n\r\n") && strstr(b.data, "}}"))
+            break;
+    }
+    close(fd);
+    if (!b.data)
+        cr_assert(svc_buf_add(&b, "", 0) == SVC_OK);
+    return svc_buf_steal(&b, NULL);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void check_example(const server_t *s, CURL *e) {
+    size_t len;
+    char  *body = slurp(EXAMPLE, &len);
+    resp_t r;
+    request_on(e, s, "POST", "/v1/systemone", body, len, &r, false);
+    cr_assert_eq(r.status, 200, "example: %ld %s", r.status, r.body.data);
+    json_t *j = json_loads(r.body.data, 0, NULL);
+    json_t *p =
+        json_object_get(json_object_get(json_object_get(j, "answers"), "route"), "probabilities");
+    cr_assert_eq(json_object_size(p), 3, "%s", r.body.data);
+    double      sum = 0;
+    const char *keys[] = {"returns", "billing", "general"};
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(p, keys[i]);
+        cr_assert(json_is_real(v), "%s missing in %s", keys[i], r.body.data);
+        sum += json_real_value(v);
+    }
+    cr_assert(fabs(sum - 1.0) < 1e-6, "probabilities sum to %.9f", sum);
+    cr_assert(has_header(&r, "content-type: application/json"));
+    const char *t = strcasestr(r.headers.data, "server-timing: ");
+    cr_assert(t, "no Server-Timing: %s", r.headers.data);
+    const char *names[] = {"parse;dur=", "tokenize;dur=",  "queue;dur=", "forward;dur=",
+                           "post;dur=",  "serialize;dur=", "total;dur="};
+    for (int i = 0; i < 7; i++) {
+        const char *n = strstr(t, names[i]);
+        cr_assert(n && n < strstr(t, "\r\n"), "Server-Timing lacks %s: %.200s", names[i], t);
+        if (i > 0)
+            cr_assert(n > strstr(t, names[i - 1]), "Server-Timing order");
+    }
+    json_decref(j);
+    resp_fini(&r);
+    free(body);
+}
+
+Test(http, routes_and_statuses) {
+    server_t s;
+    server_start(&s, "");
+    CURL  *e = curl_easy_init();
+    resp_t r;
+
+    check_example(&s, e);
+    check_example(&s, e); /* again on the kept-alive connection */
+
+    request_on(e, &s, "GET", "/health", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    cr_assert_str_eq(r.body.data, "{\"api_version\":\"2.3.0\",\"status\":\"ready\",\"reason\":null,"
+                                  "\"model\":\"" MODEL_ID "\"}");
+    resp_fini(&r);
+    request_on(e, &s, "GET", "/health/live", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.body.data, "\"status\":\"alive\""), "%s", r.body.data);
+    resp_fini(&r);
+    request_on(e, &s, "HEAD", "/health", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 200);
+    cr_assert_eq(r.body.len, 0);
+    resp_fini(&r);
+
+    request_on(e, &s, "GET", "/v1/models", NULL, 0, &r, false);
+    json_t *j = json_loads(r.body.data, 0, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
+    json_t *card = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(card, "id")), MODEL_ID);
+    cr_assert(json_is_true(json_object_get(card, "ready")));
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(j, "limits"), "max_request_bytes")),
+        LIMIT);
+    json_decref(j);
+    resp_fini(&r);
+    request_on(e, &s, "GET", "/v1/systemone/models", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(r.body.data,
+                     "{\"object\":\"list\",\"data\":[{\"id\":\"" MODEL_ID
+                     "\",\"object\":\"model\",\"api\":\"systemone\",\"routing\":false}]}");
+    resp_fini(&r);
+
+    /* SPEC f.1: unknown path 404, wrong method 405, no Server-Timing. */
+    request_on(e, &s, "GET", "/v2/nothing", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 404);
+    cr_assert_str_eq(
+        r.body.data,
+        "{\"error\":{\"code\":\"invalid_request\",\"message\":\"no route /v2/nothing\"}}");
+    cr_assert(!has_header(&r, "server-timing"));
+    resp_fini(&r);
+    request_on(e, &s, "GET", "/v1/systemone", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 405);
+    cr_assert_str_eq(
+        r.body.data,
+        "{\"error\":{\"code\":\"invalid_request\",\"message\":\"method not allowed\"}}");
+    resp_fini(&r);
+    request_on(e, &s, "POST", "/health", "{}", 2, &r, false);
+    cr_assert_eq(r.status, 405);
+    resp_fini(&r);
+    request_on(e, &s, "DELETE", "/v1/decisions", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 405);
+    resp_fini(&r);
+
+    /* 404 model_not_found; the alias answers like the route. */
+    const char *other = "{\"model\":\"d3-other\",\"state\":\"s\",\"questions\":{\"q\":{\"type\":"
+                        "\"noul\",\"criteria\":\"is it?\"}}}";
+    request_on(e, &s, "POST", "/v1/decisions", other, strlen(other), &r, false);
+    cr_assert_eq(r.status, 404);
+    cr_assert_str_eq(error_code(&r), "model_not_found");
+    cr_assert(has_header(&r, "server-timing: parse;dur="));
+    resp_fini(&r);
+    request_on(e, &s, "POST", "/v1/classify", "{}", 2, &r, false);
+    cr_assert_eq(r.status, 422);
+    cr_assert_str_eq(error_code(&r), "unsupported_surface");
+    resp_fini(&r);
+
+    /* 413 from Content-Length, before a byte of the body is sent. */
+    char *raw = raw_exchange(&s, "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: "
+                                 "8388609\r\nContent-Type: application/json\r\n\r\n");
+    cr_assert(strncmp(raw, "HTTP/1.1 413", 12) == 0, "%.300s", raw);
+    cr_assert(strstr(raw, "{\"error\":{\"code\":\"request_too_large\",\"message\":\"the request "
+                          "body exceeds 8388608 bytes\"}}"),
+              "%.300s", raw);
+    free(raw);
+    /* ... and a chunked body that grows past the limit. */
+    char *big = malloc(LIMIT + 100);
+    memset(big, ' ', LIMIT + 100);
+    request_on(e, &s, "POST", "/v1/systemone", big, LIMIT + 100, &r, true);
+    cr_assert_eq(r.status, 413, "%s", r.body.data);
+    cr_assert_str_eq(error_code(&r), "request_too_large");
+    resp_fini(&r);
+    free(big);
+
+    /* Content-Type is not checked (SPEC a.1). */
+    size_t             len;
+    char              *body = slurp(EXAMPLE, &len);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: text/plain");
+    resp_init(&r);
+    curl_easy_reset(e);
+    struct curl_slist *h2 = setup(e, &s, "POST", "/v1/systemone", body, len, &r, false);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    cr_assert_eq(curl_easy_perform(e), CURLE_OK);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    curl_slist_free_all(h);
+    curl_slist_free_all(h2);
+    resp_fini(&r);
+    free(body);
+
+    request_on(e, &s, "GET", "/openapi.yaml", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 200);
+    cr_assert(has_header(&r, "content-type: application/yaml"), "%s", r.headers.data);
+    cr_assert(strncmp(r.body.data, "openapi: 3.0", 12) == 0);
+    for (const char *const *p =
+             (const char *const[]){
+                 "/v1/systemone:", "/v1/decisions:", "/v1/models:", "/v1/systemone/models:",
+                 "/health:", "/health/live:", "/metrics:", "/openapi.yaml:", NULL};
+         *p; p++)
+        cr_assert(strstr(r.body.data, *p), "openapi.yaml lacks %s", *p);
+    resp_fini(&r);
+
+    /* /metrics parses, and its request counter moves. */
+    const char *ok200 = "d3stream_http_requests_total{route=\"/v1/systemone\",status=\"200\"}";
+    request_on(e, &s, "GET", "/metrics", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 200);
+    cr_assert(has_header(&r, "content-type: text/plain; version=0.0.4"), "%s", r.headers.data);
+    double before = prom_check(r.body.data, ok200);
+    cr_assert(before >= 3, "%s = %g\n%s", ok200, before, r.body.data);
+    cr_assert(prom_check(r.body.data, "d3stream_engine_queued_questions") >= 0);
+    cr_assert(prom_check(r.body.data, "d3stream_http_questions_total{outcome=\"answered\"}") >= 3);
+    cr_assert(prom_check(r.body.data, "d3stream_http_request_duration_seconds_count") >= 3);
+    resp_fini(&r);
+    check_example(&s, e);
+    request_on(e, &s, "GET", "/metrics", NULL, 0, &r, false);
+    cr_assert_eq(prom_check(r.body.data, ok200), before + 1);
+    resp_fini(&r);
+
+    curl_easy_cleanup(e);
+    cr_assert_eq(server_stop(&s), 0, "exit status; see %s", s.log);
+    server_cleanup(&s);
+}
+
+/* The contract cases hold what `d3stream validate` says without a model;
+ * served by the tiny (text-only) package two things differ: a request with
+ * images or videos is refused 400 invalid_request before they are looked
+ * at (no vision tower: the message differs), and a "model" naming another
+ * model is 404 model_not_found. Everything else must match exactly. */
+static bool has_media(const json_t *part) {
+    return json_array_size(json_object_get(part, "images")) > 0 ||
+           json_array_size(json_object_get(part, "videos")) > 0;
+}
+
+/* Images or videos in the request or one of its states. */
+static bool request_has_media(const json_t *req) {
+    const char *k;
+    json_t     *v;
+    bool        any = has_media(req);
+    json_object_foreach(json_object_get(req, "states"), k, v) any = any || has_media(v);
+    return any;
+}
+
+static int check_case(const server_t *s, CURL *e, json_t *c, size_t lineno) {
+    const char   *name = json_string_value(json_object_get(c, "name"));
+    const json_t *want = json_object_get(c, "verdict");
+    const char   *text = json_string_value(json_object_get(c, "body"));
+    size_t        len = text ? json_string_length(json_object_get(c, "body")) : 0;
+    char         *bytes = NULL;
+    if (!text) {
+        /* Bytes that are not UTF-8 travel as base64. */
+        char cmd[65536];
+        char tmp[] = "/tmp/d3http-case-XXXXXX";
+        int  fd = mkstemp(tmp);
+        cr_assert(fd >= 0);
+        close(fd);
+        snprintf(cmd, sizeof cmd, "printf '%%s' '%s' | base64 -d > '%s'",
+                 json_string_value(json_object_get(c, "body_b64")), tmp);
+        cr_assert(system(cmd) == 0, "case %zu: bad body_b64", lineno);
+        bytes = slurp(tmp, &len);
+        unlink(tmp);
+        text = bytes;
+    }
+    int           status = (int)json_integer_value(json_object_get(want, "status"));
+    const json_t *err = json_object_get(want, "error");
+    json_t       *req = json_loadb(text, len, JSON_ALLOW_NUL, NULL);
+    json_t       *model = json_object_get(req, "model");
+    char          expect_code[64] = "";
+    if (err)
+        snprintf(expect_code, sizeof expect_code, "%s",
+                 json_string_value(json_object_get(err, "code")));
+    if (request_has_media(req)) {
+        /* No vision tower: refused before the images are looked at. */
+        status = 400;
+        snprintf(expect_code, sizeof expect_code, "invalid_request");
+        err = NULL;
+    } else if (status == 200 && json_is_string(model) &&
+               strcmp(json_string_value(model), MODEL_ID) != 0) {
+        status = 404;
+        snprintf(expect_code, sizeof expect_code, "model_not_found");
+    }
+    resp_t r;
+    request_on(e, s, "POST", "/v1/systemone", text, len, &r, false);
+    json_t *got = json_loads(r.body.data, 0, NULL);
+    bool    ok = r.status == status;
+    if (ok && status == 200)
+        ok = json_object_get(got, "answers") != NULL;
+    else if (ok)
+        ok = strcmp(error_code(&r), expect_code) == 0 &&
+             (!err || json_equal(json_object_get(got, "error"), err));
+    if (!ok)
+        cr_log_error("contract case %zu (%s): want %d %s, got %ld %.400s", lineno,
+                     name ? name : "?", status, expect_code, r.status, r.body.data);
+    json_decref(got);
+    json_decref(req);
+    resp_fini(&r);
+    free(bytes);
+    return ok ? 0 : 1;
+}
+
+Test(http, contract_cases) {
+    server_t s;
+    server_start(&s, "");
+    CURL *e = curl_easy_init();
+    FILE *f = fopen(CASES, "r");
+    cr_assert(f, "tests/contract/cases.jsonl missing");
+    char  *line = NULL;
+    size_t cap = 0, lineno = 0, n = 0;
+    int    bad = 0;
+    while (getline(&line, &cap, f) > 0) {
+        lineno++;
+        json_t *c = json_loads(line, JSON_ALLOW_NUL, NULL);
+        if (!c)
+            continue;
+        bad += check_case(&s, e, c, lineno);
+        json_decref(c);
+        n++;
+    }
+    free(line);
+    fclose(f);
+    curl_easy_cleanup(e);
+    cr_assert(n >= 280, "only %zu contract cases", n);
+    cr_assert_eq(bad, 0, "%d of %zu contract cases differ over HTTP", bad, n);
+    cr_assert_eq(server_stop(&s), 0, "exit status; see %s", s.log);
+    server_cleanup(&s);
+}
+
+/* A bounded queue: with room for one question, concurrent requests past
+ * it get 429 overloaded at once; the rest are answered; the server stays. */
+Test(http, overloaded) {
+    server_t s;
+    server_start(&s, "--max-queue 1 --workers 1 --max-body-memory 8");
+    char  *body = slow_request(4, 200);
+    resp_t rs[24];
+    post_many(&s, body, strlen(body), 24, rs);
+    int n200 = 0, n429 = 0;
+    for (int i = 0; i < 24; i++) {
+        if (rs[i].status == 200) {
+            n200++;
+        } else {
+            cr_assert_eq(rs[i].status, 429, "%ld %s", rs[i].status, rs[i].body.data);
+            cr_assert_str_eq(rs[i].body.data, "{\"error\":{\"code\":\"overloaded\",\"message\":"
+                                              "\"the request queue is full; retry later\"}}");
+            cr_assert(has_header(&rs[i], "retry-after: 1"));
+            n429++;
+        }
+        resp_fini(&rs[i]);
+    }
+    cr_assert(n200 >= 1 && n429 >= 1, "%d answered, %d overloaded", n200, n429);
+    resp_t r;
+    request(&s, "GET", "/health", NULL, 0, &r);
+    cr_assert_eq(r.status, 200);
+    resp_fini(&r);
+    request(&s, "POST", "/v1/systemone", body, strlen(body), &r);
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    resp_fini(&r);
+    request(&s, "GET", "/metrics", NULL, 0, &r);
+    cr_assert(prom_check(r.body.data, "d3stream_http_overloaded_total") >= n429);
+    resp_fini(&r);
+    /* The memory for bodies is bounded: a client that announced 8 MiB and
+     * sends nothing holds all of it, so the next body gets 429 at once. */
+    int                hold = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert(connect(hold, (struct sockaddr *)&a, sizeof a) == 0);
+    const char *head = "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: 8388608\r\n\r\n{";
+    cr_assert(write(hold, head, strlen(head)) == (ssize_t)strlen(head));
+    char *raw = NULL;
+    for (int i = 0; i < 100; i++) { /* until the server has read the first headers */
+        free(raw);
+        raw = raw_exchange(&s, "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: "
+                               "2\r\n\r\n{}");
+        if (strncmp(raw, "HTTP/1.1 429", 12) == 0)
+            break;
+        usleep(20000);
+    }
+    cr_assert(strncmp(raw, "HTTP/1.1 429", 12) == 0, "%.300s", raw);
+    cr_assert(strstr(raw, "\"code\":\"overloaded\""), "%.300s", raw);
+    free(raw);
+    close(hold);
+    free(body);
+    cr_assert_eq(server_stop(&s), 0, "exit status; see %s", s.log);
+    server_cleanup(&s);
+}
+
+/* SIGTERM while requests are in the engine: they are answered, then exit 0. */
+Test(http, sigterm_finishes_in_flight) {
+    server_t s;
+    server_start(&s, "--workers 1");
+    char *body = slow_request(6, 200);
+    int   n = 4;
+    /* The requests go out on their own thread of control: a child process
+     * that reports the statuses through a pipe. */
+    int fds[2];
+    cr_assert(pipe(fds) == 0);
+    pid_t c = fork();
+    cr_assert(c >= 0);
+    if (c == 0) {
+        resp_t rs[4];
+        post_many(&s, body, strlen(body), n, rs);
+        for (int i = 0; i < n; i++) {
+            int st = (int)rs[i].status;
+            if (write(fds[1], &st, sizeof st) != sizeof st)
+                _exit(1);
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    /* Wait until the engine holds them (the in-flight gauge), then stop. */
+    double end = now_s() + wait_s(20);
+    for (;;) {
+        resp_t r;
+        request(&s, "GET", "/metrics", NULL, 0, &r);
+        double q = prom_check(r.body.data, "d3stream_http_in_flight_requests");
+        resp_fini(&r);
+        if (q >= n + 1 || now_s() > end) /* + this /metrics request */
+            break;
+        usleep(5000);
+    }
+    kill(s.pid, SIGTERM);
+    int st, n200 = 0;
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(read(fds[0], &st, sizeof st), (ssize_t)sizeof st);
+        n200 += st == 200;
+    }
+    close(fds[0]);
+    waitpid(c, NULL, 0);
+    cr_assert_eq(n200, n, "%d of %d in-flight requests answered 200", n200, n);
+    cr_assert_eq(server_stop(&s), 0, "exit status; see %s", s.log);
+    free(body);
+    server_cleanup(&s);
+}
