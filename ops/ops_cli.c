@@ -358,3 +358,14 @@ int ops_cmd_version(int argc, char **argv) {
     svc_buf_fini(&feats);
     return OPS_EXIT_OK;
 }
+
+bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t max, size_t *out) {
+    char              *end = NULL;
+    unsigned long long v = strtoull(arg, &end, 10);
+    if (!*arg || *end || v == 0 || v > max || arg[0] == '-') {
+        ops_fail(cmd, "--%s \"%s\": expected a whole number from 1 to %zu", name, arg, max);
+        return false;
+    }
+    *out = (size_t)v;
+    return true;
+}

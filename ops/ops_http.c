@@ -258,17 +258,6 @@ static int http_package(const http_opts_t *o) {
 
 /* ------------------------------------------------------------ options */
 
-static bool count_opt(const char *name, const char *arg, size_t max, size_t *out) {
-    char              *end = NULL;
-    unsigned long long v = strtoull(arg, &end, 10);
-    if (!*arg || *end || v == 0 || v > max || arg[0] == '-') {
-        ops_fail("http", "--%s \"%s\": expected a whole number from 1 to %zu", name, arg, max);
-        return false;
-    }
-    *out = (size_t)v;
-    return true;
-}
-
 /* The connection limit must leave file descriptors for the package and
  * the engine: raise the soft limit to the hard one, then fit under it. */
 static size_t fit_connections(size_t want) {
@@ -318,19 +307,21 @@ static int http_opt(int c, const char *arg, http_opts_t *o) {
         ops_fail("http", "--listen \"%s\": expected HOST:PORT (e.g. 127.0.0.1:52625)", arg);
         return OPS_EXIT_USAGE;
     case O_WORKERS:
-        return count_opt("workers", arg, 256, &o->workers) ? -1 : OPS_EXIT_USAGE;
+        return ops_count_opt("http", "workers", arg, 256, &o->workers) ? -1 : OPS_EXIT_USAGE;
     case O_QUEUE:
-        return count_opt("max-queue", arg, 1u << 20, &o->max_queue) ? -1 : OPS_EXIT_USAGE;
-    case O_CONNS:
-        return count_opt("max-connections", arg, 1u << 20, &o->max_connections) ? -1
+        return ops_count_opt("http", "max-queue", arg, 1u << 20, &o->max_queue) ? -1
                                                                                 : OPS_EXIT_USAGE;
+    case O_CONNS:
+        return ops_count_opt("http", "max-connections", arg, 1u << 20, &o->max_connections)
+                   ? -1
+                   : OPS_EXIT_USAGE;
     case O_TIMEOUT:
-        if (!count_opt("timeout", arg, 3600, &v))
+        if (!ops_count_opt("http", "timeout", arg, 3600, &v))
             return OPS_EXIT_USAGE;
         o->timeout_s = (unsigned)v;
         return -1;
     case O_BODYMEM:
-        if (!count_opt("max-body-memory", arg, 1u << 20, &v))
+        if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v))
             return OPS_EXIT_USAGE;
         o->body_budget = v << 20;
         return -1;

@@ -28,6 +28,11 @@ int ops_opt_common(int c, const char *help, const char **dir);
  * FILE operands, else the usage status with the help on stderr. */
 int ops_opt_end(int argc, const char *help, const char *dir, int max_files);
 
+/* A whole-number option from 1 to max ("--workers 4"): true with *out set,
+ * else false after printing "d3stream <cmd>: --<name> "<arg>": expected a
+ * whole number from 1 to <max>". */
+bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t max, size_t *out);
+
 /* Decodes body for the package opened from dir (ops_model_info). Returns
  * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with
  * the whole-request error written to out and its HTTP status in *status

@@ -372,18 +372,6 @@ static int serve_package(const serve_opts_t *o) {
 
 /* ------------------------------------------------------------ options */
 
-/* A positive count option; false (after saying why) when it is not one. */
-static bool count_opt(const char *name, const char *arg, size_t max, size_t *out) {
-    char              *end = NULL;
-    unsigned long long v = strtoull(arg, &end, 10);
-    if (!*arg || *end || v == 0 || v > max || arg[0] == '-') {
-        ops_fail("serve", "--%s \"%s\": expected a whole number from 1 to %zu", name, arg, max);
-        return false;
-    }
-    *out = (size_t)v;
-    return true;
-}
-
 enum {
     O_BROKERS = 256,
     O_GROUP,
@@ -503,16 +491,17 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props) {
         o->no_verify = true;
         return -1;
     case O_COMMIT:
-        if (!count_opt("commit-ms", arg, 600000, &v))
+        if (!ops_count_opt("serve", "commit-ms", arg, 600000, &v))
             return OPS_EXIT_USAGE;
         o->commit_ms = (int)v;
         return -1;
     case O_WORKERS:
-        return count_opt("workers", arg, 256, &o->workers) ? -1 : OPS_EXIT_USAGE;
+        return ops_count_opt("serve", "workers", arg, 256, &o->workers) ? -1 : OPS_EXIT_USAGE;
     case O_QUEUE:
-        return count_opt("max-queue", arg, 1u << 20, &o->max_queue) ? -1 : OPS_EXIT_USAGE;
+        return ops_count_opt("serve", "max-queue", arg, 1u << 20, &o->max_queue) ? -1
+                                                                                 : OPS_EXIT_USAGE;
     case O_WINDOW:
-        return count_opt("window", arg, 1u << 20, &o->window) ? -1 : OPS_EXIT_USAGE;
+        return ops_count_opt("serve", "window", arg, 1u << 20, &o->window) ? -1 : OPS_EXIT_USAGE;
     case 'h':
         fputs(SERVE_HELP, stdout);
         return OPS_EXIT_OK;
