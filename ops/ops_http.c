@@ -25,7 +25,7 @@
 static const char HTTP_HELP[] =
     "Usage: d3stream http --model DIR [--listen HOST:PORT] [--workers N] [--max-queue N]\n"
     "                     [--max-connections N] [--timeout S] [--max-body-memory MIB]\n"
-    "                     [--no-verify]\n"
+    "                     [--no-verify] [--log-level debug|info|warn|error]\n"
     "\n"
     "Serves the System One API of the upstream decision runtime over HTTP/1.1\n"
     "(keep-alive; chunked request bodies accepted) with the package in DIR, on the\n"
@@ -81,6 +81,14 @@ static const char HTTP_HELP[] =
     "                        silent clients are disconnected\n"
     "  --max-body-memory MIB request bodies held at once, in MiB (default 256)\n"
     "  --no-verify           skip the manifest check (a warning is printed)\n"
+    "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
+    "                        the log lines written\n"
+    "\n"
+    "Logs: logfmt lines on stderr (ts=... level=info cmd=http msg=... key=value ...).\n"
+    "Every HTTP request gets one line, msg=request, with method, path, status,\n"
+    "request_id (the X-Request-Id header when the client sent a usable one, else a\n"
+    "new id; echoed in the response's X-Request-Id) and duration_ms; the probes\n"
+    "(/health, /health/live, /metrics) at debug level, the rest at info.\n"
     "\n"
     "SIGTERM or SIGINT: stop accepting connections, answer every request already\n"
     "received (new requests on open connections get 503), exit 0.\n"
@@ -92,8 +100,7 @@ static const char HTTP_HELP[] =
 
 /* ------------------------------------------------------------ listening */
 
-/* HOST:PORT (or [V6]:PORT) -> o->host, o->port; false when malformed. */
-static bool parse_listen(const char *arg, http_opts_t *o) {
+bool ops_http_parse_listen(const char *arg, http_opts_t *o) {
     const char *colon = strrchr(arg, ':');
     if (!colon || colon == arg)
         return false;
@@ -133,27 +140,118 @@ static bool http_listen(http_t *h) {
     snprintf(port, sizeof port, "%d", o->port);
     int gai = getaddrinfo(o->host, port, &hints, &ai);
     if (gai) {
-        ops_fail("http", "--listen %s:%d: %s", o->host, o->port, gai_strerror(gai));
+        ops_fail(h->c.cmd, "--%s %s:%d: %s", strcmp(h->c.cmd, "http") ? "http" : "listen", o->host,
+                 o->port, gai_strerror(gai));
         return false;
     }
     h->mhd = start_daemon(h, ai);
     freeaddrinfo(ai);
     if (!h->mhd) {
-        ops_fail("http", "cannot listen on %s:%d (in use, or not an address of this machine)",
+        ops_fail(h->c.cmd, "cannot listen on %s:%d (in use, or not an address of this machine)",
                  o->host, o->port);
         return false;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
     bool                        v6 = strchr(o->host, ':') != NULL;
-    fprintf(stderr, "d3stream http: listening on http://%s%s%s:%u (model %s)\n", v6 ? "[" : "",
-            o->host, v6 ? "]" : "", di ? (unsigned)di->port : (unsigned)o->port, h->label);
+    ops_log_t                   l;
+    char                        msg[512];
+    snprintf(msg, sizeof msg, "listening on http://%s%s%s:%u", v6 ? "[" : "", o->host,
+             v6 ? "]" : "", di ? (unsigned)di->port : (unsigned)o->port);
+    if (ops_log_begin(&l, OPS_LOG_INFO, msg)) {
+        ops_log_str(&l, "model", h->label);
+        ops_log_end(&l);
+    } else {
+        /* --help promises the address whatever the log level (--listen
+         * HOST:0 picks the port: scripts read it here). */
+        fprintf(stderr, "d3stream %s: %s\n", h->c.cmd, msg);
+    }
     return true;
 }
 
-/* ------------------------------------------------------------ running */
+/* ------------------------------------------------------------ the server */
 
-/* Waits up to s seconds for every request begun to complete. */
-static bool drain(http_t *h, double s) {
+static void device_label(http_t *h) {
+    const npu_features_t *f = npu_probe();
+    snprintf(h->device, sizeof h->device, "cpu (%d cores)", f->n_cpus);
+}
+
+void ops_http_opts_default(http_opts_t *o) {
+    *o = (http_opts_t){.host = "127.0.0.1",
+                       .port = 52625,
+                       .max_queue = 1024,
+                       .max_connections = 1024,
+                       .timeout_s = 30,
+                       .body_budget = (size_t)256 << 20};
+}
+
+/* The connection limit must leave file descriptors for the package and
+ * the engine: raise the soft limit to the hard one, then fit under it. */
+static size_t fit_connections(size_t want, const char *cmd) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return want;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+        (void)getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want + 64) {
+        size_t fit = rl.rlim_cur > 128 ? (size_t)rl.rlim_cur - 64 : 64;
+        fprintf(stderr,
+                "d3stream %s: --max-connections %zu lowered to %zu (open-file limit %llu)\n", cmd,
+                want, fit, (unsigned long long)rl.rlim_cur);
+        return fit;
+    }
+    return want;
+}
+
+void ops_http_opts_finish(http_opts_t *o, const char *cmd) {
+    if (o->body_budget < SCH_DEFAULT_MAX_REQUEST_BYTES)
+        o->body_budget = SCH_DEFAULT_MAX_REQUEST_BYTES; /* one largest body always fits */
+    o->max_connections = fit_connections(o->max_connections, cmd);
+}
+
+http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_conf_t *c) {
+    http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        ops_fail(c->cmd, "out of memory");
+        return NULL;
+    }
+    h->o = o;
+    h->c = *c;
+    h->ask = *ask;
+    h->ask.model = NULL;
+    h->label = eng_package_model_id(ask->pkg);
+    pthread_mutex_init(&h->lock, NULL);
+    atomic_init(&h->state, HTTP_LOADING);
+    atomic_init(&h->in_flight, 0);
+    atomic_init(&h->body_bytes, 0);
+    device_label(h);
+    if (!http_listen(h)) {
+        pthread_mutex_destroy(&h->lock);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void ops_http_ready(http_t *h, const eng_model_t *model, eng_sched_t *sched) {
+    h->ask.model = model;
+    h->sched = sched;
+    atomic_store(&h->state, HTTP_READY);
+}
+
+void ops_http_quiesce(http_t *h) {
+    atomic_store(&h->state, HTTP_STOPPING);
+    if (h->quiesced)
+        return;
+    h->quiesced = true;
+    MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
+    if (lfd != MHD_INVALID_SOCKET)
+        close(lfd);
+}
+
+bool ops_http_drain(http_t *h, double s) {
     double end = ops_http_now_s() + s;
     while (atomic_load(&h->in_flight) > 0) {
         if (ops_http_now_s() > end)
@@ -163,64 +261,64 @@ static bool drain(http_t *h, double s) {
     return true;
 }
 
+void ops_http_free(http_t *h) {
+    if (!h)
+        return;
+    MHD_stop_daemon(h->mhd);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
+/* ------------------------------------------------------------ running */
+
 /* Loads the weights and starts the scheduler; false after saying why. */
-static bool http_load(http_t *h, eng_model_t **model) {
+static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **model,
+                      eng_sched_t **sched) {
     char errstr[1024] = "";
-    if (eng_model_load(h->o->dir, model, errstr, sizeof errstr) ||
-        (!h->o->no_verify &&
-         eng_model_check_parameters(*model, h->o->dir, errstr, sizeof errstr))) {
+    if (eng_model_load(o->dir, model, errstr, sizeof errstr) ||
+        (!o->no_verify && eng_model_check_parameters(*model, o->dir, errstr, sizeof errstr))) {
         ops_fail("http", "%s", errstr);
         return false;
     }
-    h->ask.model = *model;
-    eng_sched_conf_t sc = {.n_workers = h->o->workers, .max_questions = h->o->max_queue};
-    if (eng_sched_new(h->ask.pkg, *model, &sc, &h->sched, errstr, sizeof errstr)) {
+    eng_sched_conf_t sc = {.n_workers = o->workers, .max_questions = o->max_queue};
+    if (eng_sched_new(ask->pkg, *model, &sc, sched, errstr, sizeof errstr)) {
         ops_fail("http", "engine: %s", errstr);
         return false;
     }
     return true;
 }
 
-static void device_label(http_t *h) {
-    const npu_features_t *f = npu_probe();
-    snprintf(h->device, sizeof h->device, "cpu (%d cores)", f->n_cpus);
-}
-
 /* Listens, loads, serves until a signal; returns the exit status. */
-static int http_run(http_t *h, const sigset_t *sigs) {
+static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *sigs) {
+    http_conf_t  c = {.cmd = "http", .mode = "http"};
+    http_t      *h = ops_http_start(o, ask, &c);
     eng_model_t *model = NULL;
+    eng_sched_t *sched = NULL;
     int          rc = OPS_EXIT_FAILURE;
-    device_label(h);
-    if (!http_listen(h))
+    if (!h)
         return OPS_EXIT_FAILURE;
     double t = ops_http_now_s();
-    if (http_load(h, &model)) {
-        atomic_store(&h->state, HTTP_READY);
-        fprintf(stderr, "d3stream http: ready (model loaded in %.1f s)\n", ops_http_now_s() - t);
+    if (http_load(o, ask, &model, &sched)) {
+        ops_http_ready(h, model, sched);
+        ops_logf(OPS_LOG_INFO, "ready (model loaded in %.1f s)", ops_http_now_s() - t);
         int sig = 0;
         while (sigwait(sigs, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
             ;
-        fprintf(stderr, "d3stream http: %s: stopping (finishing %zu requests)\n",
-                sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&h->in_flight));
+        ops_logf(OPS_LOG_INFO, "%s: stopping (finishing %zu requests)",
+                 sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&h->in_flight));
         rc = OPS_EXIT_OK;
     }
-    atomic_store(&h->state, HTTP_STOPPING);
-    MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
-    if (lfd != MHD_INVALID_SOCKET)
-        close(lfd);
-    if (!drain(h, HTTP_DRAIN_S))
-        fprintf(stderr, "d3stream http: %zu requests still open after %.0f s\n",
-                atomic_load(&h->in_flight), HTTP_DRAIN_S);
+    ops_http_quiesce(h);
+    if (!ops_http_drain(h, HTTP_DRAIN_S))
+        ops_logf(OPS_LOG_WARN, "%zu requests still open after %.0f s", atomic_load(&h->in_flight),
+                 HTTP_DRAIN_S);
     /* Finishes whatever the engine still holds (done resumes those
      * connections), so that no connection is suspended when MHD stops. */
-    eng_sched_free(h->sched);
-    h->sched = NULL;
-    (void)drain(h, 5.0);
-    MHD_stop_daemon(h->mhd);
-    h->mhd = NULL;
+    eng_sched_free(sched);
+    (void)ops_http_drain(h, 5.0);
+    ops_http_free(h);
     eng_model_free(model);
-    h->ask.model = NULL;
-    fprintf(stderr, "d3stream http: stopped\n");
+    ops_logf(OPS_LOG_INFO, "stopped");
     return rc;
 }
 
@@ -245,41 +343,15 @@ static int http_package(const http_opts_t *o) {
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    http_t h = {.o = o, .ask = {pkg, NULL, o->dir, sha}, .label = eng_package_model_id(pkg)};
-    pthread_mutex_init(&h.lock, NULL);
-    atomic_init(&h.state, HTTP_LOADING);
-    atomic_init(&h.in_flight, 0);
-    atomic_init(&h.body_bytes, 0);
-    rc = http_run(&h, &sigs);
-    pthread_mutex_destroy(&h.lock);
+    ops_ask_t ask = {pkg, NULL, o->dir, sha};
+    rc = http_run(o, &ask, &sigs);
     eng_package_free(pkg);
     return rc;
 }
 
 /* ------------------------------------------------------------ options */
 
-/* The connection limit must leave file descriptors for the package and
- * the engine: raise the soft limit to the hard one, then fit under it. */
-static size_t fit_connections(size_t want) {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-        return want;
-    if (rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        (void)setrlimit(RLIMIT_NOFILE, &rl);
-        (void)getrlimit(RLIMIT_NOFILE, &rl);
-    }
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want + 64) {
-        size_t fit = rl.rlim_cur > 128 ? (size_t)rl.rlim_cur - 64 : 64;
-        fprintf(stderr,
-                "d3stream http: --max-connections %zu lowered to %zu (open-file limit %llu)\n",
-                want, fit, (unsigned long long)rl.rlim_cur);
-        return fit;
-    }
-    return want;
-}
-
-enum { O_LISTEN = 256, O_WORKERS, O_QUEUE, O_CONNS, O_TIMEOUT, O_BODYMEM, O_NOVERIFY };
+enum { O_LISTEN = 256, O_WORKERS, O_QUEUE, O_CONNS, O_TIMEOUT, O_BODYMEM, O_NOVERIFY, O_LOGLEVEL };
 
 static const struct option HTTP_OPTS[] = {
     {"model", required_argument, NULL, 'm'},
@@ -290,19 +362,20 @@ static const struct option HTTP_OPTS[] = {
     {"timeout", required_argument, NULL, O_TIMEOUT},
     {"max-body-memory", required_argument, NULL, O_BODYMEM},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
+    {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 /* One option; -1 to go on, else the exit status. */
-static int http_opt(int c, const char *arg, http_opts_t *o) {
+static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv) {
     size_t v;
     switch (c) {
     case 'm':
         o->dir = arg;
         return -1;
     case O_LISTEN:
-        if (parse_listen(arg, o))
+        if (ops_http_parse_listen(arg, o))
             return -1;
         ops_fail("http", "--listen \"%s\": expected HOST:PORT (e.g. 127.0.0.1:52625)", arg);
         return OPS_EXIT_USAGE;
@@ -328,6 +401,8 @@ static int http_opt(int c, const char *arg, http_opts_t *o) {
     case O_NOVERIFY:
         o->no_verify = true;
         return -1;
+    case O_LOGLEVEL:
+        return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;
     case 'h':
         fputs(HTTP_HELP, stdout);
         return OPS_EXIT_OK;
@@ -338,24 +413,20 @@ static int http_opt(int c, const char *arg, http_opts_t *o) {
 }
 
 int ops_cmd_http(int argc, char **argv) {
-    http_opts_t o = {.host = "127.0.0.1",
-                     .port = 52625,
-                     .max_queue = 1024,
-                     .max_connections = 1024,
-                     .timeout_s = 30,
-                     .body_budget = (size_t)256 << 20};
-    int         c, rc = -1;
+    http_opts_t     o;
+    ops_log_level_t lv = OPS_LOG_INFO;
+    int             c, rc = -1;
+    ops_http_opts_default(&o);
     optind = 1;
     while (rc < 0 && (c = getopt_long(argc, argv, "m:h", HTTP_OPTS, NULL)) != -1)
-        rc = http_opt(c, optarg, &o);
+        rc = http_opt(c, optarg, &o, &lv);
     if (rc < 0 && (!o.dir || optind != argc)) {
         ops_fail("http", "--model DIR is required (and no other operand): see --help");
         rc = OPS_EXIT_USAGE;
     }
     if (rc >= 0)
         return rc;
-    if (o.body_budget < SCH_DEFAULT_MAX_REQUEST_BYTES)
-        o.body_budget = SCH_DEFAULT_MAX_REQUEST_BYTES; /* one largest body always fits */
-    o.max_connections = fit_connections(o.max_connections);
+    ops_log_init("http", lv);
+    ops_http_opts_finish(&o, "http");
     return http_package(&o);
 }

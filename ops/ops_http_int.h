@@ -1,6 +1,7 @@
 /*
  * ops_http_int.h -- what the parts of `d3stream http` share (private):
- * ops_http.c (options, set-up, load, shutdown), ops_http_route.c (the
+ * ops_http.c (options, set-up, load, shutdown; the server as a part that
+ * `serve --http` starts too: ops_http_start below), ops_http_route.c (the
  * libmicrohttpd access handler: routes, methods, bodies, limits),
  * ops_http_api.c (the POST /v1/systemone way through the scheduler and the
  * GET bodies) and ops_http_metrics.c (counters and GET /metrics).
@@ -58,7 +59,7 @@ typedef enum http_state {
     HTTP_STOPPING = 2,
 } http_state_t;
 
-#define HTTP_N_STATUS  10 /* 200 400 404 405 413 422 429 500 503, other */
+#define HTTP_N_STATUS  11 /* 200 400 404 405 413 422 429 499 500 503, other */
 #define HTTP_N_OUTCOME 6  /* answered + the per-question error codes + other */
 
 typedef struct http_counts {
@@ -69,13 +70,25 @@ typedef struct http_counts {
     ops_hist_t queue_s, forward_s, total_s;
 } http_counts_t;
 
+/* What the command running the server adds to it. */
+typedef struct http_conf {
+    const char *cmd;  /* "http" or "serve": messages and the logs' cmd */
+    const char *mode; /* d3stream_info's mode label ("http", "at-least-once", ...) */
+    /* Optional: more /metrics text (serve's Kafka counters), appended after
+     * the HTTP ones. @locality an MHD thread. */
+    void (*more_metrics)(void *user, ops_prom_t *p);
+    void *user;
+} http_conf_t;
+
 typedef struct http {
     const http_opts_t *o;
+    http_conf_t        c;
     ops_ask_t          ask; /* model NULL until loaded */
     const char        *label;
     eng_sched_t       *sched;
     struct MHD_Daemon *mhd;
     _Atomic int        state;      /* http_state_t */
+    bool               quiesced;   /* the listening socket is closed */
     atomic_size_t      in_flight;  /* requests begun, not completed */
     atomic_size_t      body_bytes; /* request body bytes held (bounded by o->body_budget) */
     pthread_mutex_t    lock;       /* counts */
@@ -99,6 +112,8 @@ typedef struct http_req {
     double                 t0;    /* headers received (monotonic seconds) */
     svc_buf_t              body;
     size_t                 reserved; /* of h->body_bytes */
+    char                   method[16], path[256];
+    char                   rid[129]; /* X-Request-Id, else a new id: the access log's request_id */
     bool                   too_large, over_budget;
     size_t                 dropped; /* body bytes read and dropped after a refusal */
     sch_request_t         *req;     /* while the engine has it */
@@ -110,6 +125,32 @@ typedef struct http_req {
 } http_req_t;
 
 double ops_http_now_s(void);
+
+/* ---- the server as a part (ops_http.c): `d3stream http` and `serve --http` */
+
+/* The defaults of `d3stream http` (127.0.0.1:52625, 1024 connections, ...). */
+void ops_http_opts_default(http_opts_t *o);
+/* HOST:PORT (or [V6]:PORT) -> o->host, o->port; false when malformed. */
+bool ops_http_parse_listen(const char *arg, http_opts_t *o);
+/* After the options: the body budget fits one largest body, the connection
+ * limit fits the open-file limit (said on stderr when lowered). */
+void ops_http_opts_finish(http_opts_t *o, const char *cmd);
+/* Listens on o's address (the address is logged: "listening on
+ * http://HOST:PORT") with the package of ask (ask->model NULL: /health says
+ * loading and decision requests get 503 until ops_http_ready). o, ask's
+ * strings and c's user must outlive the server. Returns NULL after saying
+ * why. @locality the caller's thread, before ops_http_ready. */
+http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_conf_t *c);
+/* The model is loaded and sched runs: requests go to the engine. */
+void ops_http_ready(http_t *h, const eng_model_t *model, eng_sched_t *sched);
+/* Stops accepting connections; new requests on open ones get 503. */
+void ops_http_quiesce(http_t *h);
+/* Waits up to s seconds for every request begun to complete; false when
+ * some are still open. */
+bool ops_http_drain(http_t *h, double s);
+/* Stops the server (call after the engine finished what it had: no
+ * connection may still wait for it) and frees h; NULL is a no-op. */
+void ops_http_free(http_t *h);
 
 /* ops_http_route.c: the MHD callbacks. */
 enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const char *url,

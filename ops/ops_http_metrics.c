@@ -7,7 +7,8 @@
  */
 #include "ops_http_int.h"
 
-static const int STATUSES[HTTP_N_STATUS - 1] = {200, 400, 404, 405, 413, 422, 429, 500, 503};
+/* 499: the client went away before its answer (nginx's convention). */
+static const int STATUSES[HTTP_N_STATUS - 1] = {200, 400, 404, 405, 413, 422, 429, 499, 500, 503};
 
 static const char *const ROUTE_LABEL[HTTP_R_COUNT] = {
     "/v1/systemone", "/v1/decisions", "/v1/classify", "/v1/embeddings",
@@ -88,7 +89,7 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
     int        state = atomic_load(&h->state);
     ops_prom_t m;
     ops_prom_init(&m);
-    ops_prom_info(&m, h->label, "http");
+    ops_prom_info(&m, h->label, h->c.mode);
     ops_prom_metric(&m, "d3stream_model_ready", "gauge",
                     "1 when the model is loaded and answering, else 0.", "",
                     state == HTTP_READY ? 1.0 : 0.0);
@@ -123,6 +124,8 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
                   "Decision requests from their headers to the last byte of the response.",
                   &n.total_s);
     ops_prom_engine(&m, state == HTTP_READY ? h->sched : NULL);
+    if (h->c.more_metrics)
+        h->c.more_metrics(h->c.user, &m);
     bool ok = !m.bad;
     svc_buf_reset(out);
     if (ok)

@@ -13,6 +13,8 @@
  */
 #include "ops_http_int.h"
 
+#include "producer.h"
+
 #include <stdarg.h>
 #include <time.h>
 
@@ -107,6 +109,7 @@ static enum MHD_Result respond(http_req_t *r) {
                                       r->route <= HTTP_R_BUNDLE ? "POST" : "GET, HEAD");
     if (r->status == 429)
         (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    (void)MHD_add_response_header(resp, "X-Request-Id", r->rid);
     if (atomic_load(&r->h->state) == HTTP_STOPPING)
         (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     r->phase = HTTP_P_SENT;
@@ -277,6 +280,40 @@ static enum MHD_Result finish(http_req_t *r) {
     return send_json(r);
 }
 
+/* The request id: the client's X-Request-Id when it is usable (1 to 128
+ * visible ASCII characters: it goes into a header and the logs), else a
+ * new one. */
+static void request_id(http_req_t *r) {
+    const char *v = MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, "X-Request-Id");
+    size_t      n = v ? strlen(v) : 0;
+    bool        ok = n > 0 && n < sizeof r->rid;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = v[i] > ' ' && v[i] < 0x7f;
+    if (ok) {
+        memcpy(r->rid, v, n + 1);
+        return;
+    }
+    char id[PROD_REQUEST_ID_LEN + 1];
+    if (prod_request_id_new(id) == SVC_OK)
+        snprintf(r->rid, sizeof r->rid, "%s", id);
+    else
+        snprintf(r->rid, sizeof r->rid, "-");
+}
+
+/* One line per request; the probes (health, metrics) at debug level. */
+static void access_log(const http_req_t *r, int status, double total_s) {
+    bool      probe = r->route >= HTTP_R_HEALTH && r->route <= HTTP_R_METRICS;
+    ops_log_t l;
+    if (!ops_log_begin(&l, probe ? OPS_LOG_DEBUG : OPS_LOG_INFO, "request"))
+        return;
+    ops_log_str(&l, "request_id", r->rid);
+    ops_log_str(&l, "method", r->method);
+    ops_log_str(&l, "path", r->path);
+    ops_log_int(&l, "status", status);
+    ops_log_strf(&l, "duration_ms", "%.3f", total_s * 1000.0);
+    ops_log_end(&l);
+}
+
 enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const char *url,
                                  const char *method, const char *version, const char *upload,
                                  size_t *upload_size, void **req_cls) {
@@ -290,6 +327,9 @@ enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const ch
         r->h = h;
         r->con = con;
         r->t0 = ops_http_now_s();
+        snprintf(r->method, sizeof r->method, "%s", method);
+        snprintf(r->path, sizeof r->path, "%s", url);
+        request_id(r);
         svc_buf_init(&r->body, SCH_DEFAULT_MAX_REQUEST_BYTES);
         svc_buf_init(&r->out, SIZE_MAX / 2);
         atomic_fetch_add(&h->in_flight, 1);
@@ -323,8 +363,10 @@ void ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
     *req_cls = NULL;
     /* A request that got no answer: the client went away (upstream
      * records 499) or the server stopped. */
-    int status = r->phase == HTTP_P_SENT ? r->status : 499;
-    ops_http_count_request(h, r->route, status, ops_http_now_s() - r->t0);
+    int    status = r->phase == HTTP_P_SENT ? r->status : 499;
+    double total_s = ops_http_now_s() - r->t0;
+    ops_http_count_request(h, r->route, status, total_s);
+    access_log(r, status, total_s);
     drop_body(r);
     svc_buf_fini(&r->body);
     svc_buf_fini(&r->out);

@@ -113,4 +113,48 @@ void ops_hist_add(ops_hist_t *h, double seconds);
 /* name_bucket{le=...}, name_sum, name_count with HELP/TYPE. */
 void ops_prom_hist(ops_prom_t *p, const char *name, const char *help, const ops_hist_t *h);
 
+/* ---- structured logs (ops_log.c): logfmt lines on stderr ----
+ *
+ *   ops_log_t l;
+ *   if (ops_log_begin(&l, OPS_LOG_INFO, "result")) {
+ *       ops_log_str(&l, "request_id", rid);
+ *       ops_log_int(&l, "status", 200);
+ *       ops_log_end(&l);
+ *   }
+ *
+ * writes "ts=... level=info cmd=serve msg=result request_id=... status=200"
+ * in one write(2) (lines of threads never interleave). Values are quoted
+ * and escaped when they must be. @locality any thread. */
+typedef enum ops_log_level {
+    OPS_LOG_DEBUG = 0,
+    OPS_LOG_INFO = 1,
+    OPS_LOG_WARN = 2,
+    OPS_LOG_ERROR = 3,
+} ops_log_level_t;
+
+typedef struct ops_log {
+    char   buf[4096];
+    size_t len;
+    bool   on, cut;
+} ops_log_t;
+
+/* The command named on every line and the lowest level written; call once
+ * before any thread starts (default: "d3stream", info). */
+void ops_log_init(const char *cmd, ops_log_level_t min);
+/* "debug", "info", "warn" or "error" -> *out; false otherwise. */
+bool ops_log_level_parse(const char *s, ops_log_level_t *out);
+/* The --log-level option: true with *out set, else false after saying why. */
+bool ops_log_level_opt(const char *cmd, const char *arg, ops_log_level_t *out);
+bool ops_log_enabled(ops_log_level_t lv);
+/* Starts a line (ts, level, cmd, msg); false, and the other calls do
+ * nothing, when lv is below the level set. */
+bool ops_log_begin(ops_log_t *l, ops_log_level_t lv, const char *msg);
+void ops_log_str(ops_log_t *l, const char *key, const char *v);
+SVC_FMT(3, 4) void ops_log_strf(ops_log_t *l, const char *key, const char *fmt, ...);
+void ops_log_int(ops_log_t *l, const char *key, long long v);
+/* Writes the line. */
+void ops_log_end(ops_log_t *l);
+/* A line with a formatted msg and no other fields. */
+SVC_FMT(2, 3) void ops_logf(ops_log_level_t lv, const char *fmt, ...);
+
 #endif

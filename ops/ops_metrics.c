@@ -179,3 +179,27 @@ void ops_serve_metrics_write(serve_t *s, bool final) {
     }
     ops_prom_fini(&m);
 }
+
+void ops_serve_metrics_snapshot(serve_t *s, bool force) {
+    double t = ops_serve_now_s();
+    if (!s->snap || (!force && t - s->snap->t < 1.0))
+        return;
+    s->snap->t = t;
+    ops_prom_t m;
+    ops_prom_init(&m);
+    kafka_metrics(&m, s);
+    pthread_mutex_lock(&s->snap->lock);
+    svc_buf_reset(&s->snap->text);
+    if (!m.bad && svc_buf_add(&s->snap->text, m.b.data, m.b.len))
+        svc_buf_reset(&s->snap->text); /* out of memory: no Kafka metrics this time */
+    pthread_mutex_unlock(&s->snap->lock);
+    ops_prom_fini(&m);
+}
+
+void ops_serve_metrics_more(void *user, ops_prom_t *p) {
+    serve_snap_t *snap = user;
+    pthread_mutex_lock(&snap->lock);
+    if (snap->text.len && svc_buf_add(&p->b, snap->text.data, snap->text.len))
+        p->bad = true;
+    pthread_mutex_unlock(&snap->lock);
+}

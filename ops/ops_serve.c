@@ -29,7 +29,8 @@ static const char SERVE_HELP[] =
     "                      [--dlq T] [--format json|avro] [--schema-registry URL]\n"
     "                      [--exactly-once [--transactional-id ID]] [--instance-id ID]\n"
     "                      [--from-beginning] [--stop-at-end] [--workers N] [--max-queue N]\n"
-    "                      [--window N] [--metrics-file PATH] [--no-verify] [-X k=v]...\n"
+    "                      [--window N] [--metrics-file PATH] [--http HOST:PORT]\n"
+    "                      [--log-level debug|info|warn|error] [--no-verify] [-X k=v]...\n"
     "\n"
     "Answers System One requests read from a Kafka topic as a member of a consumer\n"
     "group: one result record per request record on the output topic, keyed like the\n"
@@ -88,20 +89,35 @@ static const char SERVE_HELP[] =
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
     "                      rebalances, in-flight, engine questions and tokens\n"
+    "  --http HOST:PORT    also serve the HTTP shim (the routes of `d3stream http\n"
+    "                      --help`) on this address, in this process, on the same\n"
+    "                      package and engine scheduler: HTTP requests and Kafka\n"
+    "                      records share the worker threads. Port 0 picks a free one;\n"
+    "                      the address is logged (msg=\"listening on http://...\").\n"
+    "                      /health is 503 until the model is loaded; /metrics has the\n"
+    "                      HTTP and engine metrics and those of --metrics-file\n"
+    "  --log-level L       debug, info (default), warn or error\n"
     "  -X k=v              a librdkafka property for the consumer and the producer\n"
     "\n"
-    "SIGTERM or SIGINT: stop fetching, finish what was taken, flush the results,\n"
-    "commit, leave the group, exit 0.\n"
+    "Logs: logfmt lines on stderr. Each result record gets one line, ts=...\n"
+    "level=info cmd=serve msg=result request_id=R topic=T partition=P offset=O\n"
+    "status=S (dlq=true error=... when undecodable); each HTTP request one msg=request\n"
+    "line (request_id, method, path, status, duration_ms). Progress, consumer and\n"
+    "shutdown lines are plain text.\n"
+    "\n"
+    "SIGTERM or SIGINT: stop fetching (and accepting HTTP connections), finish what\n"
+    "was taken, flush the results, commit, leave the group, exit 0.\n"
     "\n"
     "Exit status: 0 stopped by a signal or at the end (--stop-at-end), 2 usage,\n"
     "3 the package failed its checks, the broker or registry failed, the producer\n"
     "was fenced, or results could not be delivered at shutdown (their offsets are\n"
     "not committed).\n";
 
-#define SERVE_POLL_MS     100
-#define SERVE_FLUSH_MS    30000
-#define SERVE_PROGRESS_MS 2000
-#define SERVE_METRICS_MS  5000
+#define SERVE_POLL_MS      100
+#define SERVE_FLUSH_MS     30000
+#define SERVE_PROGRESS_MS  2000
+#define SERVE_METRICS_MS   5000
+#define SERVE_HTTP_DRAIN_S 60.0
 
 static volatile sig_atomic_t serve_stop;
 
@@ -234,7 +250,12 @@ static int serve_loop(serve_t *s) {
             ops_serve_metrics_write(s, false);
             last_m = ops_serve_now_s();
         }
+        ops_serve_metrics_snapshot(s, false);
     }
+    /* The HTTP side stops taking requests with the Kafka side; what it
+     * has is finished by serve_run, on the engine that still runs. */
+    if (s->http)
+        ops_http_quiesce(s->http);
     if (serve_drain(s))
         rc = OPS_EXIT_FAILURE;
     if (s->fatal)
@@ -312,6 +333,8 @@ static int serve_clients(serve_t *s) {
         rc = serve_loop(s);
     if (o->metrics_path && s->cons)
         ops_serve_metrics_write(s, true);
+    if (s->cons)
+        ops_serve_metrics_snapshot(s, true);
     /* The producer goes first: its last reports finish messages of cons. */
     size_t lost = prod_free(s->prod);
     s->prod = NULL;
@@ -321,8 +344,9 @@ static int serve_clients(serve_t *s) {
     return rc;
 }
 
-static int serve_run(const serve_opts_t *o, const ops_ask_t *ask) {
-    serve_t s = {.o = o, .ask = *ask};
+static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
+                     serve_snap_t *snap) {
+    serve_t s = {.o = o, .ask = *ask, .http = http, .snap = snap};
     char    errstr[1024] = "";
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
@@ -333,13 +357,38 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask) {
         ops_fail("serve", "schema registry: %s", errstr);
     else if (eng_sched_new(ask->pkg, ask->model, &sc, &s.sched, errstr, sizeof errstr))
         ops_fail("serve", "engine: %s", errstr);
-    else
+    else {
+        if (http) {
+            ops_http_ready(http, ask->model, s.sched);
+            ops_logf(OPS_LOG_INFO, "ready: the HTTP shim answers on the engine of the Kafka path");
+        }
         rc = serve_clients(&s);
-    eng_sched_free(s.sched); /* idle by now: serve_drain waited for every job */
+    }
+    if (http) { /* SIGTERM, or the Kafka side failed: finish the HTTP requests */
+        ops_http_quiesce(http);
+        if (!ops_http_drain(http, SERVE_HTTP_DRAIN_S))
+            ops_logf(OPS_LOG_WARN, "%zu HTTP requests still open after %.0f s",
+                     atomic_load(&http->in_flight), SERVE_HTTP_DRAIN_S);
+    }
+    /* Idle by now for the Kafka side (serve_drain waited for every job);
+     * what HTTP requests it still has are finished and resumed. */
+    eng_sched_free(s.sched);
+    if (http)
+        (void)ops_http_drain(http, 5.0);
     sch_registry_free(s.reg);
     pthread_cond_destroy(&s.cond);
     pthread_mutex_destroy(&s.lock);
     return rc;
+}
+
+/* --http: listens before the weights load (/health says loading). */
+static http_t *serve_http_start(const serve_opts_t *o, const ops_ask_t *a, serve_snap_t *snap) {
+    http_conf_t c = {.cmd = "serve",
+                     .mode = o->eos ? "exactly-once" : "at-least-once",
+                     .more_metrics = ops_serve_metrics_more,
+                     .user = snap};
+    signal(SIGPIPE, SIG_IGN);
+    return ops_http_start(&o->http, a, &c);
 }
 
 /* Verify, open, load (as `ask`), then serve. */
@@ -352,9 +401,19 @@ static int serve_package(const serve_opts_t *o) {
     char           errstr[1024];
     eng_package_t *pkg = NULL;
     eng_model_t   *model = NULL;
-    if (eng_package_open(o->dir, &pkg, errstr, sizeof errstr) ||
-        eng_model_load(o->dir, &model, errstr, sizeof errstr) ||
-        (!o->no_verify && eng_model_check_parameters(model, o->dir, errstr, sizeof errstr))) {
+    http_t        *http = NULL;
+    serve_snap_t   snap = {.t = 0};
+    pthread_mutex_init(&snap.lock, NULL);
+    svc_buf_init(&snap.text, 4u << 20);
+    if (eng_package_open(o->dir, &pkg, errstr, sizeof errstr)) {
+        ops_fail("serve", "%s", errstr);
+        rc = OPS_EXIT_FAILURE;
+    } else if (o->http_on &&
+               !(http = serve_http_start(o, &(ops_ask_t){pkg, NULL, o->dir, sha}, &snap))) {
+        rc = OPS_EXIT_FAILURE;
+    } else if (eng_model_load(o->dir, &model, errstr, sizeof errstr) ||
+               (!o->no_verify &&
+                eng_model_check_parameters(model, o->dir, errstr, sizeof errstr))) {
         ops_fail("serve", "%s", errstr);
         rc = OPS_EXIT_FAILURE;
     } else {
@@ -363,10 +422,16 @@ static int serve_package(const serve_opts_t *o) {
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGINT, &sa, NULL);
-        rc = serve_run(o, &a);
+        rc = serve_run(o, &a, http, &snap);
+    }
+    if (http) {
+        ops_http_quiesce(http);
+        ops_http_free(http);
     }
     eng_model_free(model);
     eng_package_free(pkg);
+    svc_buf_fini(&snap.text);
+    pthread_mutex_destroy(&snap.lock);
     return rc;
 }
 
@@ -390,7 +455,9 @@ enum {
     O_WORKERS,
     O_QUEUE,
     O_WINDOW,
-    O_METRICS
+    O_METRICS,
+    O_HTTP,
+    O_LOGLEVEL
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -413,6 +480,8 @@ static const struct option SERVE_OPTS[] = {
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"window", required_argument, NULL, O_WINDOW},
     {"metrics-file", required_argument, NULL, O_METRICS},
+    {"http", required_argument, NULL, O_HTTP},
+    {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -459,7 +528,8 @@ static bool string_opt(int c, const char *arg, serve_opts_t *o) {
 }
 
 /* One option; -1 to go on, else the exit status. */
-static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props) {
+static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
+                     ops_log_level_t *lv) {
     size_t v;
     if (string_opt(c, arg, o))
         return -1;
@@ -481,6 +551,15 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props) {
     case O_EOS:
         o->eos = true;
         return -1;
+    case O_HTTP:
+        if (!ops_http_parse_listen(arg, &o->http)) {
+            ops_fail("serve", "--http \"%s\": expected HOST:PORT (e.g. 127.0.0.1:52625)", arg);
+            return OPS_EXIT_USAGE;
+        }
+        o->http_on = true;
+        return -1;
+    case O_LOGLEVEL:
+        return ops_log_level_opt("serve", arg, lv) ? -1 : OPS_EXIT_USAGE;
     case O_BEGIN:
         o->from_beginning = true;
         return -1;
@@ -512,7 +591,9 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props) {
 }
 
 int ops_cmd_serve(int argc, char **argv) {
-    serve_opts_t o = {.window = 2048, .commit_ms = 100};
+    serve_opts_t    o = {.window = 2048, .commit_ms = 100};
+    ops_log_level_t lv = OPS_LOG_INFO;
+    ops_http_opts_default(&o.http);
     o.props = calloc((size_t)argc + 1, sizeof *o.props);
     if (!o.props)
         return OPS_EXIT_FAILURE;
@@ -520,7 +601,7 @@ int ops_cmd_serve(int argc, char **argv) {
     int    c, rc = -1;
     optind = 1;
     while (rc < 0 && (c = getopt_long(argc, argv, "m:X:h", SERVE_OPTS, NULL)) != -1)
-        rc = serve_opt(c, optarg, &o, &n_props);
+        rc = serve_opt(c, optarg, &o, &n_props, &lv);
     if (rc < 0 && (!o.dir || !o.brokers || !o.group || !o.input || !o.output || optind != argc)) {
         ops_fail("serve", "--model, --brokers, --group, --input and --output are required "
                           "(and nothing else): see --help");
@@ -530,8 +611,17 @@ int ops_cmd_serve(int argc, char **argv) {
         ops_fail("serve", "--transactional-id needs --exactly-once");
         rc = OPS_EXIT_USAGE;
     }
-    if (rc < 0)
+    if (rc < 0) {
+        ops_log_init("serve", lv);
+        o.http.dir = o.dir;
+        o.http.no_verify = o.no_verify;
+        o.http.workers = o.workers;
+        if (o.max_queue)
+            o.http.max_queue = o.max_queue;
+        if (o.http_on)
+            ops_http_opts_finish(&o.http, "serve");
         rc = serve_package(&o);
+    }
     free(o.props);
     return rc;
 }

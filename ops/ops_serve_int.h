@@ -12,6 +12,7 @@
 #ifndef D3STREAM_OPS_SERVE_INT_H
 #define D3STREAM_OPS_SERVE_INT_H
 
+#include "ops_http_int.h"
 #include "ops_int.h"
 
 #include "consumer.h"
@@ -30,7 +31,17 @@ typedef struct serve_opts {
     size_t       workers, max_queue, window;
     int          commit_ms; /* exactly-once: longest a transaction stays open */
     const char **props;     /* NULL-terminated -X values */
+    bool         http_on;   /* --http HOST:PORT: the HTTP shim in this process */
+    http_opts_t  http;
 } serve_opts_t;
+
+/* serve's Kafka metrics as text, for the /metrics of --http: the serve
+ * thread renders it (ops_serve_metrics_snapshot), MHD threads copy it. */
+typedef struct serve_snap {
+    pthread_mutex_t lock;
+    svc_buf_t       text;
+    double          t; /* when rendered (serve thread only) */
+} serve_snap_t;
 
 typedef struct job job_t;
 
@@ -53,6 +64,8 @@ typedef struct serve {
     prod_t             *prod;
     sch_registry_t     *reg;
     eng_sched_t        *sched;
+    http_t             *http; /* --http; NULL without */
+    serve_snap_t       *snap; /* --http: the Kafka metrics for its /metrics */
     serve_counts_t      n;
     bool                fatal; /* stop with exit 3 */
     /* The FIFO of consumed messages in arrival order: results leave from
@@ -109,5 +122,10 @@ double ops_serve_now_s(void);
 
 /* ops_metrics.c: the Prometheus text file of serve (written atomically). */
 void ops_serve_metrics_write(serve_t *s, bool final);
+/* --http: renders the Kafka metrics into s->snap (at most once a second
+ * unless force). @locality the serve thread. */
+void ops_serve_metrics_snapshot(serve_t *s, bool force);
+/* http_conf_t.more_metrics: appends the snapshot (user: serve_snap_t). */
+void ops_serve_metrics_more(void *user, ops_prom_t *p);
 
 #endif

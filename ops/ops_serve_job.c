@@ -39,6 +39,18 @@ static bool request_id(const cons_msg_t *msg, char rid[SERVE_RID_MAX + 1]) {
     return prod_request_id_new(rid) == SVC_OK;
 }
 
+/* Starts a log line about j's record (request_id, topic, partition,
+ * offset); false when lv is not logged. */
+static bool job_log(ops_log_t *l, ops_log_level_t lv, const char *msg, const job_t *j) {
+    if (!ops_log_begin(l, lv, msg))
+        return false;
+    ops_log_str(l, "request_id", j->rid);
+    ops_log_str(l, "topic", cons_msg_topic(j->msg));
+    ops_log_int(l, "partition", (long long)cons_msg_partition(j->msg));
+    ops_log_int(l, "offset", (long long)cons_msg_offset(j->msg));
+    return true;
+}
+
 /* Avro: framed bytes -> the request's JSON body. Returns SVC_OK, SVC_ERR_FORMAT
  * (undecodable: errstr says why), SVC_ERR_TOO_LARGE (body over the limit) or
  * SVC_ERR_IO (the registry could not be asked: worth a retry, not a verdict). */
@@ -183,7 +195,7 @@ bool ops_serve_job_submit(serve_t *s) {
 void ops_serve_job_start(serve_t *s, cons_msg_t *msg) {
     job_t *j = calloc(1, sizeof *j);
     if (!j || !request_id(msg, j->rid)) {
-        fprintf(stderr, "d3stream serve: out of memory or entropy: message abandoned\n");
+        ops_logf(OPS_LOG_ERROR, "out of memory or entropy: message abandoned");
         s->n.abandoned++;
         free(j);
         cons_msg_done(s->cons, msg, false);
@@ -241,13 +253,13 @@ void ops_serve_on_delivery(void *opaque, svc_err_t err, const char *errstr, void
         s->n.failed++;
         if (s->o->eos)
             s->txn_failed = true;
-        if (err != SVC_ERR_TXN_ABORT)
-            fprintf(stderr,
-                    "d3stream serve: %s [%d] @%lld request %s: delivery failed: %s (not "
-                    "committed; the message will be consumed again)\n",
-                    cons_msg_topic(j->msg), (int)cons_msg_partition(j->msg),
-                    (long long)cons_msg_offset(j->msg), j->rid,
-                    errstr ? errstr : svc_err_name(err));
+        ops_log_t l;
+        if (err != SVC_ERR_TXN_ABORT &&
+            job_log(&l, OPS_LOG_WARN,
+                    "delivery failed (not committed; the message will be consumed again)", j)) {
+            ops_log_str(&l, "error", errstr ? errstr : svc_err_name(err));
+            ops_log_end(&l);
+        }
     }
     if (--j->pending > 0)
         return;
@@ -305,11 +317,12 @@ static bool send_dlq(serve_t *s, job_t *j) {
     svc_err_t           err = prod_dlq_send(s->prod, &d, j, errstr, sizeof errstr);
     if (h)
         rd_kafka_headers_destroy(h);
-    if (err)
-        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: dead-letter record: %s\n",
-                d.source_topic, (int)d.source_partition, (long long)d.source_offset, j->rid,
-                errstr);
-    else
+    ops_log_t l;
+    if (err && job_log(&l, OPS_LOG_ERROR, "dead-letter record failed", j)) {
+        ops_log_str(&l, "error", errstr);
+        ops_log_end(&l);
+    }
+    if (!err)
         s->n.dlq++;
     return !err;
 }
@@ -345,9 +358,12 @@ static void publish(serve_t *s, job_t *j) {
     const char *topic = cons_msg_topic(j->msg);
     int         part = (int)cons_msg_partition(j->msg);
     long long   off = (long long)cons_msg_offset(j->msg);
+    ops_log_t   l;
     if (j->status == 0) { /* the registry cannot be asked: stop, nothing committed past it */
-        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: %s\n", topic, part, off, j->rid,
-                j->why);
+        if (job_log(&l, OPS_LOG_ERROR, "stopping: the record cannot be decoded now", j)) {
+            ops_log_str(&l, "error", j->why);
+            ops_log_end(&l);
+        }
         s->fatal = true;
         abandon(s, j);
         return;
@@ -357,8 +373,10 @@ static void publish(serve_t *s, job_t *j) {
     size_t      value_len;
     svc_buf_init(&avro, SIZE_MAX / 2);
     if (j->status < 0 || !result_value(s, j, &avro, &value, &value_len)) {
-        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: %s\n", topic, part, off, j->rid,
-                j->why[0] ? j->why : "cannot write the result");
+        if (job_log(&l, OPS_LOG_ERROR, "abandoned (consumed again later)", j)) {
+            ops_log_str(&l, "error", j->why[0] ? j->why : "cannot write the result");
+            ops_log_end(&l);
+        }
         svc_buf_fini(&avro);
         abandon(s, j);
         return;
@@ -369,9 +387,14 @@ static void publish(serve_t *s, job_t *j) {
         return;
     }
     /* One line per record: the access log (and what the tests follow). */
-    fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: %d%s%s\n", topic, part, off, j->rid,
-            j->status, j->undecodable ? " undecodable, dead-lettered: " : "",
-            j->undecodable ? j->why : "");
+    if (job_log(&l, OPS_LOG_INFO, "result", j)) {
+        ops_log_int(&l, "status", j->status);
+        if (j->undecodable) {
+            ops_log_str(&l, "dlq", "true");
+            ops_log_str(&l, "error", j->why);
+        }
+        ops_log_end(&l);
+    }
     j->pending = 1;
     if (j->undecodable) {
         j->pending = 2;
@@ -397,8 +420,10 @@ static void publish(serve_t *s, job_t *j) {
     svc_err_t     err = prod_result_send(s->prod, &r, j, errstr, sizeof errstr);
     svc_buf_fini(&avro);
     if (err) {
-        fprintf(stderr, "d3stream serve: %s [%d] @%lld request %s: result record: %s\n", topic,
-                part, off, j->rid, errstr);
+        if (job_log(&l, OPS_LOG_ERROR, "result record failed", j)) {
+            ops_log_str(&l, "error", errstr);
+            ops_log_end(&l);
+        }
         if (svc_err_is_fatal(err))
             s->fatal = true;
         j->ok = false;

