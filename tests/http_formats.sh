@@ -45,6 +45,9 @@ trap cleanup EXIT
 
 "$D3STREAM" make-package --size tiny --seed 1 --out "$WORK/pkg" >"$WORK/make.log" 2>&1 ||
   { cat "$WORK/make.log" >&2; fail "make-package failed"; }
+# The log exists before the server starts: the poll below reads it while
+# the background job may not have opened it yet (set -e, pipefail).
+: >"$LOG"
 "$D3STREAM" http --model "$WORK/pkg" --listen 127.0.0.1:0 2>"$LOG" &
 PID=$!
 PORT=""
