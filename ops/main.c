@@ -24,6 +24,8 @@ static const char USAGE[] =
     "  serve     answer requests from a Kafka topic onto a results topic (at least or exactly "
     "once)\n"
     "  http      serve the System One HTTP API (POST /v1/systemone, port 52625)\n"
+    "  config    the effective configuration of serve or http (file < env < flags),\n"
+    "            secrets masked\n"
     "\n"
     "Coming with later issues: bench.\n"
     "\n"
@@ -44,6 +46,7 @@ static const struct {
     {"make-package", ops_cmd_make_package},
     {"serve", ops_cmd_serve},
     {"http", ops_cmd_http},
+    {"config", ops_cmd_config},
 };
 
 int main(int argc, char **argv) {

@@ -27,6 +27,7 @@ int ops_cmd_ask(int argc, char **argv);
 int ops_cmd_inspect(int argc, char **argv);
 int ops_cmd_serve(int argc, char **argv);
 int ops_cmd_http(int argc, char **argv);
+int ops_cmd_config(int argc, char **argv);
 
 /**
  * @brief What `d3stream prompt` prints for one request body (without the

