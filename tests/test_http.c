@@ -28,6 +28,7 @@
 
 #include "ops_int.h"
 #include "svc.h"
+#include "test_requests.h"
 
 #define EXAMPLE   D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
 #define CASES     D3_SOURCE_DIR "/tests/contract/cases.jsonl"
@@ -256,29 +257,6 @@ static const char *error_code(const resp_t *r) {
 
 static bool has_header(const resp_t *r, const char *line) {
     return strcasestr(r->headers.data, line) != NULL;
-}
-
-/* A decision request with n questions about a state of words words: about
- * n x 50 ms on the tiny package. */
-static char *slow_request(int n, int words) {
-    json_t *q = json_object();
-    for (int i = 0; i < n; i++) {
-        char id[16], ins[32];
-        snprintf(id, sizeof id, "q%d", i);
-        snprintf(ins, sizeof ins, "Pick %d", i);
-        json_object_set_new(q, id,
-                            json_pack("{s:s, s:s, s:{s:s, s:n}}", "type", "choice", "instructions",
-                                      ins, "criteria", "a", "the first", "b"));
-    }
-    svc_buf_t st;
-    svc_buf_init(&st, (size_t)1 << 24);
-    for (int i = 0; i < words; i++)
-        cr_assert(svc_buf_addf(&st, "word%d ", i) == SVC_OK);
-    json_t *r = json_pack("{s:s, s:o}", "state", st.data, "questions", q);
-    char   *s = json_dumps(r, JSON_COMPACT);
-    json_decref(r);
-    svc_buf_fini(&st);
-    return s;
 }
 
 /* ---------------------------------------------------------------- /metrics */

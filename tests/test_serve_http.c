@@ -11,6 +11,7 @@
  */
 #define TK_NAME_PREFIX "d3test-shttp-"
 #include "test_serve_util.h"
+#include "test_requests.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -187,29 +188,6 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
     free(reqs);
     free(bufs);
     rm_tree(dir);
-}
-
-/* A request slow on the tiny package: n questions about a state of words
- * words (about n x 50 ms with one worker). */
-static char *slow_request(int n, int words) {
-    json_t *q = json_object();
-    for (int i = 0; i < n; i++) {
-        char id[16], ins[32];
-        snprintf(id, sizeof id, "q%d", i);
-        snprintf(ins, sizeof ins, "Pick %d", i);
-        json_object_set_new(q, id,
-                            json_pack("{s:s, s:s, s:{s:s, s:n}}", "type", "choice", "instructions",
-                                      ins, "criteria", "a", "the first", "b"));
-    }
-    svc_buf_t st;
-    svc_buf_init(&st, (size_t)1 << 24);
-    for (int i = 0; i < words; i++)
-        cr_assert(svc_buf_addf(&st, "word%d ", i) == SVC_OK);
-    json_t *r = json_pack("{s:s, s:o}", "state", st.data, "questions", q);
-    char   *body = json_dumps(r, JSON_COMPACT);
-    json_decref(r);
-    svc_buf_fini(&st);
-    return body;
 }
 
 /* SIGTERM with an HTTP request in the engine: it is answered 200, and
