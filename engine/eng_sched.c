@@ -41,6 +41,16 @@
 
 #define HEAD_TEXT_START "<|im_start|>user\nState:\n"
 
+const unsigned ENG_SCHED_BATCH_LE[7] = {1, 2, 4, 8, 16, 32, 0};
+
+/* One take of n questions into the batch-size histogram. @locks s->mu held */
+static void batch_note(eng_sched_stats_t *st, size_t n) {
+    for (size_t i = 0; i < 7; i++)
+        if (ENG_SCHED_BATCH_LE[i] == 0 || n <= ENG_SCHED_BATCH_LE[i])
+            st->batches[i]++;
+    st->batch_questions += n;
+}
+
 typedef struct sreq sreq_t;
 
 /* One queued question: ids owned, results go to r->ans. */
@@ -380,6 +390,8 @@ static void *worker_main(void *arg) {
         }
         if (!s->q_head)
             s->q_tail = NULL;
+        if (n)
+            batch_note(&s->stats, n);
         pthread_mutex_unlock(&s->mu);
         complete_unlocked(w);
         if (n)

@@ -442,7 +442,16 @@ typedef struct eng_sched_stats {
     uint64_t token_layers;    /* the work: sum of tokens x layers run through,
                                  incl. the head; without any sharing it would
                                  be tokens x the model's layers */
+    /* Batch sizes: how many questions a worker took from the queue at once
+     * (what it could group), as a cumulative histogram: batches[i] counts
+     * the takes of at most ENG_SCHED_BATCH_LE[i] questions; the last bucket
+     * is +Inf (every take). batch_questions sums the sizes. */
+    uint64_t batches[7];
+    uint64_t batch_questions;
 } eng_sched_stats_t;
+
+/* Upper bounds of eng_sched_stats_t.batches (the last one, 0, is +Inf). */
+extern const unsigned ENG_SCHED_BATCH_LE[7];
 
 /* A consistent snapshot of the counters. @locality any thread. */
 void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out);

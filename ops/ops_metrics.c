@@ -91,6 +91,25 @@ void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
                     (double)es.tokens_computed);
     ops_prom_metric(p, "d3stream_engine_queued_questions", "gauge",
                     "Questions admitted, not finished.", "", (double)es.queued);
+    ops_prom_metric(p, "d3stream_engine_token_layers_total", "counter",
+                    "Tokens times layers run through the text tower (the work done).", "",
+                    (double)es.token_layers);
+    /* Batch sizes: questions a worker took from the queue at once. */
+    ops_prom_addf(p, "# HELP d3stream_engine_batch_questions Questions a worker took from the "
+                     "queue at once (what it could group).\n"
+                     "# TYPE d3stream_engine_batch_questions histogram\n");
+    for (size_t i = 0; i < 7; i++) {
+        if (ENG_SCHED_BATCH_LE[i])
+            ops_prom_addf(p, "d3stream_engine_batch_questions_bucket{le=\"%u\"} %llu\n",
+                          ENG_SCHED_BATCH_LE[i], (unsigned long long)es.batches[i]);
+        else
+            ops_prom_addf(p, "d3stream_engine_batch_questions_bucket{le=\"+Inf\"} %llu\n",
+                          (unsigned long long)es.batches[i]);
+    }
+    ops_prom_addf(p, "d3stream_engine_batch_questions_sum %llu\n",
+                  (unsigned long long)es.batch_questions);
+    ops_prom_addf(p, "d3stream_engine_batch_questions_count %llu\n",
+                  (unsigned long long)es.batches[6]);
 }
 
 /* Upper bounds in seconds: 1 ms to 2 minutes (the tiny package answers in

@@ -606,6 +606,17 @@ static void equal_to_reference(size_t n_workers, size_t max_group) {
                  (unsigned long long)st.tokens_computed, (unsigned long long)st.tokens);
     if (max_group > 1)
         cr_assert_lt(st.groups, st.questions, "questions of one state share it");
+    /* Batch sizes: a cumulative histogram over every take; no take is
+     * larger than max_group, and together they hold every question run. */
+    cr_assert_gt(st.batches[6], 0);
+    for (size_t i = 1; i < 7; i++)
+        cr_assert_geq(st.batches[i], st.batches[i - 1], "bucket %zu", i);
+    for (size_t i = 0; i < 6; i++)
+        if (ENG_SCHED_BATCH_LE[i] >= max_group)
+            cr_assert_eq(st.batches[i], st.batches[6], "a take over max_group %zu", max_group);
+    cr_assert_geq(st.batch_questions, st.questions);
+    if (max_group == 1)
+        cr_assert_eq(st.batch_questions, st.batches[6], "takes of one question each");
     unload(&l);
     rm_tree(dir);
 }
