@@ -26,8 +26,7 @@ static const char USAGE[] =
     "  http      serve the System One HTTP API (POST /v1/systemone, port 52625)\n"
     "  config    the effective configuration of serve or http (file < env < flags),\n"
     "            secrets masked\n"
-    "\n"
-    "Coming with later issues: bench.\n"
+    "  bench     D3-Nano-NPU2's text speed table measured on a package on this machine\n"
     "\n"
     "'d3stream <command> --help' explains each command.\n";
 
@@ -47,6 +46,7 @@ static const struct {
     {"serve", ops_cmd_serve},
     {"http", ops_cmd_http},
     {"config", ops_cmd_config},
+    {"bench", ops_cmd_bench},
 };
 
 int main(int argc, char **argv) {

@@ -28,6 +28,7 @@ int ops_cmd_inspect(int argc, char **argv);
 int ops_cmd_serve(int argc, char **argv);
 int ops_cmd_http(int argc, char **argv);
 int ops_cmd_config(int argc, char **argv);
+int ops_cmd_bench(int argc, char **argv);
 
 /**
  * @brief What `d3stream prompt` prints for one request body (without the
