@@ -12,26 +12,7 @@
 #include <unistd.h>
 
 #include "svc.h"
-
-static const char *binary(void) {
-    const char *b = getenv("D3STREAM");
-    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
-    return b;
-}
-
-/* Runs a shell command, returns its exit status and stdout in out. */
-static int run(const char *cmd, svc_buf_t *out) {
-    svc_buf_init(out, (size_t)1 << 26);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "popen(%s) failed", cmd);
-    char   chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
-        cr_assert(svc_buf_add(out, chunk, n) == SVC_OK);
-    cr_assert(svc_buf_add(out, "", 1) == SVC_OK);
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#include "test_cmd.h"
 
 /* A tiny package in a fresh temporary directory (path in dir). */
 static void make_tiny(char dir[64]) {
@@ -41,7 +22,7 @@ static void make_tiny(char dir[64]) {
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "'%s' make-package --size tiny --seed 1 --out '%s/pkg' --force 2>&1",
              binary(), dir);
-    int rc = run(cmd, &out);
+    int rc = run_shell(cmd, &out);
     cr_assert_eq(rc, 0, "make-package failed: %s", out.data);
     svc_buf_fini(&out);
 }
@@ -50,7 +31,7 @@ static void remove_tiny(const char *dir) {
     char      cmd[256];
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    run(cmd, &out);
+    run_shell(cmd, &out);
     svc_buf_fini(&out);
 }
 
@@ -68,7 +49,7 @@ static void check_bench(const char *args, const want_t *want, size_t n_want) {
     char      cmd[1024];
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "'%s' bench --model '%s/pkg' %s --json", binary(), dir, args);
-    int rc = run(cmd, &out);
+    int rc = run_shell(cmd, &out);
     cr_assert_eq(rc, 0, "%s: exit %d", cmd, rc);
     size_t n_rows = 0;
     bool   machine = false;
@@ -154,14 +135,14 @@ Test(bench, help_and_usage) {
     char      cmd[512];
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "'%s' bench --help", binary());
-    cr_assert_eq(run(cmd, &out), 0);
+    cr_assert_eq(run_shell(cmd, &out), 0);
     cr_assert(strstr(out.data, "--max-tokens") && strstr(out.data, "--quick") &&
               strstr(out.data, "ru_maxrss"));
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' bench 2>/dev/null", binary());
-    cr_assert_eq(run(cmd, &out), 2, "no --model: usage");
+    cr_assert_eq(run_shell(cmd, &out), 2, "no --model: usage");
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' bench --model /nonexistent --runs 0 2>/dev/null", binary());
-    cr_assert_eq(run(cmd, &out), 2, "--runs 0: usage");
+    cr_assert_eq(run_shell(cmd, &out), 2, "--runs 0: usage");
     svc_buf_fini(&out);
 }

@@ -13,14 +13,9 @@
 #include <unistd.h>
 
 #include "svc.h"
+#include "test_cmd.h"
 
 extern char **environ;
-
-static const char *binary(void) {
-    const char *b = getenv("D3STREAM");
-    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
-    return b;
-}
 
 /* No D3STREAM_<OPTION> of the caller's may leak into a case. */
 static void clean_env(void) {

@@ -30,6 +30,7 @@
 #include "ops_int.h"
 #include "svc.h"
 #include "test_requests.h"
+#include "test_cmd.h"
 
 #define EXAMPLE   D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
 #define CASES     D3_SOURCE_DIR "/tests/contract/cases.jsonl"
@@ -38,12 +39,6 @@
 #define MAX_MULTI 64
 
 /* ---------------------------------------------------------------- basics */
-
-static const char *binary(void) {
-    const char *b = getenv("D3STREAM");
-    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
-    return b;
-}
 
 static double now_s(void) {
     struct timespec ts;

@@ -17,29 +17,9 @@
 
 #include "ops.h"
 #include "svc.h"
+#include "test_cmd.h"
 
 #define GOLDEN D3_SOURCE_DIR "/tests/golden"
-
-static const char *binary(void) {
-    const char *b = getenv("D3STREAM");
-    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
-    return b;
-}
-
-/* Runs a shell command, returns its exit status and stdout in out. */
-static int run(const char *cmd, svc_buf_t *out) {
-    svc_buf_init(out, (size_t)1 << 30);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "popen(%s) failed", cmd);
-    char   chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
-        cr_assert(svc_buf_add(out, chunk, n) == SVC_OK);
-    if (!out->data)
-        cr_assert(svc_buf_add(out, "", 0) == SVC_OK);
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static char *slurp(const char *path) {
     svc_buf_t b;
@@ -59,7 +39,7 @@ static bool prompt_cli_matches(const char *pkg, const char *req, const char *wan
     char cmd[16384];
     snprintf(cmd, sizeof cmd, "'%s' prompt --model '%s' '%s'", binary(), pkg, req);
     svc_buf_t out;
-    run(cmd, &out);
+    run_shell(cmd, &out);
     bool same = strcmp(out.data, want) == 0;
     if (!same)
         cr_log_error("d3stream prompt %s\n  got:  %.600s\n  want: %.600s", req, out.data, want);
@@ -175,7 +155,7 @@ static int check_case(json_t *c, size_t lineno) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' validate '%s'", binary(), path);
     svc_buf_t out;
-    int       rc = run(cmd, &out);
+    int       rc = run_shell(cmd, &out);
     unlink(path);
     free(path);
     json_error_t  jerr;
@@ -226,7 +206,7 @@ static void check_tokenize(const char *tokjson, const char *golden, const char *
     snprintf(cmd, sizeof cmd, "'%s' tokenize --tokenizer '%s' --jsonl %s < '%s'", binary(), tokjson,
              flags, golden);
     svc_buf_t out;
-    int       rc = run(cmd, &out);
+    int       rc = run_shell(cmd, &out);
     cr_assert_eq(rc, 0, "%s exited %d", cmd, rc);
     FILE *f = fopen(golden, "r");
     cr_assert(f, "missing golden file %s (tests/tools/gen_tokenizer_golden.py)", golden);
@@ -277,18 +257,18 @@ Test(ops, help_and_usage) {
     const char *subs[] = {"prompt", "validate", "tokenize"};
     for (size_t i = 0; i < 3; i++) {
         snprintf(cmd, sizeof cmd, "'%s' %s --help", binary(), subs[i]);
-        cr_assert_eq(run(cmd, &out), 0, "%s", cmd);
+        cr_assert_eq(run_shell(cmd, &out), 0, "%s", cmd);
         cr_assert(strstr(out.data, "Usage: d3stream"), "%s: no usage text", cmd);
         svc_buf_fini(&out);
     }
     snprintf(cmd, sizeof cmd, "'%s' no-such-command 2>/dev/null", binary());
-    cr_assert_eq(run(cmd, &out), 2);
+    cr_assert_eq(run_shell(cmd, &out), 2);
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' prompt 2>/dev/null", binary());
-    cr_assert_eq(run(cmd, &out), 2, "prompt without --model is a usage error");
+    cr_assert_eq(run_shell(cmd, &out), 2, "prompt without --model is a usage error");
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' prompt --model /nonexistent x.json 2>&1", binary());
-    cr_assert_eq(run(cmd, &out), 3);
+    cr_assert_eq(run_shell(cmd, &out), 3);
     cr_assert(strstr(out.data, "/nonexistent"), "the message names the package: %s", out.data);
     svc_buf_fini(&out);
 }
@@ -297,13 +277,13 @@ Test(ops, validate_stdin_and_large_body) {
     char      cmd[4096];
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "printf '[1]' | '%s' validate", binary());
-    cr_assert_eq(run(cmd, &out), 1);
+    cr_assert_eq(run_shell(cmd, &out), 1);
     cr_assert_str_eq(out.data, "{\"status\":400,\"error\":{\"code\":\"invalid_request\","
                                "\"message\":\"the request body must be a JSON object\"}}\n");
     svc_buf_fini(&out);
     /* One byte over the limit: 413 with the configured number. */
     snprintf(cmd, sizeof cmd, "head -c 8388609 /dev/zero | tr '\\0' ' ' | '%s' validate", binary());
-    cr_assert_eq(run(cmd, &out), 1);
+    cr_assert_eq(run_shell(cmd, &out), 1);
     cr_assert_str_eq(out.data, "{\"status\":413,\"error\":{\"code\":\"request_too_large\","
                                "\"message\":\"the request body exceeds 8388608 bytes\"}}\n");
     svc_buf_fini(&out);
@@ -340,7 +320,7 @@ Test(ops, ask_example) {
     snprintf(cmd, sizeof cmd,
              "'%s' ask --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>/dev/null", binary(),
              TINY, D3_SOURCE_DIR);
-    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     json_error_t jerr;
     json_t      *r = json_loads(out.data, 0, &jerr);
     cr_assert(r, "not JSON: %s", out.data);
@@ -359,7 +339,7 @@ Test(ops, ask_example) {
     snprintf(cmd, sizeof cmd,
              "'%s' ask --device cpu --model '%s' < '%s/ops/examples/d3-nano-npu2.json' 2>/dev/null",
              binary(), TINY, D3_SOURCE_DIR);
-    cr_assert_eq(run(cmd, &out), 0);
+    cr_assert_eq(run_shell(cmd, &out), 0);
     cr_assert(strstr(out.data, "\"route\":{\"type\":\"choice\""), "%s", out.data);
     svc_buf_fini(&out);
 }
@@ -369,15 +349,15 @@ Test(ops, ask_usage_and_refusals) {
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "'%s' ask --device npu --model '%s' /dev/null 2>/dev/null", binary(),
              TINY);
-    cr_assert_eq(run(cmd, &out), 2, "--device npu is a usage error");
+    cr_assert_eq(run_shell(cmd, &out), 2, "--device npu is a usage error");
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' ask --help", binary());
-    cr_assert_eq(run(cmd, &out), 0);
+    cr_assert_eq(run_shell(cmd, &out), 0);
     cr_assert(strstr(out.data, "Usage: d3stream ask"));
     svc_buf_fini(&out);
     /* a whole-request error is printed, exit 1 */
     snprintf(cmd, sizeof cmd, "printf '[1]' | '%s' ask --model '%s' 2>/dev/null", binary(), TINY);
-    cr_assert_eq(run(cmd, &out), 1);
+    cr_assert_eq(run_shell(cmd, &out), 1);
     cr_assert(strstr(out.data, "{\"error\":{\"code\":\"invalid_request\""), "%s", out.data);
     svc_buf_fini(&out);
 }
@@ -386,13 +366,13 @@ Test(ops, inspect_tiny_upstream) {
     char      cmd[4096];
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s'", binary(), TINY);
-    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     cr_assert(strstr(out.data, "manifest       MODEL_MANIFEST.json: ok"), "%s", out.data);
     cr_assert(strstr(out.data, "parameters     text 509920, readout 16320"), "%s", out.data);
     cr_assert(strstr(out.data, "noncausal_full_attention"), "%s", out.data);
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' inspect --json --model '%s'", binary(), TINY);
-    cr_assert_eq(run(cmd, &out), 0);
+    cr_assert_eq(run_shell(cmd, &out), 0);
     json_t *r = json_loads(out.data, 0, NULL);
     cr_assert(r, "not JSON: %s", out.data);
     cr_assert(json_is_true(json_object_get(r, "ok")));
@@ -407,20 +387,20 @@ Test(ops, tampered_package) {
     tampered_copy(dir, sizeof dir);
     svc_buf_t out;
     snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s'", binary(), dir);
-    cr_assert_eq(run(cmd, &out), 1, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 1, "%s", out.data);
     cr_assert(strstr(out.data, "MISMATCH  tokenizer_config.json"), "%s", out.data);
     svc_buf_fini(&out);
     /* ask refuses it, naming the file */
     snprintf(cmd, sizeof cmd, "'%s' ask --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>&1",
              binary(), dir, D3_SOURCE_DIR);
-    cr_assert_eq(run(cmd, &out), 3, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 3, "%s", out.data);
     cr_assert(strstr(out.data, "tokenizer_config.json"), "%s", out.data);
     svc_buf_fini(&out);
     /* --no-verify: a warning, and an answer */
     snprintf(cmd, sizeof cmd,
              "'%s' ask --no-verify --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>'%s/stderr'",
              binary(), dir, D3_SOURCE_DIR, dir);
-    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     cr_assert(strstr(out.data, "\"probabilities\":{\"returns\":"), "%s", out.data);
     svc_buf_fini(&out);
     char path[128];
@@ -442,10 +422,10 @@ Test(ops, q4nx_package_inspect_and_ask) {
              "'%s' make-package --size tiny --format q4nx --seed 4 --out '%s/q' --twin '%s/t' "
              "2>&1",
              binary(), dir, dir);
-    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s/q'", binary(), dir);
-    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     cr_assert(strstr(out.data, "format         q4nx Gen-B (model.q4nx: "), "%s", out.data);
     cr_assert(strstr(out.data, "q4_k "), "%s", out.data);
     cr_assert(strstr(out.data, "manifest       MANIFEST.sha256: ok"), "%s", out.data);
@@ -453,7 +433,7 @@ Test(ops, q4nx_package_inspect_and_ask) {
     cr_assert(strstr(out.data, "verdict        ok"), "%s", out.data);
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' inspect --json --model '%s/q'", binary(), dir);
-    cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     json_t *r = json_loads(out.data, 0, NULL);
     cr_assert(r, "not JSON: %s", out.data);
     const json_t *fmt = json_object_get(r, "format");
@@ -469,7 +449,7 @@ Test(ops, q4nx_package_inspect_and_ask) {
                  "'%s' ask --model '%s/%s' '%s/ops/examples/d3-nano-npu2.json' "
                  "2>/dev/null",
                  binary(), dir, i ? "t" : "q", D3_SOURCE_DIR);
-        cr_assert_eq(run(cmd, &out), 0, "%s", out.data);
+        cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
         const char *a = strstr(out.data, "\"answers\":");
         cr_assert(a && strstr(a, "\"probabilities\":{\"returns\":"), "%s", out.data);
         snprintf(answers[i], sizeof answers[i], "%s", a);
@@ -481,7 +461,7 @@ Test(ops, q4nx_package_inspect_and_ask) {
     cr_assert_eq(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "'%s' ask --model '%s/q' '%s/ops/examples/d3-nano-npu2.json' 2>&1",
              binary(), dir, D3_SOURCE_DIR);
-    cr_assert_eq(run(cmd, &out), 3, "%s", out.data);
+    cr_assert_eq(run_shell(cmd, &out), 3, "%s", out.data);
     cr_assert(strstr(out.data, "model.q4nx"), "%s", out.data);
     svc_buf_fini(&out);
     remove_tree(dir);

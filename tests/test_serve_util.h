@@ -36,17 +36,12 @@
 #define TK_NAME_COUNTER 1
 #endif
 #include "test_kafka_util.h"
+#include "test_cmd.h"
 
 #define N_PARTS  3
 #define MAX_RECS 1024
 
 /* ---------------------------------------------------------------- basics */
-
-static inline const char *binary(void) {
-    const char *b = getenv("D3STREAM");
-    cr_assert(b && *b, "D3STREAM (path of the d3stream binary) is not set; run through ctest");
-    return b;
-}
 
 /* D3_TEST_SCALE (0.01..100, default 1). */
 static inline double test_scale(void) {
