@@ -403,6 +403,13 @@ static http_t *serve_http_start(const serve_opts_t *o, const ops_ask_t *a, serve
 
 /* Verify, open, load (as `ask`), then serve. */
 static int serve_package(const serve_opts_t *o) {
+    /* Before the checks and the load (seconds for nano): a SIGTERM that
+     * arrives meanwhile must still mean "stop cleanly, exit 0" -- serve_loop
+     * sees serve_stop at once -- not the default action, death by signal. */
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     char sha[ENG_SHA256_HEX + 1];
     int  rc = ops_ask_verify(o->dir, o->no_verify, sha);
     if (rc != OPS_EXIT_OK)
@@ -427,11 +434,7 @@ static int serve_package(const serve_opts_t *o) {
         ops_fail("serve", "%s", errstr);
         rc = OPS_EXIT_FAILURE;
     } else {
-        ops_ask_t        a = {pkg, model, o->dir, sha};
-        struct sigaction sa = {.sa_handler = on_signal};
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGINT, &sa, NULL);
+        ops_ask_t a = {pkg, model, o->dir, sha};
         rc = serve_run(o, &a, http, &snap);
     }
     if (http) {

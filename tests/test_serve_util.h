@@ -374,8 +374,30 @@ static inline void child_assert_running(pid_t pid, const char *log) {
     }
 }
 
-/* Sends sig to pid and waits (bounded) for it; returns the wait status. */
+/* True once pid catches sig (SigCgt in /proc/PID/status): the exec from
+ * sh -c has happened and the program installed its handler. */
+static inline bool child_catches(pid_t pid, int sig) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    unsigned long long mask = 0;
+    bool               found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "SigCgt: %llx", &mask) == 1;
+    fclose(f);
+    return found && (mask >> (sig - 1) & 1);
+}
+
+/* Sends sig to pid and waits (bounded) for it; returns the wait status.
+ * A catchable sig waits (bounded) until the child catches it: a restarted
+ * serve may have nothing left to do, and a SIGTERM sent before its handler
+ * exists would kill it by default action, which is not what is tested. */
 static inline int child_stop(pid_t pid, int sig) {
+    for (int64_t until = now_ms() + wait_ms();
+         sig != SIGKILL && !child_catches(pid, sig) && now_ms() < until;)
+        usleep(10 * 1000);
     cr_assert_eq(kill(pid, sig), 0, "kill %d: %s", (int)pid, strerror(errno));
     int64_t deadline = now_ms() + wait_ms() * 2;
     int     st = 0;
