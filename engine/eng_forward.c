@@ -43,23 +43,39 @@ struct eng_fwd_state {
     float             *xs;        /* noncausal: (cap, H) residual stream at layer n_pre's input */
 };
 
-/* Per-call activations; every buffer is owned by the call. */
+/* Tokens per chunk of a layer (a multiple of the delta rule's chunk of 64,
+ * so that a pass's delta-rule chunks fall where one call's would). */
+#define FWD_CHUNK 512
+
+/* Per-call activations; every buffer is owned by the call. A layer runs
+ * over the T rows in chunks of at most FWD_CHUNK tokens, so that only the
+ * residual stream (and a full-attention layer's keys and values) grow with
+ * T: the per-token work (norms, projections, MLP) needs no more, the
+ * Gated DeltaNet carries its conv and recurrent states from chunk to chunk,
+ * and a full-attention layer computes every key and value first, then the
+ * queries and outputs chunk by chunk. A 32,768-token nano pass then holds
+ * ~0.5 GB of activations instead of ~3.7 GB. */
 typedef struct fwd {
     const eng_model_t *m;
     size_t             T;
     size_t             P;      /* positions before these T (the state's length) */
+    size_t             C;      /* rows of the chunk buffers: min(T, FWD_CHUNK) */
     eng_fwd_state_t   *st;     /* NULL: an empty state, nothing kept */
     bool               update; /* st takes in the T positions */
     float             *kall;   /* (P + T, n_kv * hd) prefix + new keys when !update, P > 0 */
     float             *vall;   /* likewise for values */
     float             *x;      /* (T, H) residual stream */
-    float             *h;      /* (T, H) normed input of a block */
-    float             *a;      /* (T, W) scratch */
-    float             *b;      /* (T, W) */
-    float             *c;      /* (T, W) */
-    float             *d;      /* (T, W) */
-    float             *s1;     /* (T, nv) beta */
-    float             *s2;     /* (T, nv) g */
+    float             *kn;     /* (T, n_kv * hd) new keys of a full-attention layer */
+    float             *vn;     /* (T, n_kv * hd) new values */
+    float             *h;      /* (C, H) normed input of a block */
+    float             *a;      /* (C, W) scratch */
+    float             *b;      /* (C, W) */
+    float             *c;      /* (C, W) */
+    float             *d;      /* (C, W) */
+    float             *s1;     /* (C, nv) beta */
+    float             *s2;     /* (C, nv) g */
+    float             *conv;   /* (K - 1, conv channels) a linear layer's running conv state */
+    float             *rec;    /* (nv, dk, dv) its running recurrent state */
     int32_t           *pos3;   /* (T, 3) mrope positions, all rows t */
 } fwd_t;
 
@@ -72,12 +88,13 @@ static size_t scratch_width(const eng_model_cfg_t *c) {
     size_t w = max_z(c->hidden, c->inter);
     w = max_z(w, eng_lin_conv_dim(c));
     w = max_z(w, eng_q_rows(c));
-    w = max_z(w, 2 * c->n_kv * c->head_dim); /* k and v share one buffer */
     return w;
 }
 
 static void fwd_free(fwd_t *f) {
     free(f->x);
+    free(f->kn);
+    free(f->vn);
     free(f->h);
     free(f->a);
     free(f->b);
@@ -85,9 +102,18 @@ static void fwd_free(fwd_t *f) {
     free(f->d);
     free(f->s1);
     free(f->s2);
+    free(f->conv);
+    free(f->rec);
     free(f->pos3);
     free(f->kall);
     free(f->vall);
+}
+
+static bool has_full_layer(const eng_model_cfg_t *c) {
+    for (size_t i = 0; i < c->n_layers; i++)
+        if (c->kinds[i] == ENG_LAYER_FULL)
+            return true;
+    return false;
 }
 
 static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_state_t *st,
@@ -95,26 +121,35 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_sta
     memset(f, 0, sizeof *f);
     f->m = m;
     f->T = T;
+    f->C = T < FWD_CHUNK ? T : FWD_CHUNK;
     f->st = st;
     f->update = st && update;
     f->P = st ? st->len : 0;
     const eng_model_cfg_t *c = &m->cfg;
-    size_t                 W = scratch_width(c);
-    if (T > SIZE_MAX / sizeof(float) / W / 4)
+    size_t                 W = scratch_width(c), kvd = c->n_kv * c->head_dim, C = f->C;
+    if (T > SIZE_MAX / sizeof(float) / max_z(c->hidden, kvd) / 4)
         return SVC_ERR_NOMEM;
     f->x = malloc(T * c->hidden * sizeof *f->x);
-    f->h = malloc(T * c->hidden * sizeof *f->h);
-    f->a = malloc(T * W * sizeof *f->a);
-    f->b = malloc(T * W * sizeof *f->b);
-    f->c = malloc(T * W * sizeof *f->c);
-    f->d = malloc(T * W * sizeof *f->d);
-    f->s1 = malloc(T * c->lin_nv * sizeof *f->s1);
-    f->s2 = malloc(T * c->lin_nv * sizeof *f->s2);
+    f->h = malloc(C * c->hidden * sizeof *f->h);
+    f->a = malloc(C * W * sizeof *f->a);
+    f->b = malloc(C * W * sizeof *f->b);
+    f->c = malloc(C * W * sizeof *f->c);
+    f->d = malloc(C * W * sizeof *f->d);
+    f->s1 = malloc(C * c->lin_nv * sizeof *f->s1);
+    f->s2 = malloc(C * c->lin_nv * sizeof *f->s2);
+    f->conv = malloc(((c->conv_k - 1) * eng_lin_conv_dim(c) + 1) * sizeof *f->conv);
+    f->rec = malloc((c->lin_nv * c->lin_dk * c->lin_dv + 1) * sizeof *f->rec);
     f->pos3 = malloc(T * 3 * sizeof *f->pos3);
-    if (!f->x || !f->h || !f->a || !f->b || !f->c || !f->d || !f->s1 || !f->s2 || !f->pos3)
+    if (!f->x || !f->h || !f->a || !f->b || !f->c || !f->d || !f->s1 || !f->s2 || !f->conv ||
+        !f->rec || !f->pos3)
         return SVC_ERR_NOMEM;
+    if (has_full_layer(c)) {
+        f->kn = malloc(T * kvd * sizeof *f->kn);
+        f->vn = malloc(T * kvd * sizeof *f->vn);
+        if (!f->kn || !f->vn)
+            return SVC_ERR_NOMEM;
+    }
     if (f->P > 0 && !f->update && !st->noncausal) { /* read only: join prefix and new rows */
-        size_t kvd = c->n_kv * c->head_dim;
         if (f->P + T > SIZE_MAX / sizeof(float) / kvd)
             return SVC_ERR_NOMEM;
         f->kall = malloc((f->P + T) * kvd * sizeof *f->kall);
@@ -142,16 +177,39 @@ static float softplusf_(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
 }
 
-/* Gated DeltaNet (Qwen3_5GatedDeltaNet.forward, with the cache of layer li
- * in f->st); h is (T, H), the mixer output lands in f->b as (T, H). */
-static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
+/* f->h = the block input norm w of rows [t0, t0 + n) of the residual. */
+static void norm_rows(fwd_t *f, const float *w, size_t t0, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 T = f->T, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
+    npu_rmsnorm(f->x + t0 * c->hidden, w, n, c->hidden, c->eps, f->h, true);
+}
+
+/* Qwen3_5MLP on f->h (n, H): down(silu(gate(h)) * up(h)) -> f->c (n, H). */
+static void mlp(fwd_t *f, const eng_layer_t *l, size_t n) {
+    const eng_model_cfg_t *c = &f->m->cfg;
+    npu_matmul_packed(f->h, l->mlp_gate, n, f->a);
+    npu_matmul_packed(f->h, l->mlp_up, n, f->b);
+    npu_silu_mul(f->a, f->b, n, c->inter, f->a);
+    npu_matmul_packed(f->a, l->mlp_down, n, f->c);
+}
+
+/* The second half of a block on rows [t0, t0 + n), after the mixer's
+ * output (n, H) was added: x += mlp(rmsnorm(x)). */
+static void mlp_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
+    size_t H = f->m->cfg.hidden;
+    norm_rows(f, l->post_norm, t0, n);
+    mlp(f, l, n);
+    add_into(f->x + t0 * H, f->c, n * H);
+}
+
+/* Gated DeltaNet (Qwen3_5GatedDeltaNet.forward, with the cache of layer li
+ * in f->st) on rows [t0, t0 + n); conv_in / rec_in are the states before
+ * row t0 (NULL: zeros), conv_out / rec_out receive them after the last row
+ * (they may be the same buffers). The mixer output lands in f->b (n, H). */
+static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t n, const float *conv_in,
+                              float *conv_out, const float *rec_in, float *rec_out) {
+    const eng_model_cfg_t *c = &f->m->cfg;
+    size_t                 T = n, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
     size_t                 C = eng_lin_conv_dim(c), nv = c->lin_nv;
-    /* states in: NULL (zeros) for a fresh sequence; out: kept only on update */
-    float *conv_in = f->P > 0 ? f->st->conv[li] : NULL, *rec_in = f->P > 0 ? f->st->rec[li] : NULL;
-    float *conv_out = f->update ? f->st->conv[li] : NULL;
-    float *rec_out = f->update ? f->st->rec[li] : NULL;
     /* mixed qkv (T, C) -> causal depthwise conv + silu -> f->b (T, C) */
     npu_matmul_packed(f->h, l->in_qkv, T, f->a);
     npu_conv1d_causal_silu(f->a, l->conv, T, C, c->conv_k, conv_in, conv_out, f->b);
@@ -188,6 +246,31 @@ static svc_err_t linear_attn(fwd_t *f, const eng_layer_t *l, size_t li) {
     return SVC_OK;
 }
 
+/* A Gated DeltaNet layer and its MLP over all T rows, chunk by chunk. The
+ * running states start as the state's (P > 0) or zeros, and pass through
+ * f->conv / f->rec (or the state's own buffers with update, which take in
+ * the T positions). */
+static svc_err_t linear_layer(fwd_t *f, const eng_layer_t *l, size_t li) {
+    const eng_model_cfg_t *c = &f->m->cfg;
+    size_t                 H = c->hidden;
+    const float           *conv_in = f->P > 0 ? f->st->conv[li] : NULL;
+    const float           *rec_in = f->P > 0 ? f->st->rec[li] : NULL;
+    float                 *conv = f->update ? f->st->conv[li] : f->conv;
+    float                 *rec = f->update ? f->st->rec[li] : f->rec;
+    for (size_t t0 = 0; t0 < f->T; t0 += f->C) {
+        size_t n = f->T - t0 < f->C ? f->T - t0 : f->C;
+        norm_rows(f, l->in_norm, t0, n);
+        svc_err_t err = linear_chunk(f, l, n, conv_in, conv, rec_in, rec);
+        if (err)
+            return err;
+        conv_in = conv;
+        rec_in = rec;
+        add_into(f->x + t0 * H, f->b, n * H);
+        mlp_rows(f, l, t0, n);
+    }
+    return SVC_OK;
+}
+
 /* Keys and values of layer li over all P + T positions: the new rows k, v
  * (T, kvd) appended to the state's (update), or joined with a read-only
  * state's in f->kall/vall, or k, v themselves for a fresh sequence. */
@@ -210,67 +293,77 @@ static void kv_all(fwd_t *f, size_t li, float *k, float *v, float **K, float **V
     memcpy(*V + P * kvd, v, T * kvd * sizeof **V);
 }
 
-/* Gated softmax attention (Qwen3_5Attention.forward, with the KV cache of
- * layer li in f->st); h is (T, H), the mixer output lands in f->b as (T, H). */
-static svc_err_t full_attn(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
+/* Keys (after k_norm and rope) and values of rows [t0, t0 + n) into
+ * f->kn / f->vn. */
+static void kv_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 T = f->T, hd = c->head_dim, nh = c->n_heads;
-    size_t                 qd = nh * hd, kvd = c->n_kv * hd, QR = eng_q_rows(c);
-    /* q_proj (T, nh, [2] hd): with the output gate, transformers views it as
-     * (T, nh, 2 * hd) and chunks the last dim: query first, gate second. */
-    npu_matmul_packed(f->h, l->q_proj, T, f->a);
+    size_t                 hd = c->head_dim, kvd = c->n_kv * hd;
+    float                 *k = f->kn + t0 * kvd, *v = f->vn + t0 * kvd;
+    norm_rows(f, l->in_norm, t0, n);
+    npu_matmul_packed(f->h, l->k_proj, n, k);
+    npu_matmul_packed(f->h, l->v_proj, n, v);
+    npu_rmsnorm(k, l->k_norm, n * c->n_kv, hd, c->eps, k, true);
+    npu_mrope_ref(k, f->pos3 + 3 * t0, n, c->n_kv, hd, c->rot_dim, c->theta, c->section,
+                  c->interleaved);
+}
+
+/* Gated softmax attention (Qwen3_5Attention.forward) of rows [t0, t0 + n)
+ * against the keys K and values V of all P + T positions; the mixer output
+ * lands in f->b (n, H). */
+static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, const float *K, const float *V,
+                           size_t t0, size_t n, bool noncausal) {
+    const eng_model_cfg_t *c = &f->m->cfg;
+    size_t                 hd = c->head_dim, nh = c->n_heads, qd = nh * hd, QR = eng_q_rows(c);
+    /* q_proj (n, nh, [2] hd): with the output gate, transformers views it as
+     * (n, nh, 2 * hd) and chunks the last dim: query first, gate second. */
+    norm_rows(f, l->in_norm, t0, n);
+    npu_matmul_packed(f->h, l->q_proj, n, f->a);
     float *q = f->b, *gate = f->c;
-    for (size_t t = 0; t < T; t++)
+    for (size_t t = 0; t < n; t++)
         for (size_t i = 0; i < nh; i++) {
             const float *src = f->a + t * QR + i * (c->attn_gate ? 2 * hd : hd);
             memcpy(q + (t * nh + i) * hd, src, hd * sizeof *q);
             if (c->attn_gate)
                 memcpy(gate + (t * nh + i) * hd, src + hd, hd * sizeof *gate);
         }
-    float *k = f->d, *v = f->d + T * kvd;
-    npu_matmul_packed(f->h, l->k_proj, T, k);
-    npu_matmul_packed(f->h, l->v_proj, T, v);
-    npu_rmsnorm(q, l->q_norm, T * nh, hd, c->eps, q, true);
-    npu_rmsnorm(k, l->k_norm, T * c->n_kv, hd, c->eps, k, true);
-    npu_mrope_ref(q, f->pos3, T, nh, hd, c->rot_dim, c->theta, c->section, c->interleaved);
-    npu_mrope_ref(k, f->pos3, T, c->n_kv, hd, c->rot_dim, c->theta, c->section, c->interleaved);
-    /* attention (T, nh, hd) over P + T keys -> f->a; SPEC d.3: noncausal
-     * sees every token (never with a prefix state) */
-    float *K, *V;
-    kv_all(f, li, k, v, &K, &V);
-    svc_err_t err = npu_attention(q, K, V, T, f->P + T, nh, c->n_kv, hd, !noncausal, NULL, f->a);
+    npu_rmsnorm(q, l->q_norm, n * nh, hd, c->eps, q, true);
+    npu_mrope_ref(q, f->pos3 + 3 * t0, n, nh, hd, c->rot_dim, c->theta, c->section, c->interleaved);
+    /* Causal: the queries are positions P + t0 .. of the keys up to the
+     * chunk's end; SPEC d.3 noncausal: every key (never with a prefix). */
+    size_t    Tk = noncausal ? f->P + f->T : f->P + t0 + n;
+    svc_err_t err = npu_attention(q, K, V, n, Tk, nh, c->n_kv, hd, !noncausal, NULL, f->a);
     if (err)
         return err;
     if (c->attn_gate)
-        npu_sigmoid_mul(gate, f->a, T * qd);
-    npu_matmul_packed(f->a, l->o_proj, T, f->b);
+        npu_sigmoid_mul(gate, f->a, n * qd);
+    npu_matmul_packed(f->a, l->o_proj, n, f->b);
     return SVC_OK;
 }
 
-/* Qwen3_5MLP on f->h (T, H): down(silu(gate(h)) * up(h)) -> f->c (T, H). */
-static void mlp(fwd_t *f, const eng_layer_t *l) {
-    const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 T = f->T, I = c->inter;
-    npu_matmul_packed(f->h, l->mlp_gate, T, f->a);
-    npu_matmul_packed(f->h, l->mlp_up, T, f->b);
-    npu_silu_mul(f->a, f->b, T, I, f->a);
-    npu_matmul_packed(f->a, l->mlp_down, T, f->c);
+/* A full-attention layer and its MLP: every key and value first (the
+ * queries of a chunk may see later rows), then queries, outputs and MLP
+ * chunk by chunk. A row of x changes only in its own chunk's second step,
+ * so its input norm is the same both times. */
+static svc_err_t full_layer(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
+    size_t H = f->m->cfg.hidden;
+    for (size_t t0 = 0; t0 < f->T; t0 += f->C)
+        kv_rows(f, l, t0, f->T - t0 < f->C ? f->T - t0 : f->C);
+    float *K, *V;
+    kv_all(f, li, f->kn, f->vn, &K, &V);
+    for (size_t t0 = 0; t0 < f->T; t0 += f->C) {
+        size_t    n = f->T - t0 < f->C ? f->T - t0 : f->C;
+        svc_err_t err = attn_rows(f, l, K, V, t0, n, noncausal);
+        if (err)
+            return err;
+        add_into(f->x + t0 * H, f->b, n * H);
+        mlp_rows(f, l, t0, n);
+    }
+    return SVC_OK;
 }
 
 static svc_err_t layer_forward(fwd_t *f, size_t li, bool noncausal) {
-    const eng_model_cfg_t *c = &f->m->cfg;
-    const eng_layer_t     *l = &f->m->layers[li];
-    size_t                 TH = f->T * c->hidden;
-    npu_rmsnorm(f->x, l->in_norm, f->T, c->hidden, c->eps, f->h, true);
-    svc_err_t err =
-        l->kind == ENG_LAYER_LINEAR ? linear_attn(f, l, li) : full_attn(f, l, li, noncausal);
-    if (err)
-        return err;
-    add_into(f->x, f->b, TH);
-    npu_rmsnorm(f->x, l->post_norm, f->T, c->hidden, c->eps, f->h, true);
-    mlp(f, l);
-    add_into(f->x, f->c, TH);
-    return SVC_OK;
+    const eng_layer_t *l = &f->m->layers[li];
+    return l->kind == ENG_LAYER_LINEAR ? linear_layer(f, l, li) : full_layer(f, l, li, noncausal);
 }
 
 static svc_err_t check_ids(const eng_model_t *m, const int32_t *ids, size_t T, char *errstr,
@@ -451,7 +544,7 @@ static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bo
         err = state_reserve(st, P + T);
     bool touched = false; /* st changed: a failure from here on leaves it unusable */
     for (size_t t = 0; !err && t < T; t++)
-        memcpy(f.x + t * H, m->embed + (size_t)ids[t] * H, H * sizeof *f.x);
+        eng_model_embed_row(m, ids[t], f.x + t * H);
     if (!err && trace)
         trace(-1, f.x, T, H, user);
     for (size_t i = 0; !err && i < F; i++) {
@@ -518,7 +611,7 @@ svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool
         err = state_reserve(st, f.P + T);
     bool touched = false; /* st changed: a failure from here on leaves it unusable */
     for (size_t t = 0; !err && t < T; t++)
-        memcpy(f.x + t * H, m->embed + (size_t)ids[t] * H, H * sizeof *f.x);
+        eng_model_embed_row(m, ids[t], f.x + t * H);
     if (!err && trace)
         trace(-1, f.x, T, H, user);
     for (size_t i = 0; !err && i < c->n_layers; i++) {

@@ -258,6 +258,44 @@ static svc_err_t ld_prefix(ld_t *ld) {
     return SVC_OK;
 }
 
+/* The embedding as bf16 when every value is one exactly (a BF16 package:
+ * 1 GB instead of 2 for nano, and the same rows); else it stays fp32
+ * (Q8 or F32 sources, whose values bf16 would round). */
+static svc_err_t embed_narrow(eng_model_t *m) {
+    size_t n = m->cfg.vocab * m->cfg.hidden;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &m->embed[i], sizeof u);
+        if (u & 0xffffu)
+            return SVC_OK;
+    }
+    uint16_t *e = malloc((n ? n : 1) * sizeof *e);
+    if (!e)
+        return SVC_OK; /* keeping the fp32 copy is no error */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &m->embed[i], sizeof u);
+        e[i] = (uint16_t)(u >> 16);
+    }
+    free(m->embed);
+    free(m->embed16);
+    m->embed = NULL;
+    m->embed16 = e;
+    return SVC_OK;
+}
+
+void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out) {
+    size_t H = m->cfg.hidden;
+    if (m->embed16) {
+        const uint16_t *r = m->embed16 + (size_t)id * H;
+        for (size_t i = 0; i < H; i++) {
+            uint32_t u = (uint32_t)r[i] << 16;
+            memcpy(&out[i], &u, sizeof u);
+        }
+    } else
+        memcpy(out, m->embed + (size_t)id * H, H * sizeof *out);
+}
+
 /* The text tower's tensors, in both files' HF names. */
 static svc_err_t ld_tower(const ld_t *ld, eng_model_t *m) {
     const eng_model_cfg_t *c = &m->cfg;
@@ -265,6 +303,8 @@ static svc_err_t ld_tower(const ld_t *ld, eng_model_t *m) {
     if (!m->layers)
         return SVC_ERR_NOMEM;
     svc_err_t err = ld_mat(ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
+    if (!err)
+        err = embed_narrow(m);
     for (size_t i = 0; !err && i < c->n_layers; i++)
         err = ld_layer(ld, c, i, &m->layers[i]);
     if (!err)
@@ -381,6 +421,10 @@ void eng_model_free(eng_model_t *m) {
 
 size_t eng_model_hidden_size(const eng_model_t *m) {
     return m->cfg.hidden;
+}
+
+size_t eng_model_vocab_size(const eng_model_t *m) {
+    return m->cfg.vocab;
 }
 
 const char *eng_model_format(const eng_model_t *m) {

@@ -94,7 +94,8 @@ typedef enum eng_model_fmt {
 struct eng_model {
     eng_model_cfg_t cfg;
     eng_model_fmt_t format;
-    float          *embed;      /* (vocab, H) */
+    float          *embed;      /* (vocab, H), or NULL when embed16 holds it */
+    uint16_t       *embed16;    /* (vocab, H) bf16 bits when every value is a bf16, else NULL */
     float          *final_norm; /* (H), (1 + w) */
     eng_layer_t    *layers;     /* (L) */
     float          *readout;    /* (255, H) */
@@ -102,6 +103,9 @@ struct eng_model {
 };
 
 struct eng_q4nx;
+
+/* Row id of the embedding (embed or embed16) as fp32 into out (H). */
+void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out);
 
 /**
  * @brief Reads dir/config.json into *cfg (eng_model_cfg.c): the Hugging Face

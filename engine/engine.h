@@ -198,6 +198,7 @@ SVC_WUR svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errst
 void eng_model_free(eng_model_t *m);
 
 size_t eng_model_hidden_size(const eng_model_t *m);
+size_t eng_model_vocab_size(const eng_model_t *m);
 
 /* The weights file a loaded model came from: "safetensors" (model.safetensors),
  * "q4nx-gen-a" or "q4nx-gen-b" (model.q4nx, Q4NX.md §0.2). Static string. */

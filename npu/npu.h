@@ -36,6 +36,27 @@ const npu_features_t *npu_probe(void);
 SVC_WUR svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out);
 
 /* ------------------------------------------------------------------------
+ * The kernels' thread pool (npu_pool.c)
+ *
+ * One per process, started on first use with npu_threads() - 1 threads
+ * (D3_NPU_THREADS=N sets npu_threads(), read once; default the CPUs this
+ * process may run on). Kernels split their work into items and call
+ * npu_parallel_for; the calling thread takes items too, and pool threads
+ * that are idle at that moment join in. A call never waits for a busy
+ * pool: when several threads (the scheduler's workers) call at once, each
+ * runs what the others leave, so there is neither deadlock nor idle time.
+ * ------------------------------------------------------------------------ */
+
+/* Threads that may run items of one npu_parallel_for (pool + caller). */
+size_t npu_threads(void);
+
+/* Runs fn(ctx, i) once for every i in [0, n), in any order and on any of
+ * the pool's threads or the caller's, and returns when all have returned
+ * (their writes are visible to the caller then). fn must not fail; items
+ * must be independent. A fn may itself call npu_parallel_for. Thread-safe. */
+void npu_parallel_for(size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
+
+/* ------------------------------------------------------------------------
  * Reference kernels (npu_ref.c, npu_ref_delta.c)
  *
  * Scalar fp32 kernels for the Qwen3.5 text tower, written for clarity and
@@ -229,7 +250,13 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
  * npu_probe() reports avx512f, avx512bw and avx512vl, else the _ref
  * kernels. The environment variable D3_NPU_KERNELS=ref forces the _ref
  * kernels (bit-identical to calling them directly); it is read once, at
- * that first call, so set it before. Other values are ignored.
+ * that first call, so set it before. D3_NPU_KERNELS=avx512 keeps the
+ * AVX-512 kernels but takes no AMX tile anywhere (matmul, attention, delta
+ * rule all in fp32): the fast path's fp32 twin, for accuracy comparisons
+ * (tests/bench/bench_accuracy.c). Other values are ignored. Where the CPU
+ * has AMX-BF16, the default runs the projections, the wide-head attention
+ * and the delta rule's big products on tiles, in the split-bf16 forms
+ * described at each (fp32-level accuracy, see the bounds there).
  *
  * Thread-safety: reentrant, as the references; the only global state is
  * the dispatch table, written once.
@@ -250,7 +277,22 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *
  * A projection weight w (N, K) (torch nn.Linear layout: out = x w^T) in the
  * layout the matmul kernel wants, made once at model load:
- *  - with the AVX-512 kernels: K-major panels of NPU_WPACK_NR output
+ *  - AMX-BF16 (the default where npu_probe() reports amx_bf16, avx512_bf16
+ *    and amx_usable): w rounded to bf16 (nearest even) in TDPBF16PS's tile
+ *    order (npu_amx_mm.c): npu_amx_pack_elems(N, K) uint16_t, half of the
+ *    fp32 copy. npu_matmul_packed splits each activation x into
+ *    hi = bf16(x) and lo = bf16(x - hi) and accumulates hi w + lo w in fp32
+ *    tiles ("amx-bf16x2"): x is then carried to ~2^-17, and the result is
+ *    within ~1e-5 relative of the fp32 product of x with the bf16 weight.
+ *    Why two products: one bf16 rounding of x (2^-9) is what GPUs do, but
+ *    on the tiny random golden model it moves a probability by 2.5e-2,
+ *    past issue 7's 1e-2 cap; with the split it moves it by 3e-5.
+ *    D3_NPU_MATMUL=bf16 (read once) keeps one product ("amx-bf16"), about
+ *    twice as fast, for packages where that accuracy is enough. Weights of
+ *    a BF16 package are exact; others (Q4/Q8 dequantised, F32) are rounded
+ *    once to bf16 (2^-9 relative per weight);
+ *  - with the AVX-512 fp32 kernels (no AMX, or D3_NPU_KERNELS=avx512):
+ *    K-major panels of NPU_WPACK_NR output
  *    columns, panel p holding w[p * 32 + c][k] at [k][c] (columns past N
  *    are 0): ceil(N / 32) * 32 * K floats, 64-byte aligned. The plain copy
  *    is freed, so at rest a weight costs what its fp32 copy did (plus the
@@ -259,9 +301,14 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    plain (N, K) array itself, no copy; npu_matmul_packed then calls
  *    npu_matmul_ref, bit-identical to it.
  * The layout follows the dispatch decision, made at the first npu_wpack_new
- * or kernel call (whichever comes first) and fixed for the process.
+ * or kernel call (whichever comes first) and fixed for the process
+ * (npu_matmul_name() says which).
+ * Each output row depends only on its own input row, in a fixed order: a
+ * product does not change with T or with how rows are split into calls
+ * (prefix sharing relies on this).
  * Thread-safety: a pack is read-only after npu_wpack_new; any number of
- * threads may multiply by it at once. */
+ * threads may multiply by it at once. Large products (the AMX layout) are
+ * split over the pool (npu_parallel_for). */
 typedef struct npu_wpack npu_wpack_t;
 
 /* Output columns per panel of the AVX-512 layout. */
@@ -290,8 +337,31 @@ size_t npu_wpack_bytes(const npu_wpack_t *wp);
 
 /* out = x w^T as npu_matmul_ref (x (T, K), out (T, N), with N and K those
  * of the pack), fp32 accumulation in K blocks of 256 (partial sums added
- * into out between blocks). out must not alias x. */
+ * into out between blocks), in bf16 products with the AMX layout (above).
+ * out must not alias x. */
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out);
+
+/* "amx-bf16x2", "amx-bf16", "avx512-f32" or "ref-f32": the packed matmul's
+ * layout and precision (above). */
+const char *npu_matmul_name(void);
+
+/* The AMX-BF16 layout's pieces (npu_amx_mm.c), for the pack, tests and
+ * benchmarks. Calling the matmul on a CPU or process without usable AMX
+ * is undefined (SIGILL): check npu_probe().
+ * npu_amx_pack_elems: uint16_t of a packed (N, K) weight (N rounded up to
+ * 32, K to 32). npu_amx_pack_bf16: writes that many into dst.
+ * npu_matmul_amx: out (T, N) = x (T, K) times the packed w^T, x rounded to
+ * bf16 (split false) or split into bf16 hi + lo (split true), fp32
+ * accumulation; split over the pool above ~2 M multiply-adds; needs about
+ * (1 or 2) x 512 x K bf16 per call and 1 MiB per item of work, and computes
+ * one product at a time instead if an allocation fails (never fails).
+ * npu_matmul_amx_bf16 is npu_matmul_amx with split false. */
+size_t npu_amx_pack_elems(size_t N, size_t K);
+void   npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst);
+void   npu_matmul_amx_bf16(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N,
+                           float *out);
+void   npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N, bool split,
+                      float *out);
 
 /* Attention as npu_attention_ref (online softmax, GQA, causal with the
  * Tq <= Tk prefix offset, key_mask, zeros for a query that sees no key).
@@ -299,18 +369,30 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
  * (d-major) so that 16 scores are D broadcast FMAs; up to 8 queries (the
  * GQA heads of a KV head, then consecutive tokens) share each block; all
  * scores of a query are computed before its max is taken (two passes, no
- * rescaling). Larger heads: scores of 16 keys at a time in fp32, online
- * softmax. Vector exp both ways. */
+ * rescaling), npu_attention_small_avx512. Larger heads: the tiled kernel,
+ * npu_attention_tiled_mode (npu_attn_fast.c), in NPU_ATTN_BF16X3 on AMX
+ * (agrees with the reference to ~1.5e-5) or NPU_ATTN_FP32 without it,
+ * spread over the pool's threads. (npu_attention_avx512, the former
+ * per-query fp32 path for large heads, is kept for benchmarks.) The
+ * references: as D3_NPU_KERNELS=ref says. */
 SVC_WUR svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t Tq,
                                 size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                 bool causal, const uint8_t *key_mask, float *out);
 
 /* Gated delta rule as npu_delta_rule_chunked_ref (same arguments; state_out
- * may equal state_in). Computed in the recurrent form, token by token, with
- * the state in fp32: S's columns are independent, so each block of 16
- * value columns of a head runs through all T tokens with its (dk, 16)
- * slice of S in L1. Agrees with the references to ~1e-6 relative for
- * T of a few hundred (the state's rounding error grows slowly with T). */
+ * may equal state_in). With the AVX-512 kernels, from 8 tokens on and for
+ * heads of 64 and more: the chunked form (chunks of NPU_DELTA_CHUNK, UT
+ * transform, one state update per chunk) as register-blocked fp32 matrix
+ * products (the two biggest, q/k times the state and the state update, on
+ * AMX-BF16 tiles as three bf16 products of hi/lo-split operands where the
+ * CPU has AMX and dk, dv are multiples of 32; D3_NPU_DELTA=f32 keeps them
+ * in fp32), runs of value heads split over npu_parallel_for
+ * (npu_delta_rule_chunked_avx512); below 8 tokens (decode) or for small
+ * heads (the tiny model's 16) the recurrent form, token by token on one
+ * thread (npu_delta_rule_avx512), which is faster there. Both keep the
+ * state in fp32 and agree with the references to ~1e-6 (fp32 products) or
+ * ~1e-5 (AMX) relative for T up to a few thousand. Scratch: the states plus O(threads * chunk * d)
+ * floats, never O(T). */
 SVC_WUR svc_err_t npu_delta_rule(const float *q, const float *k, const float *v, const float *g,
                                  const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
                                  size_t dk, size_t dv, const float *state_in, float *state_out,
@@ -342,6 +424,9 @@ void npu_sigmoid_mul(const float *gate, float *x, size_t n);
  * benchmarks that want one regardless of D3_NPU_KERNELS. Calling one on a
  * CPU without avx512f/bw/vl is undefined (SIGILL): check npu_probe(). */
 void npu_matmul_avx512(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
+/* The former attention kernel (small-head path, else one query at a time
+ * in fp32, single thread): no longer behind npu_attention for head_dim >
+ * 32 (npu_attention_tiled_mode is), kept as the benchmarks' baseline. */
 svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                                size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                                const uint8_t *key_mask, float *out);
@@ -349,6 +434,40 @@ svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, s
 svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float *v, size_t Tq,
                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                      bool causal, const uint8_t *key_mask, float *out);
+
+/* Arithmetic of npu_attention_tiled_mode. */
+typedef enum npu_attn_mode {
+    NPU_ATTN_FP32,   /* AVX-512 fp32 FMAs throughout */
+    NPU_ATTN_BF16,   /* AMX: q, k, v and p rounded to bf16, fp32 accumulation */
+    NPU_ATTN_BF16X3, /* AMX: each value split hi + lo bf16, three products */
+} npu_attn_mode_t;
+
+/* Tiled (flash-attention) attention, npu_attn_fast.c, any head_dim: as
+ * npu_attention_ref (same contract). Items of 64 (token, GQA head) query
+ * rows of one KV head run on the pool (npu_parallel_for); each walks the
+ * keys in blocks of 64: scores as a matrix product, online softmax with
+ * running max and sum (the accumulator rescaled when the max grows), then
+ * P V as a matrix product. Scratch per item ~64 * (64 + head_dim) floats;
+ * K and V are repacked once per call into tile order (scratch of half
+ * the fp32 size of K and V in BF16, all of it in BF16X3; FP32 repacks K
+ * only, transposed). npu_attention_tiled is NPU_ATTN_BF16. Measured error
+ * (max-norm, relative to max |ref|, random q, k in [-2, 2], v in [-1, 1],
+ * T <= 2048, head_dim 40..256, tests/test_npu_attn.c): FP32 3.4e-6,
+ * BF16X3 1.4e-5, BF16 6.9e-3 (the tests hold them to 1e-4, 1e-4 and
+ * 1.5e-2). BF16X3 takes ~2-2.5x BF16's time, FP32 3-5x.
+ * Speed, d3-nano's shape (8/2 heads x 256, non-causal), 2 threads of
+ * this machine: see tests/bench/bench_kernels.c. */
+svc_err_t npu_attention_tiled(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                              size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
+                              const uint8_t *key_mask, float *out);
+/* The same with the arithmetic chosen; the BF16 modes fall back to FP32
+ * when npu_attention_amx_usable() is false. For tests and benchmarks. */
+svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *v, size_t Tq,
+                                   size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                   bool causal, const uint8_t *key_mask, float *out,
+                                   npu_attn_mode_t mode);
+/* amx_tile, amx_bf16 and amx_usable, and avx512_bf16 (the AMX modes). */
+bool npu_attention_amx_usable(void);
 /* The packed matmul on the panel layout above: panels holds
  * ceil(N / 32) panels of K * 32 floats. */
 void npu_matmul_panels_avx512(const float *x, const float *panels, size_t T, size_t K, size_t N,
@@ -357,6 +476,17 @@ svc_err_t npu_delta_rule_avx512(const float *q, const float *k, const float *v, 
                                 const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
                                 size_t dk, size_t dv, const float *state_in, float *state_out,
                                 float *out);
+/* The chunked delta rule (npu_delta_fast.c), any T (0 included) and head
+ * sizes; and what npu_delta_rule runs with the AVX-512 kernels: it, or
+ * npu_delta_rule_avx512 above where that is faster (T < 8, dk or dv < 64). */
+svc_err_t npu_delta_rule_chunked_avx512(const float *q, const float *k, const float *v,
+                                        const float *g, const float *beta, size_t T,
+                                        size_t n_k_heads, size_t n_v_heads, size_t dk, size_t dv,
+                                        const float *state_in, float *state_out, float *out);
+svc_err_t npu_delta_rule_pick_avx512(const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, size_t T, size_t n_k_heads,
+                                     size_t n_v_heads, size_t dk, size_t dv, const float *state_in,
+                                     float *state_out, float *out);
 void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
                                    const float *state_in, float *state_out, float *out);
 void npu_rmsnorm_avx512(const float *x, const float *w, size_t T, size_t D, float eps, float *out,

@@ -45,11 +45,33 @@ static const npu_kernels_t k_ref = {
     .sigmoid_mul = npu_sigmoid_mul_ref,
 };
 
+/* D3_NPU_KERNELS=avx512 asks for fp32 everywhere (the fast path's own
+ * reference: bench_accuracy), so no kernel may take AMX then. */
+static bool amx_allowed(void) {
+    const char *env = getenv("D3_NPU_KERNELS");
+    return !(env && strcmp(env, "avx512") == 0);
+}
+
+/* head_dim <= 32: the small-head kernel (a few vectors per head, two
+ * passes); wider heads: the tiled kernel (npu_attn_fast.c) on AMX when
+ * npu_attention_amx_usable(), else in fp32. BF16X3, not BF16: it keeps
+ * the fast kernels' 1e-4 contract (npu.h) at about half BF16's speed;
+ * BF16 alone is ~6e-3. */
+static svc_err_t attention_avx512(const float *q, const float *k, const float *v, size_t Tq,
+                                  size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                  bool causal, const uint8_t *key_mask, float *out) {
+    if (head_dim <= 32)
+        return npu_attention_small_avx512(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
+                                          key_mask, out);
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
+                                    key_mask, out, amx_allowed() ? NPU_ATTN_BF16X3 : NPU_ATTN_FP32);
+}
+
 static const npu_kernels_t k_avx512 = {
     .name = "avx512",
     .matmul = npu_matmul_avx512,
-    .attention = npu_attention_avx512,
-    .delta_rule = npu_delta_rule_avx512,
+    .attention = attention_avx512,
+    .delta_rule = npu_delta_rule_pick_avx512,
     .conv1d_causal_silu = npu_conv1d_causal_silu_avx512,
     .rmsnorm = npu_rmsnorm_avx512,
     .rmsnorm_gated = npu_rmsnorm_gated_avx512,
@@ -130,12 +152,50 @@ void npu_sigmoid_mul(const float *gate, float *x, size_t n) {
 
 /* ---- packed weights ------------------------------------------------------- */
 
+typedef enum wpack_layout {
+    WPACK_PLAIN = 0,  /* w as given, the reference matmul */
+    WPACK_PANELS = 1, /* fp32 K-major panels, npu_matmul_panels_avx512 */
+    WPACK_AMX = 2,    /* bf16 tiles, npu_matmul_amx_bf16 */
+} wpack_layout_t;
+
 struct npu_wpack {
-    size_t N, K;
-    bool   panels; /* true: AVX-512 panel layout (npu.h); false: w as given */
-    float *data;
-    size_t bytes;
+    size_t         N, K;
+    wpack_layout_t layout;
+    void          *data;
+    size_t         bytes;
 };
+
+static wpack_layout_t g_layout;
+static bool           g_split; /* AMX: activations as bf16 hi + lo (two products) */
+static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
+
+/* AMX-BF16 where the CPU has it and the process may use the tiles, unless
+ * D3_NPU_KERNELS asks for the fp32 kernels ("avx512") or the references.
+ * D3_NPU_MATMUL=bf16 rounds the activations to one bf16 (one tile product,
+ * twice as fast); the default splits them into two (npu.h: why). */
+static void layout_pick(void) {
+    const char           *env = getenv("D3_NPU_KERNELS"), *mm = getenv("D3_NPU_MATMUL");
+    const npu_features_t *f = npu_probe();
+    if (kernels() != &k_avx512)
+        g_layout = WPACK_PLAIN;
+    else if (env && strcmp(env, "avx512") == 0)
+        g_layout = WPACK_PANELS;
+    else if (f->amx_bf16 && f->amx_usable && f->avx512_bf16)
+        g_layout = WPACK_AMX;
+    else
+        g_layout = WPACK_PANELS;
+    g_split = !(mm && strcmp(mm, "bf16") == 0);
+}
+
+static wpack_layout_t layout(void) {
+    pthread_once(&g_layout_once, layout_pick);
+    return g_layout;
+}
+
+const char *npu_matmul_name(void) {
+    static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16"};
+    return layout() == WPACK_AMX && g_split ? "amx-bf16x2" : names[layout()];
+}
 
 /* panels[p][k][c] = w[p * NR + c][k], 0 past N. */
 static void wpack_panels(const float *w, size_t N, size_t K, float *panels) {
@@ -154,6 +214,15 @@ static void wpack_panels(const float *w, size_t N, size_t K, float *panels) {
     }
 }
 
+/* Bytes of the packed copy in layout l (a multiple of 64, as aligned_alloc
+ * wants; at least 64 when N or K is 0). */
+static size_t wpack_size(wpack_layout_t l, size_t N, size_t K) {
+    size_t b = l == WPACK_AMX
+                   ? npu_amx_pack_elems(N, K) * sizeof(uint16_t)
+                   : (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR * NPU_WPACK_NR * K * sizeof(float);
+    return b ? b : 64;
+}
+
 svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
     *out = NULL;
     npu_wpack_t *wp = calloc(1, sizeof *wp);
@@ -161,22 +230,23 @@ svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
         return SVC_ERR_NOMEM;
     wp->N = N;
     wp->K = K;
-    wp->panels = kernels() == &k_avx512;
-    if (!wp->panels) {
+    wp->layout = layout();
+    if (wp->layout == WPACK_PLAIN) {
         wp->data = w;
         wp->bytes = N * K * sizeof *w;
         *out = wp;
         return SVC_OK;
     }
-    /* A multiple of 64 bytes (32 floats per k), as aligned_alloc wants;
-     * at least 64 when N or K is 0. */
-    wp->bytes = (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR * NPU_WPACK_NR * K * sizeof *w;
-    wp->data = aligned_alloc(64, wp->bytes ? wp->bytes : 64);
+    wp->bytes = wpack_size(wp->layout, N, K);
+    wp->data = aligned_alloc(64, wp->bytes);
     if (!wp->data) {
         free(wp);
         return SVC_ERR_NOMEM;
     }
-    wpack_panels(w, N, K, wp->data);
+    if (wp->layout == WPACK_AMX)
+        npu_amx_pack_bf16(w, N, K, wp->data);
+    else
+        wpack_panels(w, N, K, wp->data);
     free(w);
     *out = wp;
     return SVC_OK;
@@ -202,8 +272,15 @@ size_t npu_wpack_bytes(const npu_wpack_t *wp) {
 }
 
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out) {
-    if (w->panels)
+    switch (w->layout) {
+    case WPACK_AMX:
+        npu_matmul_amx(x, w->data, T, w->K, w->N, g_split, out);
+        break;
+    case WPACK_PANELS:
         npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);
-    else
+        break;
+    case WPACK_PLAIN:
         kernels()->matmul(x, w->data, T, w->K, w->N, out);
+        break;
+    }
 }

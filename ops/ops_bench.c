@@ -498,8 +498,9 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
         snprintf(workers, sizeof workers, "default (%ld online CPUs)",
                  sysconf(_SC_NPROCESSORS_ONLN));
     if (o->json) {
-        print_json(json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine", machine,
-                             "kernels", npu_kernels_name(), "model_id",
+        print_json(json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine",
+                             machine, "kernels", npu_kernels_name(), "matmul", npu_matmul_name(),
+                             "threads", (json_int_t)npu_threads(), "model_id",
                              eng_package_model_id(bn->pkg), "format", eng_model_format(bn->model),
                              "max_length", (json_int_t)eng_package_max_length(bn->pkg), "workers",
                              workers, "runs", (json_int_t)o->runs, "prompts",
@@ -509,8 +510,10 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
     printf("d3stream bench: %s (%s, %s), max length %zu, loaded in %.1f s\n",
            eng_package_model_id(bn->pkg), o->dir, eng_model_format(bn->model),
            eng_package_max_length(bn->pkg), load_s);
-    printf("machine: %s\nkernels: %s; scheduler workers: %s; median of %zu run%s\n", machine,
-           npu_kernels_name(), workers, o->runs, o->runs == 1 ? "" : "s");
+    printf("machine: %s\nkernels: %s, matmul %s, %zu threads; scheduler workers: %s; median of "
+           "%zu run%s\n",
+           machine, npu_kernels_name(), npu_matmul_name(), npu_threads(), workers, o->runs,
+           o->runs == 1 ? "" : "s");
     printf("\n%-20s %9s %8s %10s %11s %13s\n", "row", "questions", "tokens", "median s", "tokens/s",
            "peak RSS MiB");
     fflush(stdout);

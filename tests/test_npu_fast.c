@@ -113,7 +113,17 @@ static void check_matmul_packed(rng_t *r, size_t T, size_t K, size_t N) {
     free(x), free(w), free(a), free(b);
 }
 
+/* The packed tests here are of the fp32 panel layout (D3_NPU_KERNELS=avx512,
+ * set before the first kernel call: each test is its own process); the
+ * AMX-BF16 layout has its own tests (test_npu_amx.c). */
+static void fp32_panels(void) {
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "avx512", 1), 0);
+    if (npu_probe()->avx512f)
+        cr_assert_str_eq(npu_matmul_name(), "avx512-f32");
+}
+
 Test(npu_fast, matmul_packed_shapes) {
+    fp32_panels();
     expect_fast_dispatch();
     rng_t        r = {0x4321};
     const size_t Ts[] = {1, 3, 8, 9, 17, 64, 65, 260};
@@ -130,6 +140,7 @@ Test(npu_fast, matmul_packed_shapes) {
 
 /* K over several blocks of 256 with a tail, T over several blocks of 64. */
 Test(npu_fast, matmul_packed_blocked) {
+    fp32_panels();
     rng_t r = {78};
     check_matmul_packed(&r, 9, 1500, 150);
     check_matmul_packed(&r, 130, 1024, 70);
@@ -138,6 +149,7 @@ Test(npu_fast, matmul_packed_blocked) {
 
 /* The hand case of matmul_hand through a pack (catches a transposed panel). */
 Test(npu_fast, matmul_packed_hand) {
+    fp32_panels();
     const float x[2 * 3] = {1, 2, 3, 4, 5, 6};
     float      *w = malloc(6 * sizeof *w); /* out[t] = (x0, x1 + x2) */
     cr_assert(w);

@@ -87,6 +87,8 @@ static double time_attention(attn_fn fn, size_t T, size_t H, size_t Hkv, size_t 
                              int iters) {
     float *q = rand_vec(T * H * D, -1, 1), *k = rand_vec(T * Hkv * D, -1, 1);
     float *v = rand_vec(T * Hkv * D, -1, 1), *o = rand_vec(T * H * D, 0, 0);
+    if (iters > 1 && fn(q, k, v, T, T, H, Hkv, D, causal, NULL, o) != SVC_OK) /* warm up */
+        exit(1);
     double t0 = now_s();
     for (int i = 0; i < iters; i++)
         if (fn(q, k, v, T, T, H, Hkv, D, causal, NULL, o) != SVC_OK)
@@ -107,6 +109,47 @@ static void bench_attention(size_t T, size_t H, size_t Hkv, size_t D, bool causa
     printf("attention T=%-4zu H=%zu/%zu D=%-3zu %-9s fast %8.3f ms (%5.1f GFLOP/s)  ref %8.3f "
            "ms  x%.1f\n",
            T, H, Hkv, D, causal ? "causal" : "noncausal", fast, fl / fast * 1e-6, ref, ref / fast);
+}
+
+static svc_err_t attn_tiled_bf16x3(const float *q, const float *k, const float *v, size_t Tq,
+                                   size_t Tk, size_t H, size_t Hkv, size_t D, bool causal,
+                                   const uint8_t *mask, float *out) {
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NPU_ATTN_BF16X3);
+}
+
+static svc_err_t attn_tiled_fp32(const float *q, const float *k, const float *v, size_t Tq,
+                                 size_t Tk, size_t H, size_t Hkv, size_t D, bool causal,
+                                 const uint8_t *mask, float *out) {
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NPU_ATTN_FP32);
+}
+
+/* The tiled kernel (npu_attn_fast.c) at d3-nano's full-attention shape,
+ * 8/2 heads x 256, non-causal, on all of the pool's threads: BF16 (AMX),
+ * BF16X3 (what npu_attention runs), FP32; the old per-query kernel
+ * (npu_attention_avx512, single thread) with old_iters > 0 (it is slow);
+ * x3_iters or fp32_iters = 0 skips that mode. GFLOP/s counts 4 D flops per query-key pair. */
+static void bench_attention_tiled(size_t T, int iters, int x3_iters, int fp32_iters,
+                                  int old_iters) {
+    const size_t H = 8, Hkv = 2, D = 256;
+    double       fl = 4.0 * (double)T * (double)T * (double)H * (double)D * 1e-6; /* MFLOP */
+    double       bf = time_attention(npu_attention_tiled, T, H, Hkv, D, false, iters);
+    printf("attention tiled T=%-5zu H=8/2 D=256 noncausal  bf16 %9.1f ms (%6.1f GFLOP/s)", T, bf,
+           fl / bf);
+    double x3 = 0.0;
+    if (x3_iters > 0) {
+        x3 = time_attention(attn_tiled_bf16x3, T, H, Hkv, D, false, x3_iters);
+        printf("  bf16x3 %9.1f ms (%6.1f)", x3, fl / x3);
+    }
+    if (fp32_iters > 0) {
+        double f32 = time_attention(attn_tiled_fp32, T, H, Hkv, D, false, fp32_iters);
+        printf("  fp32 %8.1f ms (%5.1f)", f32, fl / f32);
+    }
+    if (old_iters > 0) {
+        double old = time_attention(npu_attention_avx512, T, H, Hkv, D, false, old_iters);
+        printf("  old %8.1f ms (%4.1f)  bf16 x%.0f, bf16x3 x%.0f old", old, fl / old, old / bf,
+               x3 > 0.0 ? old / x3 : 0.0);
+    }
+    printf("\n");
 }
 
 typedef svc_err_t (*delta_fn)(const float *, const float *, const float *, const float *,
@@ -134,6 +177,29 @@ static void bench_delta(size_t T, size_t Hk, size_t Hv, size_t d, int iters, int
     double ref = time_delta(npu_delta_rule_chunked_ref, T, Hk, Hv, d, iters_ref);
     printf("delta_rule T=%-4zu H=%zu/%zu d=%-3zu  fast %8.3f ms  ref(chunked) %8.3f ms  x%.1f\n", T,
            Hk, Hv, d, fast, ref, ref / fast);
+}
+
+/* The two AVX-512 delta rules side by side at one shape: the chunked one
+ * (npu_delta_fast.c; on npu_threads() threads, AMX products unless
+ * D3_NPU_DELTA=f32) against the recurrent one (one thread), and against
+ * the chunked reference when iters_ref > 0. */
+static void bench_delta_chunked(size_t T, size_t Hk, size_t Hv, size_t d, int iters,
+                                int iters_ref) {
+    if (!npu_probe()->avx512f)
+        return;
+    const npu_features_t *f = npu_probe();
+    const char           *env = getenv("D3_NPU_DELTA"); /* "f32": no AMX products */
+    bool   amx = f->amx_bf16 && f->avx512_bf16 && f->amx_usable && !(env && !strcmp(env, "f32"));
+    double chunked = time_delta(npu_delta_rule_chunked_avx512, T, Hk, Hv, d, iters);
+    double rec = time_delta(npu_delta_rule_avx512, T, Hk, Hv, d, iters);
+    printf("delta_rule T=%-4zu H=%zu/%zu d=%-3zu  chunked %8.3f ms (%zu threads, %s)  recurrent "
+           "%8.3f ms  x%.1f",
+           T, Hk, Hv, d, chunked, npu_threads(), amx ? "amx" : "f32", rec, rec / chunked);
+    if (iters_ref > 0) {
+        double ref = time_delta(npu_delta_rule_chunked_ref, T, Hk, Hv, d, iters_ref);
+        printf("  ref(chunked) %8.3f ms  x%.1f", ref, ref / chunked);
+    }
+    printf("\n");
 }
 
 /* One layer's worth of every kernel at the tiny model's shapes (hidden 64,
@@ -186,7 +252,17 @@ int main(int argc, char **argv) {
     bench_attention(270, 4, 2, 16, false, 50 * scale, 5 * scale);
     bench_attention(270, 8, 2, 32, false, 50 * scale, 5 * scale);
     bench_attention(512, 16, 2, 256, true, scale, scale);
+    printf("tiled attention: %zu threads, AMX %s\n", npu_threads(),
+           npu_attention_amx_usable() ? "yes" : "no (bf16 rows run fp32)");
+    bench_attention_tiled(512, 5 * scale, 5 * scale, 2 * scale, scale);
+    bench_attention_tiled(1024, 3 * scale, 3 * scale, scale, scale);
+    bench_attention_tiled(4096, scale, scale, scale, 0);
+    if (getenv("D3_BENCH_32K")) /* BF16 only: tens of seconds on 2 cores */
+        bench_attention_tiled(32768, 1, 0, 0, 0);
     bench_delta(260, 2, 4, 16, 100 * scale, 10 * scale);
     bench_delta(1024, 16, 16, 128, scale, scale);
+    bench_delta_chunked(64, 16, 16, 128, 20 * scale, 0);
+    bench_delta_chunked(1024, 16, 16, 128, 3 * scale, scale);
+    bench_delta_chunked(4096, 16, 16, 128, scale, scale);
     return 0;
 }

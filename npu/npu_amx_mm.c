@@ -1,0 +1,281 @@
+/*
+ * npu_amx_mm.c -- the projection matmul on AMX-BF16 tiles (npu.h,
+ * npu_matmul_amx_bf16 and its weight layout).
+ *
+ * out (T, N) = x (T, K) w^T with w packed once at load as bf16 in the
+ * order TDPBF16PS reads its B operand: panels of 32 output columns, each
+ * panel a run of K blocks of 32, each K block two 1 KiB tiles (columns
+ * 0..15 and 16..31) whose row r holds, for each column c, the pair
+ * w[c][2r], w[c][2r + 1]. A tile of B is then one contiguous 1 KiB load.
+ *
+ * The activations are rounded to bf16 (nearest even), or split into a bf16
+ * hi and a bf16 lo = bf16(x - hi) that both multiply the same B tiles
+ * (npu.h: why), and the products accumulate in fp32 inside the tiles.
+ * Blocking, from the inside out (why: the 2x2 tile kernel loads 4 KiB per
+ * 4 tile products, so its operands must come from L1 and L2 for the
+ * products to be the limit):
+ *  - micro-kernel: 32 rows x 32 columns = 4 accumulator tiles, 2 A tiles,
+ *    2 B tiles (all 8 tile registers), over KC = 512 of K: A 32 KiB (L1,
+ *    reused by the item's panels), B 32 KiB per panel (L2);
+ *  - a row chunk of MC = 512 rows is converted to bf16 once (in parallel,
+ *    rows padded by 64 bytes so that an A tile's 16 rows do not share one
+ *    L1 set), then its items -- column blocks of NPB = 8 panels (256
+ *    columns) -- go to the pool; an item keeps its fp32 partial sums in a
+ *    buffer of its own (512 x 256) and copies the valid part to out at the
+ *    end, so a row or column past T or N is computed on zeros and never
+ *    stored;
+ *  - so one pass uses every core and a weight is read ceil(T / 512) times.
+ * Each output element is the same sum in the same order whatever T and
+ * the chunking are: a row's result does not depend on the other rows.
+ *
+ * Compiled for AMX by the target pragma below (CMake builds npu/ with the
+ * baseline flags); only called after npu_probe() said amx_bf16, avx512_bf16
+ * and amx_usable.
+ */
+#include "npu.h"
+
+#include <immintrin.h>
+#include <stdlib.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                      \
+    __attribute__((                                                                                \
+        target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))),           \
+    apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
+#endif
+
+#include "npu_amx_int.h"
+
+_Static_assert(NPU_WPACK_NR == 32, "a panel is two 16-column tiles");
+
+#define AMX_KB   32  /* K per tile product (16 bf16 pairs) */
+#define AMX_TILE 512 /* bf16 per tile: 16 rows x 32 */
+#define AMX_KC   512 /* K per block (see above) */
+#define AMX_MC   512 /* rows per chunk */
+#define AMX_NPB  8   /* panels (of 32 columns) per item */
+
+static size_t round_up(size_t v, size_t m) {
+    return (v + m - 1) / m * m;
+}
+
+size_t npu_amx_pack_elems(size_t N, size_t K) {
+    return round_up(N, NPU_WPACK_NR) * round_up(K, AMX_KB);
+}
+
+/* bf16 of w[n][k], 0 outside (N, K). */
+static uint16_t w_at(const float *w, size_t N, size_t K, size_t n, size_t k) {
+    return n < N && k < K ? npu_f32_to_bf16(w[n * K + k]) : 0;
+}
+
+void npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst) {
+    size_t n_pan = round_up(N, NPU_WPACK_NR) / NPU_WPACK_NR, n_kb = round_up(K, AMX_KB) / AMX_KB;
+    for (size_t p = 0; p < n_pan; p++)
+        for (size_t kb = 0; kb < n_kb; kb++)
+            for (size_t h = 0; h < 2; h++) {
+                uint16_t *tile = dst + ((p * n_kb + kb) * 2 + h) * AMX_TILE;
+                for (size_t r = 0; r < 16; r++)
+                    for (size_t c = 0; c < 16; c++)
+                        for (size_t j = 0; j < 2; j++)
+                            tile[r * 32 + c * 2 + j] =
+                                w_at(w, N, K, p * 32 + h * 16 + c, kb * AMX_KB + 2 * r + j);
+            }
+}
+
+/* The weight's bf16 value for (n, k) in the packed layout. */
+static float pack_at(const uint16_t *pk, size_t n_kb, size_t n, size_t k) {
+    size_t p = n / 32, h = n % 32 / 16, c = n % 16, kb = k / AMX_KB, r = k % AMX_KB / 2, j = k % 2;
+    return npu_bf16_to_f32(pk[((p * n_kb + kb) * 2 + h) * AMX_TILE + r * 32 + c * 2 + j]);
+}
+
+/* c (32 x 32 fp32, rows ldc floats apart) (+)= a (32 x kc bf16, rows lda
+ * bf16 apart) times the panel slice b (kc / 32 blocks of 2 tiles); and,
+ * when lo is not NULL, + lo (the rounding remainders of a, same layout)
+ * times b. */
+static void micro_2x2(const uint16_t *a, const uint16_t *lo, size_t lda, const uint16_t *b,
+                      size_t kc, float *c, size_t ldc, bool first) {
+    size_t sa = lda * sizeof *a, sc = ldc * sizeof *c;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, sc);
+        _tile_loadd(1, c + 16, sc);
+        _tile_loadd(2, c + 16 * ldc, sc);
+        _tile_loadd(3, c + 16 * ldc + 16, sc);
+    }
+    for (size_t kb = 0; kb < kc / AMX_KB; kb++) {
+        const uint16_t *ak = a + kb * AMX_KB, *bk = b + kb * 2 * AMX_TILE;
+        _tile_loadd(4, ak, sa);
+        _tile_loadd(5, ak + 16 * lda, sa);
+        _tile_loadd(6, bk, 64);
+        _tile_loadd(7, bk + AMX_TILE, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        if (lo) {
+            const uint16_t *lk = lo + kb * AMX_KB;
+            _tile_loadd(4, lk, sa);
+            _tile_loadd(5, lk + 16 * lda, sa);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(2, c + 16 * ldc, sc);
+    _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+typedef struct mm_job {
+    const float    *x;
+    const uint16_t *pk;
+    size_t          T, K, N, Kp, n_kb, n_nblk;
+    size_t          lda; /* row stride of a: Kp + 32, so that the 16 rows of an A tile
+                          * do not all fall in one L1 set (Kp * 2 is often a
+                          * multiple of 4 KiB) */
+    float *out;
+    /* the row chunk in flight: rows [t0, t0 + mc), a = bf16 (mcp x lda),
+     * lo = the remainders x - a in bf16 (split) or NULL */
+    size_t    t0, mc, mcp;
+    uint16_t *a, *lo;
+    bool      split;
+} mm_job_t;
+
+/* Rows [32 i, 32 i + 32) of the chunk: a = bf16 of x, zero past T and K. */
+static void convert_rows(void *ctx, size_t i) {
+    const mm_job_t *j = ctx;
+    for (size_t r = 32 * i; r < 32 * i + 32; r++) {
+        uint16_t *ar = j->a + r * j->lda;
+        if (r >= j->mc) {
+            memset(ar, 0, j->lda * sizeof *ar);
+            if (j->lo)
+                memset(j->lo + r * j->lda, 0, j->lda * sizeof *ar);
+            continue;
+        }
+        const float *xr = j->x + (j->t0 + r) * j->K;
+        uint16_t    *lr = j->lo ? j->lo + r * j->lda : NULL;
+        for (size_t k = 0; k < j->Kp; k += 16) {
+            size_t    left = k < j->K ? j->K - k : 0;
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            /* A masked load reads nothing past the mask: no access past K. */
+            __m512  v = _mm512_maskz_loadu_ps(m, left ? xr + k : xr);
+            __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+            _mm256_storeu_si256((__m256i *)(ar + k), h);
+            if (lr) {
+                /* v - hi is exact in fp32; its bf16 leaves ~2^-17 of v. */
+                __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                _mm256_storeu_si256((__m256i *)(lr + k),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hf)));
+            }
+        }
+    }
+}
+
+/* Without scratch (an allocation failed): the same products, one at a
+ * time, on the bf16-rounded inputs. Slow, but the matmul never fails. */
+static void rows_scalar(const mm_job_t *j, size_t t0, size_t mc, size_t n0, size_t nc) {
+    for (size_t t = t0; t < t0 + mc; t++)
+        for (size_t n = n0; n < n0 + nc; n++) {
+            float s = 0;
+            for (size_t k = 0; k < j->K; k++)
+                s += (j->split ? j->x[t * j->K + k]
+                               : npu_bf16_to_f32(npu_f32_to_bf16(j->x[t * j->K + k]))) *
+                     pack_at(j->pk, j->n_kb, n, k);
+            j->out[t * j->N + n] = s;
+        }
+}
+
+/* Item i: the chunk's rows times column block i (AMX_NPB panels). Loop
+ * order k block > row block > panel: the A block (32 x KC, 32 KiB) stays
+ * in L1 across the panels, the panels' B slices (AMX_NPB x 32 KiB) in L2
+ * across the row blocks; C lives in the item's buffer. */
+static void mm_item(void *ctx, size_t i) {
+    const mm_job_t *j = ctx;
+    size_t          p0 = i * AMX_NPB, n_pan = round_up(j->N, 32) / 32;
+    size_t          np = n_pan - p0 < AMX_NPB ? n_pan - p0 : AMX_NPB;
+    size_t          n0 = p0 * 32, nc = j->N - n0 < np * 32 ? j->N - n0 : np * 32;
+    size_t          ldc = AMX_NPB * 32;
+    float          *c = aligned_alloc(64, j->mcp * ldc * sizeof *c);
+    if (!c) {
+        rows_scalar(j, j->t0, j->mc, n0, nc);
+        return;
+    }
+    npu_tiles_16x64();
+    for (size_t k0 = 0; k0 < j->Kp; k0 += AMX_KC) {
+        size_t kc = j->Kp - k0 < AMX_KC ? j->Kp - k0 : AMX_KC;
+        for (size_t tb = 0; tb < j->mcp; tb += 32)
+            for (size_t p = 0; p < np; p++) {
+                const uint16_t *b = j->pk + (((p0 + p) * j->n_kb + k0 / AMX_KB) * 2) * AMX_TILE;
+                micro_2x2(j->a + tb * j->lda + k0, j->lo ? j->lo + tb * j->lda + k0 : NULL, j->lda,
+                          b, kc, c + tb * ldc + p * 32, ldc, k0 == 0);
+            }
+    }
+    _tile_release();
+    for (size_t r = 0; r < j->mc; r++)
+        memcpy(j->out + (j->t0 + r) * j->N + n0, c + r * ldc, nc * sizeof *c);
+    free(c);
+}
+
+void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N, bool split,
+                    float *out) {
+    if (T == 0 || N == 0)
+        return;
+    if (K == 0) {
+        memset(out, 0, T * N * sizeof *out);
+        return;
+    }
+    size_t   n_pan = round_up(N, 32) / 32, Kp = round_up(K, AMX_KB);
+    mm_job_t j = {.x = x,
+                  .pk = pk,
+                  .T = T,
+                  .K = K,
+                  .N = N,
+                  .Kp = Kp,
+                  .lda = Kp + 32,
+                  .n_kb = Kp / AMX_KB,
+                  .n_nblk = (n_pan + AMX_NPB - 1) / AMX_NPB,
+                  .out = out,
+                  .split = split};
+    size_t   chunk = round_up(T < AMX_MC ? T : AMX_MC, 32);
+    j.a = aligned_alloc(64, (split ? 2 : 1) * chunk * j.lda * sizeof *j.a);
+    if (!j.a) {
+        rows_scalar(&j, 0, T, 0, N);
+        return;
+    }
+    j.lo = split ? j.a + chunk * j.lda : NULL;
+    /* Below ~2 M multiply-adds the pool's wake-up costs more than it gains. */
+    bool par = (double)T * (double)N * (double)K >= 2e6;
+    for (j.t0 = 0; j.t0 < T; j.t0 += AMX_MC) {
+        j.mc = T - j.t0 < AMX_MC ? T - j.t0 : AMX_MC;
+        j.mcp = round_up(j.mc, 32);
+        if (par) {
+            npu_parallel_for(j.mcp / 32, convert_rows, &j);
+            npu_parallel_for(j.n_nblk, mm_item, &j);
+        } else {
+            for (size_t i = 0; i < j.mcp / 32; i++)
+                convert_rows(&j, i);
+            for (size_t i = 0; i < j.n_nblk; i++)
+                mm_item(&j, i);
+        }
+    }
+    free(j.a);
+}
+
+void npu_matmul_amx_bf16(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N,
+                         float *out) {
+    npu_matmul_amx(x, pk, T, K, N, false, out);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif

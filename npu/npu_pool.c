@@ -1,0 +1,154 @@
+/*
+ * npu_pool.c -- the kernels' thread pool (npu.h, npu_parallel_for).
+ *
+ * One pool per process, started on first use: npu_threads() - 1 threads
+ * that sleep on a condition variable. A call publishes a job (fn, ctx, n,
+ * an atomic cursor), wakes the pool and takes items itself; idle pool
+ * threads take items too. So a caller never waits for a busy pool: when
+ * both of the scheduler's workers run passes at once, each mostly runs its
+ * own items, and when one pass runs alone it gets every core. The caller
+ * returns once every item is done and no pool thread still holds the job
+ * (the job lives on the caller's stack).
+ */
+#include "npu.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+/* Jobs open at once (concurrent callers); a caller past this runs alone. */
+#define POOL_SLOTS 16
+/* Upper bound of npu_threads(); D3_NPU_THREADS above it is clamped. */
+#define POOL_MAX_THREADS 256
+
+typedef struct pool_job {
+    void (*fn)(void *ctx, size_t i);
+    void         *ctx;
+    size_t        n;
+    atomic_size_t next;  /* next item to claim */
+    atomic_size_t done;  /* items finished */
+    size_t        users; /* pool threads inside the job (under the lock) */
+} pool_job_t;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t  work; /* a job was published */
+    pthread_cond_t  idle; /* a job finished or lost a user */
+    pool_job_t     *slot[POOL_SLOTS];
+    size_t          n_threads; /* npu_threads(): pool threads + the caller */
+} g_pool = {.lock = PTHREAD_MUTEX_INITIALIZER,
+            .work = PTHREAD_COND_INITIALIZER,
+            .idle = PTHREAD_COND_INITIALIZER};
+static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
+
+/* Runs items of j until none is left; returns how many it ran. */
+static size_t job_run(pool_job_t *j) {
+    size_t ran = 0;
+    for (;;) {
+        size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n)
+            return ran;
+        j->fn(j->ctx, i);
+        ran++;
+        atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+    }
+}
+
+/* A published job with items left, or NULL (under the lock). */
+static pool_job_t *job_find(void) {
+    for (size_t s = 0; s < POOL_SLOTS; s++) {
+        pool_job_t *j = g_pool.slot[s];
+        if (j && atomic_load_explicit(&j->next, memory_order_relaxed) < j->n)
+            return j;
+    }
+    return NULL;
+}
+
+static void *pool_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&g_pool.lock);
+    for (;;) {
+        pool_job_t *j = job_find();
+        if (!j) {
+            pthread_cond_wait(&g_pool.work, &g_pool.lock);
+            continue;
+        }
+        j->users++;
+        pthread_mutex_unlock(&g_pool.lock);
+        (void)job_run(j);
+        pthread_mutex_lock(&g_pool.lock);
+        j->users--;
+        pthread_cond_broadcast(&g_pool.idle);
+    }
+    return NULL;
+}
+
+/* D3_NPU_THREADS=N (>= 1) or the CPUs this process may run on. */
+static size_t pool_size(void) {
+    const char *env = getenv("D3_NPU_THREADS");
+    long        n = 0;
+    if (env && *env) {
+        char *end;
+        n = strtol(env, &end, 10);
+        if (*end || n < 1)
+            n = 0;
+    }
+    if (n <= 0)
+        n = npu_probe()->n_cpus;
+    if (n < 1)
+        n = 1;
+    return n > POOL_MAX_THREADS ? POOL_MAX_THREADS : (size_t)n;
+}
+
+static void pool_start(void) {
+    g_pool.n_threads = pool_size();
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    size_t started = 1;
+    for (size_t t = 1; t < g_pool.n_threads; t++) {
+        pthread_t th;
+        /* A thread that cannot be had leaves a smaller pool, not a failure:
+         * the caller always runs every item it can claim. */
+        if (pthread_create(&th, &attr, pool_main, NULL) == 0)
+            started++;
+    }
+    pthread_attr_destroy(&attr);
+    g_pool.n_threads = started;
+}
+
+size_t npu_threads(void) {
+    pthread_once(&g_pool_once, pool_start);
+    return g_pool.n_threads;
+}
+
+void npu_parallel_for(size_t n, void (*fn)(void *ctx, size_t i), void *ctx) {
+    if (n == 0)
+        return;
+    if (n == 1 || npu_threads() == 1) {
+        for (size_t i = 0; i < n; i++)
+            fn(ctx, i);
+        return;
+    }
+    pool_job_t j = {.fn = fn, .ctx = ctx, .n = n};
+    atomic_init(&j.next, 0);
+    atomic_init(&j.done, 0);
+    size_t s = POOL_SLOTS;
+    pthread_mutex_lock(&g_pool.lock);
+    for (size_t k = 0; k < POOL_SLOTS && s == POOL_SLOTS; k++)
+        if (!g_pool.slot[k])
+            s = k;
+    if (s < POOL_SLOTS) {
+        g_pool.slot[s] = &j;
+        pthread_cond_broadcast(&g_pool.work);
+    }
+    pthread_mutex_unlock(&g_pool.lock);
+    (void)job_run(&j);
+    if (s == POOL_SLOTS)
+        return; /* not published: the caller ran every item */
+    pthread_mutex_lock(&g_pool.lock);
+    while (atomic_load_explicit(&j.done, memory_order_acquire) < n || j.users > 0)
+        pthread_cond_wait(&g_pool.idle, &g_pool.lock);
+    g_pool.slot[s] = NULL;
+    pthread_mutex_unlock(&g_pool.lock);
+}

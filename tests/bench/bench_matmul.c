@@ -1,0 +1,143 @@
+/*
+ * bench_matmul.c -- the projection matmuls at d3-nano's shapes: AMX-BF16
+ * (npu_matmul_amx_bf16) against the fp32 AVX-512 panels, on one thread
+ * (D3_NPU_THREADS=1 in the environment) or the whole pool. Built, never run
+ * by ctest.
+ *
+ *   bench_matmul [T ...]   token counts (default 128 1024 4096)
+ *   bench_matmul --json    one JSON object per line
+ *
+ * Shapes: the MLP (2048 -> 6144, 6144 -> 2048), the DeltaNet in_qkv
+ * (2048 -> 6144) and out_proj (2048 -> 2048), and q_proj with its gate
+ * (2048 -> 8192). GFLOP/s = 2 T K N / median seconds of 5 runs (the
+ * thread's CPU seconds when D3_NPU_THREADS=1).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "npu.h"
+
+/* Wall time; on one thread (D3_NPU_THREADS=1) the thread's CPU time, which
+ * a loaded machine disturbs less (what shares the core is not counted). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(npu_threads() == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static float *rand_vec(size_t n) {
+    static uint64_t s = 0x9e3779b97f4a7c15ULL;
+    float          *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p) {
+        fprintf(stderr, "bench_matmul: out of memory (%zu floats)\n", n);
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        p[i] = (float)((double)((s * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0 - 0.5);
+    }
+    return p;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define RUNS 5
+
+/* Median seconds of RUNS calls of fn after one warm-up. */
+typedef void (*mm_fn)(const float *x, const void *w, size_t T, size_t K, size_t N, float *out);
+
+static double median_s(mm_fn fn, const float *x, const void *w, size_t T, size_t K, size_t N,
+                       float *out) {
+    double t[RUNS];
+    fn(x, w, T, K, N, out);
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = now_s();
+        fn(x, w, T, K, N, out);
+        t[r] = now_s() - t0;
+    }
+    qsort(t, RUNS, sizeof t[0], cmp_double);
+    return t[RUNS / 2];
+}
+
+static void amx(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
+    npu_matmul_amx_bf16(x, w, T, K, N, out);
+}
+
+static void panels(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
+    npu_matmul_panels_avx512(x, w, T, K, N, out);
+}
+
+static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool have_amx) {
+    float *x = rand_vec(T * K), *w = rand_vec(N * K), *out = rand_vec(T * N);
+    double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_f32;
+    if (have_amx) {
+        uint16_t *pk = aligned_alloc(64, (npu_amx_pack_elems(N, K) * 2 + 63) / 64 * 64);
+        if (!pk)
+            exit(1);
+        npu_amx_pack_bf16(w, N, K, pk);
+        s_amx = median_s(amx, x, pk, T, K, N, out);
+        free(pk);
+    }
+    size_t np = (N + 31) / 32 * 32;
+    float *pan = aligned_alloc(64, np * K * sizeof *pan);
+    if (!pan)
+        exit(1);
+    memset(pan, 0, np * K * sizeof *pan);
+    for (size_t n = 0; n < N; n++)
+        for (size_t k = 0; k < K; k++)
+            pan[(n / 32 * K + k) * 32 + n % 32] = w[n * K + k];
+    /* The fp32 panels run on one thread; they are the old path. */
+    s_f32 = median_s(panels, x, pan, T, K, N, out);
+    if (json)
+        printf("{\"what\":\"%s\",\"T\":%zu,\"K\":%zu,\"N\":%zu,\"threads\":%zu,\"amx_gflops\":%.1f,"
+               "\"f32_1thread_gflops\":%.1f}\n",
+               what, T, K, N, npu_threads(), have_amx ? flop / s_amx * 1e-9 : 0.0,
+               flop / s_f32 * 1e-9);
+    else
+        printf("%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %8.1f GFLOP/s (%zu thr)  f32 panels %6.1f "
+               "GFLOP/s (1 thr)  x%.1f\n",
+               what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0, npu_threads(),
+               flop / s_f32 * 1e-9, have_amx ? s_f32 / s_amx : 0.0);
+    fflush(stdout);
+    free(pan), free(x), free(w), free(out);
+}
+
+int main(int argc, char **argv) {
+    bool   json = false;
+    size_t Ts[16], n_t = 0;
+    char  *end = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (n_t < 16 && strtoul(argv[i], &end, 10) > 0 && !*end)
+            Ts[n_t++] = (size_t)strtoul(argv[i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: bench_matmul [--json] [T ...]\n");
+            return 2;
+        }
+    }
+    if (n_t == 0) {
+        Ts[0] = 128, Ts[1] = 1024, Ts[2] = 4096;
+        n_t = 3;
+    }
+    const npu_features_t *f = npu_probe();
+    bool                  have = f->amx_bf16 && f->amx_usable && f->avx512_bf16;
+    if (!f->avx512f) {
+        fprintf(stderr, "bench_matmul: no AVX-512 on this CPU\n");
+        return 0;
+    }
+    if (!have)
+        fprintf(stderr, "bench_matmul: no usable AMX-BF16: fp32 panels only\n");
+    for (size_t i = 0; i < n_t; i++) {
+        row(Ts[i], 2048, 6144, "mlp_up", json, have);
+        row(Ts[i], 6144, 2048, "mlp_down", json, have);
+        row(Ts[i], 2048, 2048, "out_proj", json, have);
+        row(Ts[i], 2048, 8192, "q_proj", json, have);
+    }
+    return 0;
+}

@@ -1,0 +1,249 @@
+/*
+ * test_npu_amx.c -- the AMX-BF16 packed matmul (npu_amx_mm.c) and the
+ * kernels' thread pool (npu_pool.c).
+ *
+ * The matmul is held to two oracles: the exact (double) product of the
+ * bf16-rounded operands, which it must meet to fp32 accumulation error
+ * (1e-5 relative), and the fp32 product of the unrounded ones, which it
+ * meets to bf16 rounding (1e-2, the bound npu.h states). Tests skip on a
+ * CPU or kernel without usable AMX-BF16 (the dispatch then never picks it).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npu.h"
+#include "test_rng.h"
+
+static bool have_amx(void) {
+    const npu_features_t *f = npu_probe();
+    return f->amx_bf16 && f->amx_usable && f->avx512_bf16;
+}
+
+/* max|a - b| / max(max|b|, 1e-3); NaN anywhere -> inf. */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double num = 0.0, den = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        double d = fabs((double)a[i] - (double)b[i]);
+        num = d > num ? d : num;
+        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
+    }
+    return num / den;
+}
+
+static float bf16_round(float v) {
+    return npu_bf16_to_f32(npu_f32_to_bf16(v));
+}
+
+/* out = bf16(x) bf16(w)^T in double, or x bf16(w)^T (round_x false). */
+static void matmul_bf16_exact(const float *x, const float *w, size_t T, size_t K, size_t N,
+                              bool round_x, float *out) {
+    for (size_t t = 0; t < T; t++)
+        for (size_t n = 0; n < N; n++) {
+            double s = 0;
+            for (size_t k = 0; k < K; k++)
+                s += (double)(round_x ? bf16_round(x[t * K + k]) : x[t * K + k]) *
+                     (double)bf16_round(w[n * K + k]);
+            out[t * N + n] = (float)s;
+        }
+}
+
+static uint16_t *pack(const float *w, size_t N, size_t K) {
+    uint16_t *pk = aligned_alloc(64, (npu_amx_pack_elems(N, K) * 2 + 63) / 64 * 64 + 64);
+    cr_assert(pk);
+    npu_amx_pack_bf16(w, N, K, pk);
+    return pk;
+}
+
+/* Both precisions: one bf16 product (against bf16(x) bf16(w)^T) and the
+ * hi + lo split (against x bf16(w)^T), each to fp32 accumulation error;
+ * both within the bf16 bound of the fp32 product. */
+static void check(rng_t *r, size_t T, size_t K, size_t N) {
+    float    *x = rand_vec(r, T * K, -1, 1), *w = rand_vec(r, N * K, -1, 1);
+    uint16_t *pk = pack(w, N, K);
+    float    *a = malloc((T * N + 1) * sizeof *a), *b = malloc((T * N + 1) * sizeof *b);
+    float    *c = malloc((T * N + 1) * sizeof *c);
+    cr_assert(a && b && c);
+    npu_matmul_ref(x, w, T, K, N, c);
+    for (int split = 0; split < 2; split++) {
+        for (size_t i = 0; i < T * N; i++)
+            a[i] = NAN; /* an output the kernel forgot shows up */
+        npu_matmul_amx(x, pk, T, K, N, split, a);
+        matmul_bf16_exact(x, w, T, K, N, !split, b);
+        double e = rel_err(a, b, T * N), e32 = rel_err(a, c, T * N);
+        cr_expect(e <= 1e-5, "amx split=%d T=%zu K=%zu N=%zu: %g from its exact product", split, T,
+                  K, N, e);
+        cr_expect(e32 <= 1e-2, "amx split=%d T=%zu K=%zu N=%zu: %g from the fp32 product", split, T,
+                  K, N, e32);
+    }
+    free(x), free(w), free(pk), free(a), free(b), free(c);
+}
+
+Test(npu_amx, shapes) {
+    if (!have_amx())
+        cr_skip_test("no usable AMX-BF16 here");
+    rng_t        r = {0xa3};
+    const size_t Ts[] = {1, 15, 16, 17, 32, 33, 257};
+    const size_t Ks[] = {1, 31, 32, 33, 100, 300};
+    const size_t Ns[] = {1, 16, 31, 32, 33, 129, 130};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof Ks[0]; j++)
+            for (size_t l = 0; l < sizeof Ns / sizeof Ns[0]; l++)
+                check(&r, Ts[i], Ks[j], Ns[l]);
+}
+
+/* Several row chunks and column blocks (256 x 128 per item) and K blocks
+ * of 256 with a tail, large enough to go through the pool. */
+Test(npu_amx, blocked_and_parallel) {
+    if (!have_amx())
+        cr_skip_test("no usable AMX-BF16 here");
+    rng_t r = {0xb4};
+    check(&r, 600, 1000, 300);
+    check(&r, 513, 2048, 64);
+    check(&r, 40, 6144, 200);
+}
+
+/* A row's result does not depend on the rows around it or on T: the
+ * prefix sharing of the scheduler relies on it (bit-identical). */
+Test(npu_amx, rows_independent) {
+    if (!have_amx())
+        cr_skip_test("no usable AMX-BF16 here");
+    rng_t     r = {0xc5};
+    size_t    T = 300, K = 520, N = 70;
+    float    *x = rand_vec(&r, T * K, -1, 1), *w = rand_vec(&r, N * K, -1, 1);
+    uint16_t *pk = pack(w, N, K);
+    float    *all = malloc(T * N * sizeof *all), *part = malloc(T * N * sizeof *part);
+    cr_assert(all && part);
+    for (int split = 0; split < 2; split++) {
+        npu_matmul_amx(x, pk, T, K, N, split, all);
+        npu_matmul_amx(x, pk, 37, K, N, split, part);
+        npu_matmul_amx(x + 37 * K, pk, 1, K, N, split, part + 37 * N);
+        npu_matmul_amx(x + 38 * K, pk, T - 38, K, N, split, part + 38 * N);
+        cr_expect(memcmp(all, part, T * N * sizeof *all) == 0, "split=%d: rows differ", split);
+    }
+    free(x), free(w), free(pk), free(all), free(part);
+}
+
+/* The dispatched pack: the default layout here is AMX with the split
+ * activations, at half the bytes of fp32, and npu_matmul_packed runs it. */
+static void check_wpack(bool split) {
+    rng_t  r = {0xd6};
+    size_t T = 70, K = 64, N = 96;
+    float *x = rand_vec(&r, T * K, -1, 1), *w = rand_vec(&r, N * K, -1, 1);
+    float *wc = malloc(N * K * sizeof *wc), *a = malloc(T * N * sizeof *a);
+    float *b = malloc(T * N * sizeof *b);
+    cr_assert(wc && a && b);
+    memcpy(wc, w, N * K * sizeof *w);
+    npu_wpack_t *wp;
+    cr_assert_eq(npu_wpack_new(wc, N, K, &wp), SVC_OK);
+    cr_expect_eq(npu_wpack_bytes(wp), N * K * sizeof(uint16_t));
+    npu_matmul_packed(x, wp, T, a);
+    matmul_bf16_exact(x, w, T, K, N, !split, b);
+    cr_expect(rel_err(a, b, T * N) <= 1e-5, "split=%d: %g", split, rel_err(a, b, T * N));
+    npu_wpack_free(wp);
+    free(x), free(w), free(a), free(b);
+}
+
+Test(npu_amx, wpack_default) {
+    if (!have_amx() || !npu_probe()->avx512f)
+        cr_skip_test("no usable AMX-BF16 here");
+    cr_assert_eq(unsetenv("D3_NPU_KERNELS"), 0);
+    cr_assert_eq(unsetenv("D3_NPU_MATMUL"), 0);
+    cr_assert_str_eq(npu_matmul_name(), "amx-bf16x2");
+    check_wpack(true);
+}
+
+Test(npu_amx, wpack_one_product) {
+    if (!have_amx() || !npu_probe()->avx512f)
+        cr_skip_test("no usable AMX-BF16 here");
+    cr_assert_eq(unsetenv("D3_NPU_KERNELS"), 0);
+    cr_assert_eq(setenv("D3_NPU_MATMUL", "bf16", 1), 0);
+    cr_assert_str_eq(npu_matmul_name(), "amx-bf16");
+    check_wpack(false);
+}
+
+/* A hand case: out[t] = (x0, x1 + x2) with values exact in bf16. */
+Test(npu_amx, hand) {
+    if (!have_amx())
+        cr_skip_test("no usable AMX-BF16 here");
+    const float x[2 * 3] = {1, 2, 3, 4, 5, 6}, w[2 * 3] = {1, 0, 0, 0, 1, 1};
+    uint16_t   *pk = pack(w, 2, 3);
+    float       out[4];
+    npu_matmul_amx_bf16(x, pk, 2, 3, 2, out);
+    cr_expect(out[0] == 1 && out[1] == 5 && out[2] == 4 && out[3] == 11, "%g %g %g %g",
+              (double)out[0], (double)out[1], (double)out[2], (double)out[3]);
+    free(pk);
+}
+
+/* ---- pool ------------------------------------------------------------------ */
+
+typedef struct hits {
+    atomic_int *count;
+    size_t      n;
+} hits_t;
+
+static void hit(void *ctx, size_t i) {
+    hits_t *h = ctx;
+    cr_assert_lt(i, h->n);
+    atomic_fetch_add(&h->count[i], 1);
+}
+
+static void expect_each_once(size_t n) {
+    atomic_int *count = calloc(n + 1, sizeof *count);
+    cr_assert(count);
+    hits_t h = {count, n};
+    npu_parallel_for(n, hit, &h);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_eq(atomic_load(&count[i]), 1, "item %zu of %zu ran %d times", i, n,
+                     atomic_load(&count[i]));
+    free(count);
+}
+
+Test(npu_pool, every_item_once) {
+    cr_expect_geq(npu_threads(), 1);
+    const size_t ns[] = {0, 1, 2, 3, 7, 64, 1000};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        expect_each_once(ns[i]);
+}
+
+/* A nested call inside an item completes (no deadlock, every item once). */
+static void nested(void *ctx, size_t i) {
+    (void)i;
+    atomic_int *outer = ctx;
+    expect_each_once(17);
+    atomic_fetch_add(outer, 1);
+}
+
+Test(npu_pool, nested_calls) {
+    atomic_int outer = 0;
+    npu_parallel_for(9, nested, &outer);
+    cr_expect_eq(atomic_load(&outer), 9);
+}
+
+/* Several threads calling at once (as the scheduler's workers do). */
+static void *caller(void *arg) {
+    (void)arg;
+    for (int r = 0; r < 50; r++)
+        expect_each_once(33);
+    return NULL;
+}
+
+Test(npu_pool, concurrent_callers) {
+    pthread_t th[6];
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, caller, NULL), 0);
+    for (int i = 0; i < 6; i++)
+        pthread_join(th[i], NULL);
+}
+
+/* D3_NPU_THREADS=1: no pool threads, everything on the caller. */
+Test(npu_pool, one_thread) {
+    cr_assert_eq(setenv("D3_NPU_THREADS", "1", 1), 0);
+    cr_expect_eq(npu_threads(), 1);
+    expect_each_once(100);
+}
