@@ -56,6 +56,19 @@ size_t npu_threads(void);
  * must be independent. A fn may itself call npu_parallel_for. Thread-safe. */
 void npu_parallel_for(size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 
+/* Per-thread scratch for kernels: a 64-byte aligned block of at least
+ * bytes, kept by the calling thread for its next call with the same slot
+ * (grown when too small), freed when the thread exits. Why: a pass calls
+ * the matmul ~170 times with multi-MiB buffers, and a malloc/free of that
+ * size maps and faults fresh pages every time. The block is the thread's
+ * until it asks for the same slot again: a kernel holds a slot only within
+ * one call, and nested callers use different slots. NULL when out of
+ * memory. Slots: */
+#define NPU_SCRATCH_MM_A  0 /* npu_matmul_amx: the row chunk in bf16 */
+#define NPU_SCRATCH_MM_C  1 /* npu_matmul_amx: an item's fp32 sums */
+#define NPU_SCRATCH_SLOTS 2
+void *npu_scratch(int slot, size_t bytes);
+
 /* ------------------------------------------------------------------------
  * Reference kernels (npu_ref.c, npu_ref_delta.c)
  *

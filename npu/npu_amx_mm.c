@@ -65,23 +65,53 @@ size_t npu_amx_pack_elems(size_t N, size_t K) {
     return round_up(N, NPU_WPACK_NR) * round_up(K, AMX_KB);
 }
 
-/* bf16 of w[n][k], 0 outside (N, K). */
-static uint16_t w_at(const float *w, size_t N, size_t K, size_t n, size_t k) {
-    return n < N && k < K ? npu_f32_to_bf16(w[n * K + k]) : 0;
+/* Rows [n0, n0 + 32) of w in bf16 pairs (VCVTNEPS2BF16: nearest even, as
+ * npu_f32_to_bf16, but a denormal becomes 0), zero past N and K: rows is
+ * (32, Kp / 2) uint32, each the pair (k = 2i, 2i + 1) of one row. */
+static void panel_rows(const float *w, size_t N, size_t K, size_t Kp, size_t n0, uint32_t *rows) {
+    for (size_t c = 0; c < 32; c++) {
+        uint16_t *r = (uint16_t *)(rows + c * (Kp / 2));
+        if (n0 + c >= N) {
+            memset(r, 0, Kp * sizeof *r);
+            continue;
+        }
+        const float *wr = w + (n0 + c) * K;
+        for (size_t k = 0; k < Kp; k += 16) {
+            size_t    left = k < K ? K - k : 0;
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __m512    v = _mm512_maskz_loadu_ps(m, left ? wr + k : wr);
+            _mm256_storeu_si256((__m256i *)(r + k), (__m256i)_mm512_cvtneps_pbh(v));
+        }
+    }
 }
 
 void npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst) {
-    size_t n_pan = round_up(N, NPU_WPACK_NR) / NPU_WPACK_NR, n_kb = round_up(K, AMX_KB) / AMX_KB;
-    for (size_t p = 0; p < n_pan; p++)
+    size_t    n_pan = round_up(N, NPU_WPACK_NR) / NPU_WPACK_NR, Kp = round_up(K, AMX_KB);
+    size_t    n_kb = Kp / AMX_KB;
+    uint32_t *rows = malloc(32 * (Kp / 2) * sizeof *rows);
+    for (size_t p = 0; p < n_pan; p++) {
+        if (rows)
+            panel_rows(w, N, K, Kp, p * 32, rows);
         for (size_t kb = 0; kb < n_kb; kb++)
             for (size_t h = 0; h < 2; h++) {
-                uint16_t *tile = dst + ((p * n_kb + kb) * 2 + h) * AMX_TILE;
+                /* tile row r, column c = the pair (k = 32 kb + 2r, +1) of
+                 * output column 32 p + 16 h + c */
+                uint32_t *tile = (uint32_t *)(dst + ((p * n_kb + kb) * 2 + h) * AMX_TILE);
                 for (size_t r = 0; r < 16; r++)
-                    for (size_t c = 0; c < 16; c++)
-                        for (size_t j = 0; j < 2; j++)
-                            tile[r * 32 + c * 2 + j] =
-                                w_at(w, N, K, p * 32 + h * 16 + c, kb * AMX_KB + 2 * r + j);
+                    for (size_t c = 0; c < 16; c++) {
+                        size_t n = p * 32 + h * 16 + c, k = kb * AMX_KB + 2 * r;
+                        if (rows)
+                            tile[r * 16 + c] = rows[(h * 16 + c) * (Kp / 2) + kb * 16 + r];
+                        else /* no room for the row buffer: element by element */
+                            tile[r * 16 + c] =
+                                (n < N && k < K ? npu_f32_to_bf16(w[n * K + k]) : 0u) |
+                                (n < N && k + 1 < K
+                                     ? (uint32_t)npu_f32_to_bf16(w[n * K + k + 1]) << 16
+                                     : 0u);
+                    }
             }
+    }
+    free(rows);
 }
 
 /* The weight's bf16 value for (n, k) in the packed layout. */
@@ -203,7 +233,7 @@ static void mm_item(void *ctx, size_t i) {
     size_t          np = n_pan - p0 < AMX_NPB ? n_pan - p0 : AMX_NPB;
     size_t          n0 = p0 * 32, nc = j->N - n0 < np * 32 ? j->N - n0 : np * 32;
     size_t          ldc = AMX_NPB * 32;
-    float          *c = aligned_alloc(64, j->mcp * ldc * sizeof *c);
+    float          *c = npu_scratch(NPU_SCRATCH_MM_C, j->mcp * ldc * sizeof *c);
     if (!c) {
         rows_scalar(j, j->t0, j->mc, n0, nc);
         return;
@@ -221,7 +251,6 @@ static void mm_item(void *ctx, size_t i) {
     _tile_release();
     for (size_t r = 0; r < j->mc; r++)
         memcpy(j->out + (j->t0 + r) * j->N + n0, c + r * ldc, nc * sizeof *c);
-    free(c);
 }
 
 void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N, bool split,
@@ -245,7 +274,7 @@ void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size
                   .out = out,
                   .split = split};
     size_t   chunk = round_up(T < AMX_MC ? T : AMX_MC, 32);
-    j.a = aligned_alloc(64, (split ? 2 : 1) * chunk * j.lda * sizeof *j.a);
+    j.a = npu_scratch(NPU_SCRATCH_MM_A, (split ? 2 : 1) * chunk * j.lda * sizeof *j.a);
     if (!j.a) {
         rows_scalar(&j, 0, T, 0, N);
         return;
@@ -266,7 +295,6 @@ void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size
                 mm_item(&j, i);
         }
     }
-    free(j.a);
 }
 
 void npu_matmul_amx_bf16(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N,

@@ -152,3 +152,49 @@ void npu_parallel_for(size_t n, void (*fn)(void *ctx, size_t i), void *ctx) {
     g_pool.slot[s] = NULL;
     pthread_mutex_unlock(&g_pool.lock);
 }
+
+/* ---- per-thread scratch ------------------------------------------------------ */
+
+typedef struct scratch {
+    void  *p[NPU_SCRATCH_SLOTS];
+    size_t n[NPU_SCRATCH_SLOTS];
+} scratch_t;
+
+static pthread_key_t  g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg) {
+    scratch_t *s = arg;
+    for (int i = 0; i < NPU_SCRATCH_SLOTS; i++)
+        free(s->p[i]);
+    free(s);
+}
+
+static void scratch_key(void) {
+    (void)pthread_key_create(&g_scratch_key, scratch_free);
+}
+
+void *npu_scratch(int slot, size_t bytes) {
+    SVC_ASSERT(slot >= 0 && slot < NPU_SCRATCH_SLOTS);
+    pthread_once(&g_scratch_once, scratch_key);
+    scratch_t *s = pthread_getspecific(g_scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(g_scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->n[slot] >= bytes && s->p[slot])
+        return s->p[slot];
+    /* Grow to the request rounded up to 64 bytes (aligned_alloc wants a
+     * multiple of the alignment); the old block is not needed any more. */
+    size_t n = (bytes + 63) / 64 * 64;
+    void  *p = aligned_alloc(64, n ? n : 64);
+    if (!p)
+        return NULL;
+    free(s->p[slot]);
+    s->p[slot] = p;
+    s->n[slot] = n;
+    return p;
+}
