@@ -27,35 +27,12 @@
 /* ---- helpers -------------------------------------------------------------- */
 
 /* Lanes [0, n) of a 16-lane vector, n <= 16. */
-static inline __mmask16 mask_n(size_t n) {
-    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
-
-/* exp(x) for 16 lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor
- * polynomial to degree 7 (truncation < 6e-9), times 2^n with scalef.
- * Inputs below -104 (and -inf) give 0, above 88.7 give +inf. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.8f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+#include "npu_vec_int.h"
 
 /* silu(x) = x / (1 + exp(-x)); exp(-x) saturates to +inf for x < -88.8,
  * which gives -0, as the exact value rounds to. */
 static inline __m512 silu512(__m512 x) {
-    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    __m512 e = npu_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
@@ -92,7 +69,7 @@ static inline float sumsq(const float *x, size_t n) {
         a1 = _mm512_fmadd_ps(v1, v1, a1);
     }
     for (; d < n; d += 16) {
-        __m512 v = _mm512_maskz_loadu_ps(mask_n(n - d), x + d);
+        __m512 v = _mm512_maskz_loadu_ps(npu_mask16(n - d), x + d);
         a0 = _mm512_fmadd_ps(v, v, a0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
@@ -142,7 +119,7 @@ static inline void mm_tile(const float *const xr[MM_MR], const float *const wr[M
     for (; k + 16 <= kc; k += 16)
         mm_step(acc, xr, wr, k, (__mmask16)0xffff);
     if (k < kc)
-        mm_step(acc, xr, wr, k, mask_n(kc - k));
+        mm_step(acc, xr, wr, k, npu_mask16(kc - k));
     /* Lane r * MM_NR + c of reduce16 = out[r][c]. */
     float tile[16];
     _mm512_storeu_ps(tile, reduce16(acc));
@@ -192,7 +169,7 @@ static inline __m512 attn_scores16(const float *qh, const float *const kp[16], s
     for (int j = 0; j < 16; j++)
         acc[j] = _mm512_setzero_ps();
     for (size_t d = 0; d < D; d += 16) {
-        __mmask16 m = mask_n(D - d);
+        __mmask16 m = npu_mask16(D - d);
         __m512    qv = _mm512_maskz_loadu_ps(m, qh + d);
 #pragma GCC unroll 16
         for (int j = 0; j < 16; j++)
@@ -215,7 +192,7 @@ static inline __attribute__((always_inline)) void attn_acc_v(float *acc, const f
     __mmask16 dm[ATTN_DV];
 #pragma GCC unroll 16
     for (size_t u = 0; u < nv; u++) {
-        dm[u] = mask_n(n - 16 * u);
+        dm[u] = npu_mask16(n - 16 * u);
         a[u] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * u), _mm512_set1_ps(corr));
     }
     for (unsigned bits = vis; bits; bits &= bits - 1) {
@@ -240,7 +217,7 @@ static inline __attribute__((always_inline)) void attn_acc_v(float *acc, const f
 
 /* Lanes of key block b (keys 16 b ..) below jend. */
 static inline __mmask16 as_below(size_t b, size_t jend) {
-    return jend <= b * 16 ? (__mmask16)0 : mask_n(jend - b * 16);
+    return jend <= b * 16 ? (__mmask16)0 : npu_mask16(jend - b * 16);
 }
 
 /* One KV head's view, shared by its query chunks. */
@@ -304,13 +281,13 @@ as_queries(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[
         for (size_t b = 0; b < nbq; b++) {
             __m512    s = _mm512_loadu_ps(si + b * 16);
             __mmask16 vis = _mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ);
-            __m512    p = _mm512_maskz_mov_ps(vis, exp512(_mm512_sub_ps(s, mv)));
+            __m512    p = _mm512_maskz_mov_ps(vis, npu_exp512(_mm512_sub_ps(s, mv)));
             _mm512_storeu_ps(si + b * 16, p);
             lv = _mm512_add_ps(lv, p);
         }
         l[i] = _mm512_reduce_add_ps(lv);
     }
-    const __mmask16 dm0 = mask_n(D), dm1 = mask_n(D > 16 ? D - 16 : 0);
+    const __mmask16 dm0 = npu_mask16(D), dm1 = npu_mask16(D > 16 ? D - 16 : 0);
     __m512          a1[AS_QMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < QN; i++) {
@@ -382,7 +359,7 @@ svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float
         return SVC_ERR_NOMEM;
     __mmask16 *kvis = (__mmask16 *)(void *)(buf + nf);
     for (size_t b = 0; b < nb; b++) {
-        __mmask16 vis = mask_n(Tk - b * 16);
+        __mmask16 vis = npu_mask16(Tk - b * 16);
         if (key_mask) {
             __m128i km = _mm_maskz_loadu_epi8(vis, key_mask + b * 16);
             vis &= _mm_test_epi8_mask(km, km);
@@ -456,7 +433,7 @@ svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, s
             memset(acc, 0, Dv * sizeof *acc);
             for (size_t j0 = 0; j0 < jend; j0 += 16) {
                 size_t    nb = jend - j0 < 16 ? jend - j0 : 16;
-                __mmask16 vis = mask_n(nb);
+                __mmask16 vis = npu_mask16(nb);
                 if (key_mask) {
                     __m128i km = _mm_maskz_loadu_epi8(vis, key_mask + j0);
                     vis &= _mm_test_epi8_mask(km, km);
@@ -472,7 +449,7 @@ svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, s
                 float  m_blk = _mm512_reduce_max_ps(s);
                 float  m_new = m_blk > m ? m_blk : m;
                 float  corr = expf(m - m_new); /* 0 on the first visible block */
-                __m512 p = exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
+                __m512 p = npu_exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
                 l = l * corr + _mm512_reduce_add_ps(p);
                 float pj[16];
                 _mm512_storeu_ps(pj, p);
@@ -487,7 +464,7 @@ svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, s
             float       *oh = out + (i * n_heads + h) * D;
             const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
             for (size_t d = 0; d < D; d += 16)
-                _mm512_mask_storeu_ps(oh + d, mask_n(D - d),
+                _mm512_mask_storeu_ps(oh + d, npu_mask16(D - d),
                                       _mm512_mul_ps(_mm512_loadu_ps(acc + d), inv));
         }
     }
@@ -527,9 +504,9 @@ svc_err_t npu_delta_rule_avx512(const float *q, const float *k, const float *v, 
         for (size_t t = 0; t < Tp; t++)
             decay[t] = t < T ? g[t * n_v_heads + h] : 0.0f;
         for (size_t t = 0; t < T; t += 16)
-            _mm512_storeu_ps(decay + t, exp512(_mm512_loadu_ps(decay + t)));
+            _mm512_storeu_ps(decay + t, npu_exp512(_mm512_loadu_ps(decay + t)));
         for (size_t j0 = 0; j0 < dv; j0 += 16) {
-            __mmask16 jm = mask_n(dv - j0);
+            __mmask16 jm = npu_mask16(dv - j0);
             for (size_t i = 0; i < dk; i++) {
                 __m512 s = _mm512_setzero_ps();
                 if (state_in)
@@ -598,7 +575,7 @@ void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, siz
     }
     size_t hist = K - 1;
     for (size_t c0 = 0; c0 < C; c0 += 16) {
-        __mmask16 cm = mask_n(C - c0);
+        __mmask16 cm = npu_mask16(C - c0);
         __m512    wt[CONV_MAX_K]; /* wt[i] lane c = w[c0 + c][i] */
         for (size_t i = 0; i < K; i++) {
             float col[16] = {0};
@@ -645,7 +622,7 @@ void npu_rmsnorm_avx512(const float *x, const float *w, size_t T, size_t D, floa
         float       *yr = out + t * D;
         __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt((double)sumsq(xr, D) / (double)D + eps)));
         for (size_t d = 0; d < D; d += 16) {
-            __mmask16 m = mask_n(D - d);
+            __mmask16 m = npu_mask16(D - d);
             __m512    wv = _mm512_add_ps(_mm512_maskz_loadu_ps(m, w + d), one);
             __m512    y = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv), wv);
             _mm512_mask_storeu_ps(yr + d, m, y);
@@ -662,7 +639,7 @@ void npu_rmsnorm_gated_avx512(const float *x, const float *z, const float *w, si
         float       *yr = out + t * D;
         __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt((double)sumsq(xr, D) / (double)D + eps)));
         for (size_t d = 0; d < D; d += 16) {
-            __mmask16 m = mask_n(D - d);
+            __mmask16 m = npu_mask16(D - d);
             __m512    y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv);
             y = _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, w + d));
             y = _mm512_mul_ps(y, silu512(_mm512_maskz_loadu_ps(m, zr + d)));
@@ -676,7 +653,7 @@ void npu_l2norm_avx512(const float *x, size_t T, size_t D, float eps, float *out
         const float *xr = x + t * D;
         __m512       inv = _mm512_set1_ps((float)(1.0 / sqrt((double)sumsq(xr, D) + eps)));
         for (size_t d = 0; d < D; d += 16) {
-            __mmask16 m = mask_n(D - d);
+            __mmask16 m = npu_mask16(D - d);
             _mm512_mask_storeu_ps(out + t * D + d, m,
                                   _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv));
         }
@@ -686,7 +663,7 @@ void npu_l2norm_avx512(const float *x, size_t T, size_t D, float eps, float *out
 void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F, float *out) {
     size_t n = T * F;
     for (size_t i = 0; i < n; i += 16) {
-        __mmask16 m = mask_n(n - i);
+        __mmask16 m = npu_mask16(n - i);
         __m512    y = _mm512_mul_ps(silu512(_mm512_maskz_loadu_ps(m, gate + i)),
                                     _mm512_maskz_loadu_ps(m, up + i));
         _mm512_mask_storeu_ps(out + i, m, y);
@@ -696,8 +673,9 @@ void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F,
 void npu_sigmoid_mul_avx512(const float *gate, float *x, size_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (size_t i = 0; i < n; i += 16) {
-        __mmask16 m = mask_n(n - i);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_maskz_loadu_ps(m, gate + i)));
+        __mmask16 m = npu_mask16(n - i);
+        __m512    e =
+            npu_exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_maskz_loadu_ps(m, gate + i)));
         __m512 y = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_add_ps(one, e));
         _mm512_mask_storeu_ps(x + i, m, y);
     }

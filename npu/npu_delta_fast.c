@@ -91,25 +91,7 @@ static inline __mmask16 dmask(long n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1u);
 }
 
-/* exp(x) as exp512 in npu_avx512.c (degree-7 Taylor after range reduction,
- * relative error ~2e-7; below -104 gives 0). */
-static inline __m512 dexp(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.8f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+#include "npu_vec_int.h"
 
 /* ---- small matrix products ------------------------------------------------ */
 
@@ -548,7 +530,7 @@ static void delta_chunk(const delta_job_t *jb, delta_ws_t *ws, float *S, size_t 
     }
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = dmask((long)(n - i));
-        _mm512_mask_storeu_ps(ws->eg + i, m, dexp(_mm512_maskz_loadu_ps(m, ws->gc + i)));
+        _mm512_mask_storeu_ps(ws->eg + i, m, npu_exp512(_mm512_maskz_loadu_ps(m, ws->gc + i)));
     }
 
     /* G = [k; q] k^T, lower triangle (per row tile) of each half. */
@@ -570,7 +552,7 @@ static void delta_chunk(const delta_job_t *jb, delta_ws_t *ws, float *S, size_t 
             __mmask16 lo = dmask((long)i - (long)j);     /* j' < i */
             __mmask16 le = dmask((long)i + 1 - (long)j); /* j' <= i */
             __mmask16 m = dmask((long)(end - j));
-            __m512    dec = dexp(_mm512_sub_ps(gi, _mm512_maskz_loadu_ps(m, ws->gc + j)));
+            __m512    dec = npu_exp512(_mm512_sub_ps(gi, _mm512_maskz_loadu_ps(m, ws->gc + j)));
             __m512    l = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Li + j), bi);
             __m512    a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Ai + j), si);
             _mm512_mask_storeu_ps(Li + j, m, _mm512_maskz_mul_ps(lo, l, dec));
@@ -615,7 +597,7 @@ static void delta_chunk(const delta_job_t *jb, delta_ws_t *ws, float *S, size_t 
     /* S = exp(gc_last) S + k^T (exp(gc_last - gc) Vn). */
     float glast = ws->gc[n - 1];
     for (size_t i = 0; i < n; i++) {
-        __m512 w = dexp(_mm512_set1_ps(glast - ws->gc[i]));
+        __m512 w = npu_exp512(_mm512_set1_ps(glast - ws->gc[i]));
         for (size_t d = 0; d < dv; d += 16) {
             __mmask16 m = dmask((long)(dv - d));
             float    *r = ws->Vn + i * dv + d;

@@ -23,19 +23,6 @@ static bool have_amx(void) {
     return f->amx_bf16 && f->amx_usable && f->avx512_bf16;
 }
 
-/* max|a - b| / max(max|b|, 1e-3); NaN anywhere -> inf. */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0.0, den = 1e-3;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        double d = fabs((double)a[i] - (double)b[i]);
-        num = d > num ? d : num;
-        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
-    }
-    return num / den;
-}
-
 static float bf16_round(float v) {
     return npu_bf16_to_f32(npu_f32_to_bf16(v));
 }

@@ -14,30 +14,6 @@
 #include "npu.h"
 #include "test_rng.h"
 
-/* A buffer filled with NaN, so an output the kernel forgot shows up. */
-static float *nans(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    cr_assert(p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = NAN;
-    return p;
-}
-
-/* max|a - b| / max(max|b|, 1e-3); any NaN in a or b -> inf. */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0.0, den = 1e-3;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > num)
-            num = d;
-        if (fabs((double)b[i]) > den)
-            den = fabs((double)b[i]);
-    }
-    return num / den;
-}
-
 /* The tests below compare the dispatched kernels with the references; on
  * this machine (AVX-512) that must really be the AVX-512 kernels. */
 static void expect_fast_dispatch(void) {

@@ -20,7 +20,7 @@ static float *zeros(size_t n) {
 }
 
 /* max|a - b| / max|b| (max-norm relative error); b all zero -> max|a|. */
-static double rel_err(const float *a, const float *b, size_t n) {
+static double rel_err_max(const float *a, const float *b, size_t n) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);
@@ -74,9 +74,9 @@ Test(npu_ref, rmsnorm_random_and_in_place) {
             want[t * D + d] = (float)(x[t * D + d] * inv * (1.0 + w[d]));
     }
     npu_rmsnorm_ref(x, w, T, D, eps, out, true);
-    cr_expect_lt(rel_err(out, want, T * D), 1e-6);
+    cr_expect_lt(rel_err_max(out, want, T * D), 1e-6);
     npu_rmsnorm_ref(x, w, T, D, eps, x, true); /* in place */
-    cr_expect_lt(rel_err(x, want, T * D), 1e-6);
+    cr_expect_lt(rel_err_max(x, want, T * D), 1e-6);
     free(x), free(w), free(out), free(want);
 }
 
@@ -95,7 +95,7 @@ Test(npu_ref, rmsnorm_gated) {
             want[t * D + d] = (float)(x[t * D + d] * inv * w[d] * silu(z[t * D + d]));
     }
     npu_rmsnorm_gated_ref(x, z, w, T, D, eps, out);
-    cr_expect_lt(rel_err(out, want, T * D), 1e-6);
+    cr_expect_lt(rel_err_max(out, want, T * D), 1e-6);
     /* Hand: z = 0 closes the gate (silu(0) = 0). */
     const float x1[2] = {3, 4}, z0[2] = {0, 0}, w1[2] = {1, 1};
     float       o1[2];
@@ -157,7 +157,7 @@ Test(npu_ref, matmul_random_and_bf16) {
             want[t * N + n] = (float)a;
         }
     npu_matmul_ref(x, w, T, K, N, out);
-    cr_expect_lt(rel_err(out, want, T * N), 1e-6);
+    cr_expect_lt(rel_err_max(out, want, T * N), 1e-6);
     /* bf16 weights: the same as fp32 on the bf16-rounded weights. */
     for (size_t i = 0; i < N * K; i++) {
         wb[i] = npu_f32_to_bf16(w[i]);
@@ -166,7 +166,7 @@ Test(npu_ref, matmul_random_and_bf16) {
     }
     npu_matmul_ref(x, wr, T, K, N, want);
     npu_matmul_bf16_ref(x, wb, T, K, N, out);
-    cr_expect_lt(rel_err(out, want, T * N), 1e-7);
+    cr_expect_lt(rel_err_max(out, want, T * N), 1e-7);
     free(x), free(w), free(out), free(want), free(wr), free(wb);
 }
 
@@ -323,7 +323,7 @@ static void attention_case(size_t Tq, size_t Tk, size_t nh, size_t nkv, size_t h
     }
     cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, nh, nkv, hd, causal, mask, o1), SVC_OK);
     cr_assert_eq(npu_attention_naive(q, k, v, Tq, Tk, nh, nkv, hd, causal, mask, o2), SVC_OK);
-    double err = rel_err(o1, o2, Tq * nh * hd);
+    double err = rel_err_max(o1, o2, Tq * nh * hd);
     cr_expect_lt(err, 1e-6, "Tq=%zu Tk=%zu nh=%zu nkv=%zu causal=%d mask=%d: err %g", Tq, Tk, nh,
                  nkv, causal, masked, err);
     free(q), free(k), free(v), free(o1), free(o2), free(mask);
@@ -406,7 +406,7 @@ Test(npu_ref, conv1d_random_and_split) {
             want[t * C + c] = (float)silu(a);
         }
     npu_conv1d_causal_silu_ref(x, w, T, C, K, hist, st, out);
-    cr_expect_lt(rel_err(out, want, T * C), 1e-6);
+    cr_expect_lt(rel_err_max(out, want, T * C), 1e-6);
     cr_expect_eq(memcmp(st, x + (T - 3) * C, 3 * C * sizeof *x), 0);
     /* In blocks of 1, 2, 17, 30 carrying the state in place: same output. */
     float       *s2 = zeros((K - 1) * C), *o2 = zeros(T * C);
@@ -507,8 +507,8 @@ Test(npu_ref, delta_recurrent_vs_textbook) {
                                               d.dv, d.s0, s1, o1),
                  SVC_OK);
     delta_naive(&d, o2, s2);
-    cr_expect_lt(rel_err(o1, o2, no), 1e-6);
-    cr_expect_lt(rel_err(s1, s2, ns), 1e-6);
+    cr_expect_lt(rel_err_max(o1, o2, no), 1e-6);
+    cr_expect_lt(rel_err_max(s1, s2, ns), 1e-6);
     delta_free(&d), free(o1), free(o2), free(s1), free(s2);
 }
 
@@ -526,7 +526,7 @@ Test(npu_ref, delta_chunked_vs_recurrent) {
             cr_assert_eq(npu_delta_rule_chunked_ref(d.q, d.k, d.v, d.g, d.beta, d.T, d.nk, d.nv,
                                                     d.dk, d.dv, s0, s2, o2),
                          SVC_OK);
-            double eo = rel_err(o2, o1, no), es = rel_err(s2, s1, ns);
+            double eo = rel_err_max(o2, o1, no), es = rel_err_max(s2, s1, ns);
             cr_expect_lt(eo, 1e-5, "T=%zu state=%d: out err %g", d.T, with_state, eo);
             cr_expect_lt(es, 1e-5, "T=%zu state=%d: state err %g", d.T, with_state, es);
             delta_free(&d), free(o1), free(o2), free(s1), free(s2);
@@ -551,8 +551,8 @@ Test(npu_ref, delta_state_carry_and_gqa) {
     cr_assert_eq(npu_delta_rule_chunked_ref(d.q + off_k, d.k + off_k, d.v + off_v, d.g + off_g,
                                             d.beta + off_g, 60, 1, 3, 16, 16, s2, s2, o2 + off_v),
                  SVC_OK);
-    cr_expect_lt(rel_err(o2, o1, no), 1e-5);
-    cr_expect_lt(rel_err(s2, s1, ns), 1e-5);
+    cr_expect_lt(rel_err_max(o2, o1, no), 1e-5);
+    cr_expect_lt(rel_err_max(s2, s1, ns), 1e-5);
     /* GQA: value head h of 3 over one key head equals a run of that head
      * alone with the same q, k. */
     float *v1 = zeros(d.T * 16), *g1 = zeros(d.T), *b1 = zeros(d.T), *oh = zeros(d.T * 16);

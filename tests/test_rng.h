@@ -1,11 +1,13 @@
 /*
  * test_rng.h -- reproducible random inputs for the kernel tests
- * (test_npu_ref.c, test_npu_fast.c).
+ * (test_npu_*.c), and the two checks they share: NaN-filled outputs and
+ * the max-norm relative error.
  */
 #ifndef D3_TEST_RNG_H
 #define D3_TEST_RNG_H
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -29,6 +31,30 @@ static inline float *rand_vec(rng_t *r, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++)
         p[i] = rng_uniform(r, lo, hi);
     return p;
+}
+
+/* A buffer filled with NaN, so an output the kernel forgot shows up. */
+static inline float *nans(size_t n) {
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+/* max|a - b| / max(max|b|, 1e-3); any NaN in a or b -> inf. */
+static inline double rel_err(const float *a, const float *b, size_t n) {
+    double num = 0.0, den = 1e-3;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > num)
+            num = d;
+        if (fabs((double)b[i]) > den)
+            den = fabs((double)b[i]);
+    }
+    return num / den;
 }
 
 #endif
