@@ -629,11 +629,13 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
     c.kbits = kbits;
     void *packed;
     if (mode == NPU_ATTN_FP32) {
-        packed = c.kt = aligned_alloc(64, n_kv_heads * nkb * head_dim * AT_KB * sizeof(float));
+        packed = c.kt =
+            npu_scratch(NPU_SCRATCH_ATTN_KV, n_kv_heads * nkb * head_dim * AT_KB * sizeof(float));
     } else {
         c.kp_plane = n_kv_heads * nkb * AT_KB * c.Dq;
         c.vp_plane = n_kv_heads * nkb * AT_KB * c.D16;
-        packed = c.kp = aligned_alloc(64, c.nsplit * (c.kp_plane + c.vp_plane) * sizeof(uint16_t));
+        packed = c.kp = npu_scratch(NPU_SCRATCH_ATTN_KV,
+                                    c.nsplit * (c.kp_plane + c.vp_plane) * sizeof(uint16_t));
         c.vp = c.kp + c.nsplit * c.kp_plane;
     }
     if (!packed) {
@@ -642,7 +644,6 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
     }
     npu_parallel_for(n_kv_heads * nkb, mode == NPU_ATTN_FP32 ? at_pack_f32 : at_pack_bf16, &c);
     npu_parallel_for(n_kv_heads * c.nqb, mode == NPU_ATTN_FP32 ? at_item_f32 : at_item_amx, &c);
-    free(packed);
     free(kbits);
     return atomic_load(&c.nomem) ? SVC_ERR_NOMEM : SVC_OK;
 }
