@@ -278,7 +278,6 @@ static svc_err_t embed_narrow(eng_model_t *m) {
         e[i] = (uint16_t)(u >> 16);
     }
     free(m->embed);
-    free(m->embed16);
     m->embed = NULL;
     m->embed16 = e;
     return SVC_OK;
@@ -414,6 +413,7 @@ void eng_model_free(eng_model_t *m) {
     free(m->layers);
     free(m->cfg.kinds);
     free(m->embed);
+    free(m->embed16);
     free(m->final_norm);
     free(m->readout);
     free(m);
