@@ -138,22 +138,26 @@ static void micro_2x2(const uint16_t *a, const uint16_t *lo, size_t lda, const u
         _tile_loadd(2, c + 16 * ldc, sc);
         _tile_loadd(3, c + 16 * ldc + 16, sc);
     }
+    /* Each load is placed right after the last product that reads the
+     * register's old value, and before the first that needs the new one:
+     * tile registers are not renamed, so a load waits for the products
+     * still reading it, and this order overlaps it with the others. */
     for (size_t kb = 0; kb < kc / AMX_KB; kb++) {
         const uint16_t *ak = a + kb * AMX_KB, *bk = b + kb * 2 * AMX_TILE;
         _tile_loadd(4, ak, sa);
-        _tile_loadd(5, ak + 16 * lda, sa);
         _tile_loadd(6, bk, 64);
-        _tile_loadd(7, bk + AMX_TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, bk + AMX_TILE, 64);
         _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, ak + 16 * lda, sa);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
         if (lo) {
             const uint16_t *lk = lo + kb * AMX_KB;
             _tile_loadd(4, lk, sa);
-            _tile_loadd(5, lk + 16 * lda, sa);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, lk + 16 * lda, sa);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
