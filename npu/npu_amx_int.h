@@ -37,4 +37,13 @@ static inline void npu_tiles_16x64(void) {
     _tile_loadconfig(&cfg);
 }
 
+/* The 2x2 block of tile products: C0..C3 (tiles 0..3) += A0..A1 (4, 5)
+ * times B0..B1 (6, 7), in row-major order of C. */
+static inline void npu_tdp_2x2(void) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
 #endif /* D3STREAM_NPU_AMX_INT_H */
