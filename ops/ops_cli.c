@@ -352,7 +352,10 @@ int ops_cmd_version(int argc, char **argv) {
     svc_buf_init(&feats, 4096);
     if (npu_features_describe(f, &feats))
         return OPS_EXIT_FAILURE;
-    printf("d3stream %s\ncpus: %d\nfeatures: %s\nnpu: %s\n", D3_VERSION, f->n_cpus, feats.data,
+    /* What a pass will run on (the dispatch decisions, npu.h), so that an
+     * operator sees e.g. that AMX is not in use without reading a profile. */
+    printf("d3stream %s\ncpus: %d\nfeatures: %s\nkernels: %s, matmul %s, threads %zu\nnpu: %s\n",
+           D3_VERSION, f->n_cpus, feats.data, npu_kernels_name(), npu_matmul_name(), npu_threads(),
            f->xdna_device ? "an XDNA device node is present (no XDNA dispatch yet)"
                           : "none found (/dev/accel)");
     svc_buf_fini(&feats);

@@ -466,3 +466,17 @@ Test(ops, q4nx_package_inspect_and_ask) {
     svc_buf_fini(&out);
     remove_tree(dir);
 }
+
+/* version names the kernels a pass runs on, and follows D3_NPU_KERNELS. */
+Test(ops, version_kernels) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' version", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_expect(strstr(out.data, "\nkernels: ") && strstr(out.data, ", matmul "), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "D3_NPU_KERNELS=ref D3_NPU_THREADS=1 '%s' version", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_expect(strstr(out.data, "kernels: ref, matmul ref-f32, threads 1"), "%s", out.data);
+    svc_buf_fini(&out);
+}
