@@ -8,12 +8,14 @@
  *               x += mlp(rmsnorm_1+w(x))         (down(silu(gate) * up))
  *   final_last = rmsnorm_1+w(x[T-1])
  *
- * Activations are a few (T, W) buffers, W the widest projection; attention
- * uses an online-softmax kernel, so nothing is T x T. The kernels are
- * npu.h's dispatching ones (AVX-512 where the CPU has it, fp32
- * accumulation); D3_NPU_KERNELS=ref runs the scalar reference kernels
- * (double accumulation), the oracle the fast ones are checked against --
- * test_tower holds both to the transformers goldens.
+ * Activations are the (T, H) residual stream plus a few (512, W) chunk
+ * buffers (fwd_t below), W the widest projection; attention uses an
+ * online-softmax kernel, so nothing is T x T. The kernels are npu.h's
+ * dispatching ones: AMX-BF16 tiles (split-bf16 products, fp32 sums) where
+ * the CPU has them, else AVX-512 fp32; D3_NPU_KERNELS=avx512 forces fp32
+ * and D3_NPU_KERNELS=ref the scalar reference kernels (double
+ * accumulation), the oracle the fast ones are checked against --
+ * test_tower holds all three to the transformers goldens.
  *
  * A pass may continue from a per-sequence state (eng_fwd_int.h): the
  * full-attention layers' keys and values and the Gated DeltaNet layers'
