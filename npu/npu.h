@@ -355,6 +355,11 @@ size_t npu_wpack_bytes(const npu_wpack_t *wp);
  * out must not alias x. */
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out);
 
+/* Whether the fast kernels use AMX tiles in this process: the CPU has
+ * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512
+ * kernels are in use and D3_NPU_KERNELS is not "avx512". Decided once. */
+bool npu_amx_enabled(void);
+
 /* "amx-bf16x2", "amx-bf16", "avx512-f32" or "ref-f32": the packed matmul's
  * layout and precision (above). */
 const char *npu_matmul_name(void);

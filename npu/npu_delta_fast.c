@@ -645,14 +645,13 @@ static void delta_item(void *ctx, size_t it) {
 
 /* The AMX products where the CPU and this process have them and the head
  * sizes fit whole tiles; D3_NPU_DELTA=f32 (read at each call) keeps the
- * fp32 FMA products, for tests and benchmarks of both, and so does
- * D3_NPU_KERNELS=avx512 (fp32 everywhere, npu.h). */
+ * fp32 FMA products, for tests and benchmarks of both; npu_amx_enabled()
+ * is the process's AMX decision (D3_NPU_KERNELS=avx512: none). */
 static bool delta_use_amx(size_t dk, size_t dv) {
-    const npu_features_t *f = npu_probe();
-    const char           *env = getenv("D3_NPU_DELTA"), *kern = getenv("D3_NPU_KERNELS");
-    if ((env && strcmp(env, "f32") == 0) || (kern && strcmp(kern, "avx512") == 0))
+    const char *env = getenv("D3_NPU_DELTA");
+    if (env && strcmp(env, "f32") == 0)
         return false;
-    return f->amx_bf16 && f->avx512_bf16 && f->amx_usable && dk % 32 == 0 && dv % 32 == 0;
+    return npu_amx_enabled() && dk % 32 == 0 && dv % 32 == 0;
 }
 
 svc_err_t npu_delta_rule_chunked_avx512(const float *q, const float *k, const float *v,

@@ -45,13 +45,6 @@ static const npu_kernels_t k_ref = {
     .sigmoid_mul = npu_sigmoid_mul_ref,
 };
 
-/* D3_NPU_KERNELS=avx512 asks for fp32 everywhere (the fast path's own
- * reference: bench_accuracy), so no kernel may take AMX then. */
-static bool amx_allowed(void) {
-    const char *env = getenv("D3_NPU_KERNELS");
-    return !(env && strcmp(env, "avx512") == 0);
-}
-
 /* head_dim <= 32: the small-head kernel (a few vectors per head, two
  * passes); wider heads: the tiled kernel (npu_attn_fast.c) on AMX when
  * npu_attention_amx_usable(), else in fp32. BF16X3, not BF16: it keeps
@@ -64,7 +57,8 @@ static svc_err_t attention_avx512(const float *q, const float *k, const float *v
         return npu_attention_small_avx512(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
                                           key_mask, out);
     return npu_attention_tiled_mode(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
-                                    key_mask, out, amx_allowed() ? NPU_ATTN_BF16X3 : NPU_ATTN_FP32);
+                                    key_mask, out,
+                                    npu_amx_enabled() ? NPU_ATTN_BF16X3 : NPU_ATTN_FP32);
 }
 
 static const npu_kernels_t k_avx512 = {
@@ -190,6 +184,12 @@ static void layout_pick(void) {
 static wpack_layout_t layout(void) {
     pthread_once(&g_layout_once, layout_pick);
     return g_layout;
+}
+
+/* The one AMX decision, made once with the layout: every tile kernel
+ * follows it, so D3_NPU_KERNELS=avx512 means fp32 everywhere. */
+bool npu_amx_enabled(void) {
+    return layout() == WPACK_AMX;
 }
 
 const char *npu_matmul_name(void) {
