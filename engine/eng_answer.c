@@ -14,6 +14,7 @@
  */
 #include "engine.h"
 #include "eng_answer_int.h"
+#include "eng_fwd_int.h"
 #include "eng_manifest_int.h"
 
 #include <time.h>
@@ -198,11 +199,16 @@ void eng_answer_blame(const sch_question_t *q, char *errstr, size_t errstr_size)
     svc_errf(errstr, errstr_size, "question \"%.*s\": %s", (int)q->id_len, q->id, why);
 }
 
-svc_err_t eng_answer_refuse_media(const eng_package_t *pkg, const sch_request_t *req, char *errstr,
-                                  size_t errstr_size) {
+svc_err_t eng_answer_refuse_media(const eng_package_t *pkg, const eng_model_t *model,
+                                  const sch_request_t *req, char *errstr, size_t errstr_size) {
+    bool vision = model && eng_model_has_vision(model);
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
-        if (part->n_images || part->n_videos) {
+        if (part->n_videos) {
+            svc_errf(errstr, errstr_size, "model %s reads no videos", eng_package_model_id(pkg));
+            return SVC_ERR_UNSUPPORTED;
+        }
+        if (part->n_images && !vision) {
             svc_errf(errstr, errstr_size, "model %s has no vision tower; images are not supported",
                      eng_package_model_id(pkg));
             return SVC_ERR_UNSUPPORTED;
@@ -218,15 +224,16 @@ svc_err_t eng_answer_refuse_media(const eng_package_t *pkg, const sch_request_t 
  * its forward is saved. */
 static svc_err_t answer_one(const eng_package_t *pkg, const eng_model_t *model,
                             const sch_request_t *req, size_t p, size_t i, eng_answers_t *ans,
-                            eng_deadline_t *dl, const eng_prompt_t *pr, float *hidden, char *errstr,
-                            size_t errstr_size) {
+                            eng_deadline_t *dl, const eng_ids_t *ids, const eng_media_t *md,
+                            float *hidden, char *errstr, size_t errstr_size) {
     if (eng_deadline_passed(dl)) {
         eng_answers_put_deadline(ans, p, i);
         return SVC_OK;
     }
     double    t0 = eng_now_ms();
-    svc_err_t err = eng_model_forward(model, pr->ids.v, pr->ids.n, eng_package_noncausal(pkg),
-                                      hidden, NULL, NULL, errstr, errstr_size);
+    svc_err_t err =
+        eng_model_forward_media(model, NULL, false, ids->v, ids->n, md, eng_package_noncausal(pkg),
+                                hidden, NULL, NULL, errstr, errstr_size);
     if (err) {
         eng_answer_blame(&sch_request_part(req, p)->questions[i], errstr, errstr_size);
         return err;
@@ -238,22 +245,31 @@ static svc_err_t answer_one(const eng_package_t *pkg, const eng_model_t *model,
 }
 
 svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
-                             const sch_request_t *req, eng_answers_t **out, char *errstr,
-                             size_t errstr_size) {
+                             const sch_request_t *req, eng_answers_t **out, sch_error_t *reject,
+                             char *errstr, size_t errstr_size) {
     eng_deadline_t dl;
     eng_deadline_start(&dl, sch_request_options(req)); /* options.deadline_ms counts from here */
     *out = NULL;
-    svc_err_t err = eng_answer_refuse_media(pkg, req, errstr, errstr_size);
+    svc_err_t err = eng_answer_refuse_media(pkg, model, req, errstr, errstr_size);
     if (err)
         return err;
+    eng_req_images_t ri;
+    err = eng_req_images_load(model, req, &ri, reject, errstr, errstr_size);
+    if (err) {
+        eng_req_images_fini(&ri);
+        return err;
+    }
     eng_answers_t *ans = eng_answers_new(req);
     if (!ans) {
+        eng_req_images_fini(&ri);
         svc_errf(errstr, errstr_size, "out of memory for the answers");
         return SVC_ERR_NOMEM;
     }
+    ans->stats.images_encoded = ri.n_encoded;
     eng_prompt_t pr;
     eng_prompt_init(&pr);
-    float *hidden = malloc(eng_model_hidden_size(model) * sizeof *hidden);
+    eng_ids_t ids = {0};
+    float    *hidden = malloc(eng_model_hidden_size(model) * sizeof *hidden);
     err = hidden ? SVC_OK : SVC_ERR_NOMEM;
     for (size_t p = 0; !err && p < ans->n_parts; p++) {
         const sch_part_t *part = sch_request_part(req, p);
@@ -262,12 +278,19 @@ svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
             if (part->questions[i].error_code)
                 continue; /* the encoder writes its validation error */
             err = eng_answer_plan(pkg, req, p, i, ans, &pr, &run, errstr, errstr_size);
+            if (!err && run && part->n_images)
+                err = eng_answer_expand(&pr, eng_model_image_token_id(model),
+                                        ri.slots + ri.first[p], ri.tokens + ri.first[p],
+                                        part->n_images, &ids, errstr, errstr_size);
             if (!err && run)
-                err = answer_one(pkg, model, req, p, i, ans, &dl, &pr, hidden, errstr, errstr_size);
+                err = answer_one(pkg, model, req, p, i, ans, &dl, part->n_images ? &ids : &pr.ids,
+                                 &ri.media, hidden, errstr, errstr_size);
         }
     }
     free(hidden);
+    free(ids.v);
     eng_prompt_fini(&pr);
+    eng_req_images_fini(&ri);
     if (err) {
         if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
             svc_errf(errstr, errstr_size, "out of memory answering the request");

@@ -46,10 +46,12 @@ void eng_deadline_start(eng_deadline_t *d, const sch_options_t *opt);
  * start; from then on true without reading the clock again. */
 bool eng_deadline_passed(eng_deadline_t *d);
 
-/* SVC_ERR_UNSUPPORTED with errstr when a part has images or videos: the
- * text tower has no vision tower (issue 6). */
-SVC_WUR svc_err_t eng_answer_refuse_media(const eng_package_t *pkg, const sch_request_t *req,
-                                          char *errstr, size_t errstr_size);
+/* SVC_ERR_UNSUPPORTED with errstr when a part has videos (no package
+ * reads them), or images and the model has no vision tower (the decoder,
+ * told has_vision, answers those with the contract's 400 first). */
+SVC_WUR svc_err_t eng_answer_refuse_media(const eng_package_t *pkg, const eng_model_t *model,
+                                          const sch_request_t *req, char *errstr,
+                                          size_t errstr_size);
 
 /* Answers with room for every result of req; NULL when out of memory. */
 eng_answers_t *eng_answers_new(const sch_request_t *req);
@@ -81,6 +83,85 @@ SVC_WUR svc_err_t eng_answers_put_hidden(eng_answers_t *ans, const eng_package_t
                                          const eng_model_t *model, const sch_request_t *req,
                                          size_t p, size_t i, const float *hidden, char *errstr,
                                          size_t errstr_size);
+
+/* ---- images (eng_answer_img.c) ---- */
+
+/* errstr = "images[<i>]: <msg>"; with reject, also the request's 400
+ * invalid_request with that message (SPEC a.10). */
+void eng_answer_reject_image(sch_error_t *reject, size_t i, const char *msg, char *errstr,
+                             size_t errstr_size);
+
+/**
+ * @brief out = pr's ids with the k-th <|image_pad|> (pad_id) replaced by
+ *        tokens[k] ids ENG_IMAGE_ID(slots[k], 0..tokens[k]-1), k < n_images
+ *        (the images of the question's part, in order).
+ * @returns SVC_OK; SVC_ERR_NOMEM; SVC_ERR_INTERNAL when the prompt does not
+ *          hold exactly n_images placeholders (the decoder refuses literal
+ *          ones, so this is a broken invariant), with errstr.
+ */
+SVC_WUR svc_err_t eng_answer_expand(const eng_prompt_t *pr, int32_t pad_id, const size_t *slots,
+                                    const size_t *tokens, size_t n_images, eng_ids_t *out,
+                                    char *errstr, size_t errstr_size);
+
+/* The images of one request, prepared and encoded once each (equal bytes
+ * share one encoding): image k of the request (parts in order) is
+ * slots[k] in media, with tokens[k] tokens; part p's are k in
+ * [first[p], first[p + 1]). */
+typedef struct eng_req_images {
+    size_t                  n; /* images of the request */
+    size_t                  n_encoded;
+    eng_image_emb_t        *embs;  /* (n); only the first of equal images is filled */
+    const eng_image_emb_t **ptrs;  /* (n): the slot table of media */
+    size_t                 *slots; /* (n) */
+    size_t                 *tokens;
+    unsigned char (*sha)[32];
+    size_t     *first; /* (parts + 1) */
+    eng_media_t media;
+} eng_req_images_t;
+
+/**
+ * @brief Prepares and encodes every image of req (eng_answer_request's own
+ *        table; the scheduler keeps a shared one).
+ * @returns SVC_OK; SVC_ERR_INVALID for an image the contract refuses
+ *          (errstr and, with reject, the 400); SVC_ERR_NOMEM or the
+ *          tower's error. ri is to be finied whatever the outcome.
+ */
+SVC_WUR svc_err_t eng_req_images_load(const eng_model_t *model, const sch_request_t *req,
+                                      eng_req_images_t *ri, sch_error_t *reject, char *errstr,
+                                      size_t errstr_size);
+void              eng_req_images_fini(eng_req_images_t *ri);
+
+/* ---- the scheduler's image slots (eng_sched_img.c) ---- */
+
+typedef struct eng_imgreg eng_imgreg_t;
+
+/* max_slots distinct images in flight at most; NULL when out of memory. */
+eng_imgreg_t *eng_imgreg_new(const eng_model_t *m, size_t max_slots);
+/* Frees every slot. No other call may be running. NULL is a no-op. */
+void eng_imgreg_free(eng_imgreg_t *g);
+/**
+ * @brief A reference on the slot of prep's image (by the SHA-256 of its
+ *        bytes): an existing one, or a free one that takes prep.
+ *        Ownership of prep passes to the registry either way.
+ * @returns SVC_OK with *slot and its *tokens; SVC_ERR_RETRIABLE when every
+ *          slot is held (backpressure: retry after a completion).
+ */
+SVC_WUR svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t *slot,
+                                     size_t *tokens);
+/* Drops a reference; the last one frees the slot. */
+void eng_imgreg_release(eng_imgreg_t *g, size_t slot);
+/**
+ * @brief Makes slot's tokens available in eng_imgreg_media: encodes them on
+ *        this thread if nobody has (*encoded_here true), or waits for the
+ *        thread that does. The caller holds a reference.
+ * @returns SVC_OK; the tower's error (every later call says the same).
+ */
+SVC_WUR svc_err_t eng_imgreg_ready(eng_imgreg_t *g, size_t slot, bool *encoded_here, char *errstr,
+                                   size_t errstr_size);
+/* The slot table the forward pass reads (stable for the registry's life). */
+const eng_media_t *eng_imgreg_media(const eng_imgreg_t *g);
+/* Vision tower runs so far. */
+uint64_t eng_imgreg_encodings(const eng_imgreg_t *g);
 
 /* Prefixes errstr (a forward pass's error) with `question "<id>": `. */
 void eng_answer_blame(const sch_question_t *q, char *errstr, size_t errstr_size);

@@ -43,6 +43,9 @@ struct eng_fwd_state {
     float            **conv;      /* (L): (K - 1, conv channels) for linear layers < n_pre */
     float            **rec;       /* (L): (nv, dk, dv) for linear layers < n_pre */
     float             *xs;        /* noncausal: (cap, H) residual stream at layer n_pre's input */
+    int32_t           *pos3;      /* noncausal: (cap, 3) mrope positions of those rows */
+    int64_t            next;      /* the position the next text token takes (text: len) */
+    int64_t            base;      /* the first position of the image a run of image tokens is in */
 };
 
 /* Tokens per chunk of a layer (a multiple of the delta rule's chunk of 64,
@@ -61,6 +64,7 @@ typedef struct fwd {
     const eng_model_t *m;
     size_t             T;
     size_t             P;      /* positions before these T (the state's length) */
+    const eng_media_t *media;  /* the images negative ids refer to, or NULL */
     size_t             C;      /* rows of the chunk buffers: min(T, FWD_CHUNK) */
     eng_fwd_state_t   *st;     /* NULL: an empty state, nothing kept */
     bool               update; /* st takes in the T positions */
@@ -78,7 +82,9 @@ typedef struct fwd {
     float             *s2;     /* (C, nv) g */
     float             *conv;   /* (K - 1, conv channels) a linear layer's running conv state */
     float             *rec;    /* (nv, dk, dv) its running recurrent state */
-    int32_t           *pos3;   /* (T, 3) mrope positions, all rows t */
+    int32_t           *pos3;   /* (T, 3) mrope positions (t, h, w) */
+    int64_t            next;   /* after the T rows: the next text position (get_rope_index) */
+    int64_t            base;   /* and the current image's first position */
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -116,6 +122,55 @@ static bool has_full_layer(const eng_model_cfg_t *c) {
         if (c->kinds[i] == ENG_LAYER_FULL)
             return true;
     return false;
+}
+
+/* The image of an image token id (ENG_IMAGE_ID), and its token index. */
+static const eng_image_emb_t *media_image(const eng_media_t *md, int32_t id, size_t *j) {
+    uint32_t u = (uint32_t)(-(int64_t)id - 1);
+    size_t   slot = u >> 16;
+    *j = u & 0xffffu;
+    if (!md || slot >= md->n_slots || !md->slots[slot])
+        return NULL;
+    return md->slots[slot];
+}
+
+/* get_rope_index: a text token takes (next, next, next) and advances next
+ * by one; image token j of a gh x gw merged grid takes (base, base + j / gw,
+ * base + j % gw), base = next at its first token, and after its last one
+ * the text goes on at base + max(gh, gw). */
+static void positions(fwd_t *f, const int32_t *ids, int64_t next, int64_t base) {
+    for (size_t t = 0; t < f->T; t++) {
+        int32_t *p = f->pos3 + 3 * t;
+        if (ids[t] >= 0) {
+            p[0] = p[1] = p[2] = (int32_t)next++;
+            continue;
+        }
+        size_t                 j;
+        const eng_image_emb_t *im = media_image(f->media, ids[t], &j);
+        if (j == 0)
+            base = next;
+        p[0] = (int32_t)base;
+        p[1] = (int32_t)(base + (int64_t)(j / im->gw));
+        p[2] = (int32_t)(base + (int64_t)(j % im->gw));
+        if (j + 1 == im->gh * im->gw)
+            next = base + (int64_t)(im->gh > im->gw ? im->gh : im->gw);
+    }
+    f->next = next;
+    f->base = base;
+}
+
+/* Row t of the input: the token's embedding, or the image token's row. */
+static void embed_rows(fwd_t *f, const int32_t *ids) {
+    size_t H = f->m->cfg.hidden;
+    for (size_t t = 0; t < f->T; t++) {
+        if (ids[t] >= 0) {
+            eng_model_embed_row(f->m, ids[t], f->x + t * H);
+            continue;
+        }
+        size_t                 j;
+        const eng_image_emb_t *im = media_image(f->media, ids[t], &j);
+        memcpy(f->x + t * H, im->rows + j * H, H * sizeof *f->x);
+    }
 }
 
 static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_state_t *st,
@@ -159,9 +214,11 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_sta
         if (!f->kall || !f->vall)
             return SVC_ERR_NOMEM;
     }
-    /* Text: plain positions P..P+T-1 on all three mrope axes (SPEC d.2). */
+    /* Text only: plain positions P..P+T-1 on all three mrope axes (SPEC
+     * d.2); the caller recomputes them when there are images. */
     for (size_t t = 0; t < T; t++)
         f->pos3[3 * t] = f->pos3[3 * t + 1] = f->pos3[3 * t + 2] = (int32_t)(f->P + t);
+    f->next = (int64_t)(f->P + T);
     return SVC_OK;
 }
 
@@ -368,18 +425,29 @@ static svc_err_t layer_forward(fwd_t *f, size_t li, bool noncausal) {
     return l->kind == ENG_LAYER_LINEAR ? linear_layer(f, l, li) : full_layer(f, l, li, noncausal);
 }
 
-static svc_err_t check_ids(const eng_model_t *m, const int32_t *ids, size_t T, char *errstr,
-                           size_t n) {
+static svc_err_t check_ids(const eng_model_t *m, const int32_t *ids, size_t T,
+                           const eng_media_t *md, char *errstr, size_t n) {
     if (T == 0) {
         svc_errf(errstr, n, "forward pass over 0 tokens");
         return SVC_ERR_INVALID;
     }
-    for (size_t t = 0; t < T; t++)
-        if (ids[t] < 0 || (size_t)ids[t] >= m->cfg.vocab) {
+    for (size_t t = 0; t < T; t++) {
+        if (ids[t] < 0) {
+            size_t                 j;
+            const eng_image_emb_t *im = media_image(md, ids[t], &j);
+            if (!im || j >= im->gh * im->gw || im->hidden != m->cfg.hidden) {
+                svc_errf(errstr, n, "image token %d at position %zu refers to no encoded image",
+                         (int)ids[t], t);
+                return SVC_ERR_INVALID;
+            }
+            continue;
+        }
+        if ((size_t)ids[t] >= m->cfg.vocab) {
             svc_errf(errstr, n, "token id %d at position %zu is outside the vocabulary (0..%zu)",
                      (int)ids[t], t, m->cfg.vocab - 1);
             return SVC_ERR_INVALID;
         }
+    }
     return SVC_OK;
 }
 
@@ -443,6 +511,7 @@ void eng_fwd_state_free(eng_fwd_state_t *st) {
     free(st->conv);
     free(st->rec);
     free(st->xs);
+    free(st->pos3);
     free(st);
 }
 
@@ -464,6 +533,10 @@ static svc_err_t state_reserve(eng_fwd_state_t *st, size_t n) {
         if (!xs)
             return SVC_ERR_NOMEM;
         st->xs = xs;
+        int32_t *p3 = realloc(st->pos3, n * 3 * sizeof *p3);
+        if (!p3)
+            return SVC_ERR_NOMEM;
+        st->pos3 = p3;
         st->cap = n;
         return SVC_OK;
     }
@@ -494,8 +567,10 @@ svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src) {
     svc_err_t err = state_reserve(dst, src->len);
     if (err)
         return err;
-    if (src->noncausal && src->len)
+    if (src->noncausal && src->len) {
         memcpy(dst->xs, src->xs, src->len * c->hidden * sizeof *dst->xs);
+        memcpy(dst->pos3, src->pos3, src->len * 3 * sizeof *dst->pos3);
+    }
     for (size_t i = 0; i < c->n_layers; i++) {
         if (c->kinds[i] == ENG_LAYER_LINEAR) {
             if (i >= src->n_pre)
@@ -508,6 +583,8 @@ svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src) {
         }
     }
     dst->len = src->len;
+    dst->next = src->next;
+    dst->base = src->base;
     dst->broken = false;
     return SVC_OK;
 }
@@ -534,8 +611,8 @@ eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src) {
  * rows before layers [F, L) run, and those are skipped when nothing reads
  * their output (no final_last, no trace). */
 static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bool update,
-                                   const int32_t *ids, size_t T, float *final_last,
-                                   eng_trace_fn trace, void *user) {
+                                   const int32_t *ids, size_t T, const eng_media_t *md,
+                                   float *final_last, eng_trace_fn trace, void *user) {
     const eng_model_cfg_t *c = &m->cfg;
     size_t                 H = c->hidden, F = st->n_pre, P = st->len;
     bool                   tail = final_last || trace;
@@ -545,8 +622,11 @@ static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bo
     if (!err && f.update)
         err = state_reserve(st, P + T);
     bool touched = false; /* st changed: a failure from here on leaves it unusable */
-    for (size_t t = 0; !err && t < T; t++)
-        eng_model_embed_row(m, ids[t], f.x + t * H);
+    if (!err) {
+        f.media = md;
+        positions(&f, ids, st->next, st->base);
+        embed_rows(&f, ids);
+    }
     if (!err && trace)
         trace(-1, f.x, T, H, user);
     for (size_t i = 0; !err && i < F; i++) {
@@ -555,17 +635,24 @@ static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bo
         if (!err && trace)
             trace((int)i, f.x, T, H, user);
     }
-    if (!err && f.update) {
-        touched = true;
-        memcpy(st->xs + P * H, f.x, T * H * sizeof *st->xs);
-        st->len += T;
-    }
     if (!err && tail)
         err = fwd_alloc(&g, m, P + T, NULL, false);
     if (!err && tail) {
-        if (P)
+        /* layers [F, L) over every row, each at its own position */
+        if (P) {
             memcpy(g.x, st->xs, P * H * sizeof *g.x);
+            memcpy(g.pos3, st->pos3, P * 3 * sizeof *g.pos3);
+        }
         memcpy(g.x + P * H, f.x, T * H * sizeof *g.x);
+        memcpy(g.pos3 + P * 3, f.pos3, T * 3 * sizeof *g.pos3);
+    }
+    if (!err && f.update) {
+        touched = true;
+        memcpy(st->xs + P * H, f.x, T * H * sizeof *st->xs);
+        memcpy(st->pos3 + P * 3, f.pos3, T * 3 * sizeof *st->pos3);
+        st->len += T;
+        st->next = f.next;
+        st->base = f.base;
     }
     fwd_free(&f);
     for (size_t i = F; !err && tail && i < c->n_layers; i++) {
@@ -581,10 +668,11 @@ static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bo
     return err;
 }
 
-svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool update,
-                                 const int32_t *ids, size_t T, bool noncausal, float *final_last,
-                                 eng_trace_fn trace, void *user, char *errstr, size_t errstr_size) {
-    svc_err_t err = check_ids(m, ids, T, errstr, errstr_size);
+svc_err_t eng_model_forward_media(const eng_model_t *m, eng_fwd_state_t *st, bool update,
+                                  const int32_t *ids, size_t T, const eng_media_t *md,
+                                  bool noncausal, float *final_last, eng_trace_fn trace, void *user,
+                                  char *errstr, size_t errstr_size) {
+    svc_err_t err = check_ids(m, ids, T, md, errstr, errstr_size);
     if (err)
         return err;
     if (st && (noncausal != st->noncausal || st->broken || st->m != m)) {
@@ -598,7 +686,7 @@ svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool
     }
     if (st && st->noncausal) {
         size_t P = st->len;
-        err = forward_noncausal(m, st, update, ids, T, final_last, trace, user);
+        err = forward_noncausal(m, st, update, ids, T, md, final_last, trace, user);
         if (err == SVC_ERR_NOMEM)
             svc_errf(errstr, errstr_size,
                      "out of memory for a forward pass over %zu tokens after a prefix of %zu", T,
@@ -612,8 +700,11 @@ svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool
     if (!err && f.update)
         err = state_reserve(st, f.P + T);
     bool touched = false; /* st changed: a failure from here on leaves it unusable */
-    for (size_t t = 0; !err && t < T; t++)
-        eng_model_embed_row(m, ids[t], f.x + t * H);
+    if (!err) {
+        f.media = md;
+        positions(&f, ids, st ? st->next : 0, st ? st->base : 0);
+        embed_rows(&f, ids);
+    }
     if (!err && trace)
         trace(-1, f.x, T, H, user);
     for (size_t i = 0; !err && i < c->n_layers; i++) {
@@ -624,14 +715,24 @@ svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool
     }
     if (!err && final_last)
         npu_rmsnorm(f.x + (T - 1) * H, m->final_norm, 1, H, c->eps, final_last, true);
-    if (!err && f.update)
+    if (!err && f.update) {
         st->len += T;
+        st->next = f.next;
+        st->base = f.base;
+    }
     if (err && touched)
         st->broken = true;
     if (err == SVC_ERR_NOMEM)
         svc_errf(errstr, errstr_size, "out of memory for a forward pass over %zu tokens", T);
     fwd_free(&f);
     return err;
+}
+
+svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *st, bool update,
+                                 const int32_t *ids, size_t T, bool noncausal, float *final_last,
+                                 eng_trace_fn trace, void *user, char *errstr, size_t errstr_size) {
+    return eng_model_forward_media(m, st, update, ids, T, NULL, noncausal, final_last, trace, user,
+                                   errstr, errstr_size);
 }
 
 svc_err_t eng_model_forward(const eng_model_t *m, const int32_t *ids, size_t T, bool noncausal,

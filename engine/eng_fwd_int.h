@@ -25,10 +25,13 @@
  * (plain positions 0..len+T-1, noncausal attention over all of them). With
  * F = 0 the state holds only the embedding rows and nothing is saved.
  *
- * Positions stay plain: a state of len positions continues at len, len+1,
- * ... (text only, SPEC d.2), so prefix + suffix gives the same answer as
- * the whole prompt in one pass, within the kernels' rounding (the delta
- * rule's chunk boundaries move).
+ * Positions are transformers' get_rope_index: text tokens take plain
+ * positions (t = h = w), an image's tokens (negative ids, ENG_IMAGE_ID)
+ * take (base, base + row, base + column) of its merged grid and the text
+ * after it goes on at base + max(rows, columns). A state keeps the next
+ * position (and, noncausal, every kept row's), so prefix + suffix gives
+ * the same answer as the whole prompt in one pass, within the kernels'
+ * rounding (the delta rule's chunk boundaries move).
  *
  * Thread-safety: a state is not locked. Any number of threads may continue
  * from one state at once with update false (it is only read); a call with
@@ -92,5 +95,21 @@ SVC_WUR svc_err_t eng_model_forward_from(const eng_model_t *m, eng_fwd_state_t *
                                          const int32_t *ids, size_t T, bool noncausal,
                                          float *final_last, eng_trace_fn trace, void *user,
                                          char *errstr, size_t errstr_size);
+
+/**
+ * @brief eng_model_forward_from over ids that may hold image tokens:
+ *        ENG_IMAGE_ID(slot, j) is row j of md->slots[slot] (its merged
+ *        tokens, row-major), embedded as that row and placed at the
+ *        multimodal rotary positions above. A state continued with media
+ *        must be continued with the same table for the ids it holds (the
+ *        scheduler's slots stay put while a question refers to them).
+ * @param md optional (NULL: text only; an image id is then an error).
+ * @returns as eng_model_forward_from; SVC_ERR_INVALID also for an image
+ *          id outside md or of another width.
+ */
+SVC_WUR svc_err_t eng_model_forward_media(const eng_model_t *m, eng_fwd_state_t *st, bool update,
+                                          const int32_t *ids, size_t T, const eng_media_t *md,
+                                          bool noncausal, float *final_last, eng_trace_fn trace,
+                                          void *user, char *errstr, size_t errstr_size);
 
 #endif /* D3STREAM_ENG_FWD_INT_H */

@@ -20,6 +20,7 @@
  */
 #include "eng_model_int.h"
 #include "eng_q4nx_int.h"
+#include "eng_vision_int.h"
 #include "eng_st_int.h"
 #include "eng_util_int.h"
 
@@ -34,20 +35,9 @@
  * model.safetensors / model.q4nx / readout.safetensors
  * --------------------------------------------------------------------- */
 
-typedef struct ld {
-    eng_st_set_t     *set; /* one of set and q */
-    const eng_q4nx_t *q;
-    const char       *file; /* "model.safetensors", "model.safetensors.index.json" */
-    const char       *path;
-    const char       *prefix;
-    char             *errstr;
-    size_t            errstr_size;
-    uint64_t         *numel; /* optional: adds the elements of every tensor taken */
-} ld_t;
-
 SVC_FMT(5, 6)
-static svc_err_t ld_fail_in(const ld_t *ld, const char *file, const char *path, svc_err_t err,
-                            const char *fmt, ...) {
+svc_err_t eng_ld_fail_in(const eng_ld_t *ld, const char *file, const char *path, svc_err_t err,
+                         const char *fmt, ...) {
     char    msg[384];
     va_list ap;
     va_start(ap, fmt);
@@ -56,8 +46,6 @@ static svc_err_t ld_fail_in(const ld_t *ld, const char *file, const char *path, 
     svc_errf(ld->errstr, ld->errstr_size, "%s \"%s\": %s", file, path, msg);
     return err;
 }
-
-#define ld_fail(ld, err, ...) ld_fail_in((ld), (ld)->file, (ld)->path, (err), __VA_ARGS__)
 
 static uint64_t dims_numel(size_t rank, const uint64_t *dims) {
     uint64_t n = 1;
@@ -69,12 +57,12 @@ static uint64_t dims_numel(size_t rank, const uint64_t *dims) {
 /* q4nx: the reader checks presence, storage kind and the (padded) tile grid
  * against dims, and its one-line message names the file, the stored and the
  * HF tensor and the expected shape. */
-static svc_err_t ld_take_q4nx(const ld_t *ld, const char *name, size_t rank, const uint64_t *dims,
-                              float **dst) {
+static svc_err_t ld_take_q4nx(const eng_ld_t *ld, const char *name, size_t rank,
+                              const uint64_t *dims, float **dst) {
     uint64_t n = dims_numel(rank, dims);
     float   *w = malloc((size_t)n * sizeof *w);
     if (!w)
-        return ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     svc_err_t err = eng_q4nx_tensor_f32(ld->q, name, rank, dims, w, ld->errstr, ld->errstr_size);
     if (err) {
         free(w);
@@ -98,8 +86,8 @@ static void shape_str(char *buf, size_t n, size_t rank, const uint64_t *dims) {
 
 /* Finds prefix+suffix, checks dtype and shape, and converts it to a new
  * fp32 array in *dst (owned by the caller). dims has rank entries. */
-static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
-                         float **dst) {
+svc_err_t eng_ld_take(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
+                      float **dst) {
     char name[256];
     snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
     if (ld->q)
@@ -111,9 +99,9 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
     if (err)
         return err;
     if (t->dtype != ENG_DT_BF16 && t->dtype != ENG_DT_F16 && t->dtype != ENG_DT_F32)
-        return ld_fail_in(ld, file, path, SVC_ERR_UNSUPPORTED,
-                          "tensor \"%s\": dtype %s, expected BF16, F16 or F32", name,
-                          eng_dtype_name(t->dtype));
+        return eng_ld_fail_in(ld, file, path, SVC_ERR_UNSUPPORTED,
+                              "tensor \"%s\": dtype %s, expected BF16, F16 or F32", name,
+                              eng_dtype_name(t->dtype));
     bool same = t->rank == rank;
     for (size_t i = 0; same && i < rank; i++)
         same = t->shape[i] == dims[i];
@@ -121,12 +109,12 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
         char got[128], want[128];
         shape_str(got, sizeof got, t->rank, t->shape);
         shape_str(want, sizeof want, rank, dims);
-        return ld_fail_in(ld, file, path, SVC_ERR_FORMAT, "tensor \"%s\": shape %s, expected %s",
-                          name, got, want);
+        return eng_ld_fail_in(ld, file, path, SVC_ERR_FORMAT,
+                              "tensor \"%s\": shape %s, expected %s", name, got, want);
     }
     float *w = malloc((size_t)eng_st_numel(t) * sizeof *w);
     if (!w)
-        return ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     err = eng_st_to_f32(t, w);
     SVC_ASSERT(err == SVC_OK); /* dtype checked above */
     if (ld->numel)
@@ -136,14 +124,14 @@ static svc_err_t ld_take(const ld_t *ld, const char *suffix, size_t rank, const 
 }
 
 /* Shorthands: a vector (n), a matrix (r, c). */
-static svc_err_t ld_vec(const ld_t *ld, const char *suffix, size_t n, float **dst) {
+svc_err_t eng_ld_vec(const eng_ld_t *ld, const char *suffix, size_t n, float **dst) {
     uint64_t d[1] = {n};
-    return ld_take(ld, suffix, 1, d, dst);
+    return eng_ld_take(ld, suffix, 1, d, dst);
 }
 
-static svc_err_t ld_mat(const ld_t *ld, const char *suffix, size_t r, size_t c, float **dst) {
+svc_err_t eng_ld_mat(const eng_ld_t *ld, const char *suffix, size_t r, size_t c, float **dst) {
     uint64_t d[2] = {r, c};
-    return ld_take(ld, suffix, 2, d, dst);
+    return eng_ld_take(ld, suffix, 2, d, dst);
 }
 
 static svc_err_t ld_layer_name(char *buf, size_t n, size_t i, const char *rest) {
@@ -152,23 +140,23 @@ static svc_err_t ld_layer_name(char *buf, size_t n, size_t i, const char *rest) 
 }
 
 /* One layer's tensor: "layers.<i>.<rest>". */
-static svc_err_t ld_lvec(const ld_t *ld, size_t i, const char *rest, size_t n, float **dst) {
+static svc_err_t ld_lvec(const eng_ld_t *ld, size_t i, const char *rest, size_t n, float **dst) {
     char      s[200];
     svc_err_t err = ld_layer_name(s, sizeof s, i, rest);
-    return err ? err : ld_vec(ld, s, n, dst);
+    return err ? err : eng_ld_vec(ld, s, n, dst);
 }
 
-static svc_err_t ld_lmat(const ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
+static svc_err_t ld_lmat(const eng_ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
                          float **dst) {
     char      s[200];
     svc_err_t err = ld_layer_name(s, sizeof s, i, rest);
-    return err ? err : ld_mat(ld, s, r, c, dst);
+    return err ? err : eng_ld_mat(ld, s, r, c, dst);
 }
 
 /* A projection "layers.<i>.<rest>" (r, c), packed for npu_matmul_packed:
  * the fp32 copy goes to the pack (kept or freed there), so the weight is
  * held once at rest. */
-static svc_err_t ld_lproj(const ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
+static svc_err_t ld_lproj(const eng_ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
                           npu_wpack_t **dst) {
     float    *w = NULL;
     svc_err_t err = ld_lmat(ld, i, rest, r, c, &w);
@@ -177,12 +165,12 @@ static svc_err_t ld_lproj(const ld_t *ld, size_t i, const char *rest, size_t r, 
     err = npu_wpack_new(w, r, c, dst);
     if (err) {
         free(w);
-        return ld_fail(ld, err, "out of memory packing tensor \"layers.%zu.%s\"", i, rest);
+        return eng_ld_fail(ld, err, "out of memory packing tensor \"layers.%zu.%s\"", i, rest);
     }
     return SVC_OK;
 }
 
-static svc_err_t ld_linear(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
+static svc_err_t ld_linear(const eng_ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
     size_t    H = c->hidden, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
     size_t    C = eng_lin_conv_dim(c);
     char      s[200];
@@ -198,10 +186,10 @@ static svc_err_t ld_linear(const ld_t *ld, const eng_model_cfg_t *c, size_t i, e
         (err = ld_lproj(ld, i, "linear_attn.out_proj.weight", H, vd, &l->out_proj)) ||
         (err = ld_layer_name(s, sizeof s, i, "linear_attn.conv1d.weight")))
         return err;
-    return ld_take(ld, s, 3, conv, &l->conv);
+    return eng_ld_take(ld, s, 3, conv, &l->conv);
 }
 
-static svc_err_t ld_full(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
+static svc_err_t ld_full(const eng_ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
     size_t    H = c->hidden, hd = c->head_dim, kvd = c->n_kv * hd;
     svc_err_t err;
     if ((err = ld_lproj(ld, i, "self_attn.q_proj.weight", eng_q_rows(c), H, &l->q_proj)) ||
@@ -214,7 +202,7 @@ static svc_err_t ld_full(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng
     return SVC_OK;
 }
 
-static svc_err_t ld_layer(const ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
+static svc_err_t ld_layer(const eng_ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {
     size_t    H = c->hidden, I = c->inter;
     svc_err_t err;
     l->kind = c->kinds[i];
@@ -231,29 +219,40 @@ static bool starts_with(const char *s, const char *p) {
     return strncmp(s, p, strlen(p)) == 0;
 }
 
-/* SPEC e.6: one text prefix, every tensor in a known module. */
-static svc_err_t ld_prefix(ld_t *ld) {
+/* SPEC e.6: one text prefix, at most one vision prefix (returned in
+ * *vprefix, NULL when there are no vision tensors), every tensor in a
+ * known module. */
+static svc_err_t ld_prefix(eng_ld_t *ld, const char **vprefix) {
     static const char *const text[] = {"model.language_model.", "language_model."};
     static const char *const vision[] = {"model.visual.", "visual."};
     const char              *found = NULL;
+    *vprefix = NULL;
     for (size_t i = 0; i < eng_st_set_count(ld->set); i++) {
         const char *name = eng_st_set_at(ld->set, i)->name;
         const char *p = starts_with(name, text[0])   ? text[0]
                         : starts_with(name, text[1]) ? text[1]
                                                      : NULL;
-        if (!p && (starts_with(name, vision[0]) || starts_with(name, vision[1])))
+        const char *vp = starts_with(name, vision[0])   ? vision[0]
+                         : starts_with(name, vision[1]) ? vision[1]
+                                                        : NULL;
+        if (!p && vp && *vprefix && *vprefix != vp)
+            return eng_ld_fail(ld, SVC_ERR_FORMAT, "tensors use both vision prefixes '%s' and '%s'",
+                               *vprefix, vp);
+        if (!p && vp) {
+            *vprefix = vp;
             continue;
+        }
         if (!p)
-            return ld_fail(ld, SVC_ERR_FORMAT, "checkpoint tensor '%s' belongs to no known module",
-                           name);
+            return eng_ld_fail(ld, SVC_ERR_FORMAT,
+                               "checkpoint tensor '%s' belongs to no known module", name);
         if (found && found != p)
-            return ld_fail(ld, SVC_ERR_FORMAT, "tensors use both text prefixes '%s' and '%s'",
-                           found, p);
+            return eng_ld_fail(ld, SVC_ERR_FORMAT, "tensors use both text prefixes '%s' and '%s'",
+                               found, p);
         found = p;
     }
     if (!found)
-        return ld_fail(ld, SVC_ERR_FORMAT, "no text tower tensors (prefix '%s' or '%s')", text[0],
-                       text[1]);
+        return eng_ld_fail(ld, SVC_ERR_FORMAT, "no text tower tensors (prefix '%s' or '%s')",
+                           text[0], text[1]);
     ld->prefix = found;
     return SVC_OK;
 }
@@ -296,18 +295,36 @@ void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out) {
 }
 
 /* The text tower's tensors, in both files' HF names. */
-static svc_err_t ld_tower(const ld_t *ld, eng_model_t *m) {
+static svc_err_t ld_tower(const eng_ld_t *ld, eng_model_t *m) {
     const eng_model_cfg_t *c = &m->cfg;
     m->layers = calloc(c->n_layers, sizeof *m->layers);
     if (!m->layers)
         return SVC_ERR_NOMEM;
-    svc_err_t err = ld_mat(ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
+    svc_err_t err = eng_ld_mat(ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
     if (!err)
         err = embed_narrow(m);
     for (size_t i = 0; !err && i < c->n_layers; i++)
         err = ld_layer(ld, c, i, &m->layers[i]);
     if (!err)
-        err = ld_vec(ld, "norm.weight", c->hidden, &m->final_norm);
+        err = eng_ld_vec(ld, "norm.weight", c->hidden, &m->final_norm);
+    return err;
+}
+
+/* The vision tower (SPEC e.7): used only when the package has vision
+ * tensors, a vision_config and preprocessor_config.json; otherwise the
+ * model reads no images (and says so to requests that send some). */
+static svc_err_t load_vision(const char *dir, const eng_ld_t *ld, eng_model_t *m) {
+    eng_vis_cfg_t vc;
+    bool          present = false;
+    if (!eng_dir_has_file(dir, "preprocessor_config.json"))
+        return SVC_OK;
+    svc_err_t err =
+        eng_vis_cfg_load(dir, m->cfg.hidden, &vc, &present, ld->errstr, ld->errstr_size);
+    if (err || !present)
+        return err;
+    err = eng_vision_load(ld, &vc, &m->vision);
+    if (!err)
+        err = eng_vision_proc_attach(dir, m->vision, ld->errstr, ld->errstr_size);
     return err;
 }
 
@@ -315,17 +332,70 @@ static svc_err_t ld_tower(const ld_t *ld, eng_model_t *m) {
  * same loader either way, only the lookup of a name differs (eng_st_set.c). */
 static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, char *errstr,
                               size_t n) {
-    ld_t      ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params};
-    svc_err_t err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
-                            : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
+    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params};
+    svc_err_t   err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
+                              : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
+    const char *vprefix = NULL;
     if (!err) {
         ld.file = eng_st_set_file(ld.set);
         ld.path = eng_st_set_path(ld.set);
-        err = ld_prefix(&ld);
+        err = ld_prefix(&ld, &vprefix);
     }
     if (!err)
         err = ld_tower(&ld, m);
+    if (!err && vprefix) {
+        ld.prefix = vprefix;
+        err = load_vision(dir, &ld, m);
+    }
     eng_st_set_close(ld.set);
+    return err;
+}
+
+/* FastFlowLM's vision tower: config.json `vision_model_weight` names the
+ * file (Q4NX.md §6; "vision_weight.q4nx"), its vision_config the tile
+ * sizes of §5. A package without the key, the file or
+ * preprocessor_config.json reads no images. */
+static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+    char *cfg = eng_path_join(dir, "config.json");
+    if (!cfg)
+        return SVC_ERR_NOMEM;
+    json_t       *root = json_load_file(cfg, 0, NULL);
+    const json_t *vw = json_object_get(root, "vision_model_weight");
+    const char   *file = json_is_string(vw) ? json_string_value(vw) : NULL;
+    svc_err_t     err = SVC_OK;
+    if (vw && !json_is_string(vw)) {
+        svc_errf(errstr, n, "config.json \"%s\": vision_model_weight must be a file name", cfg);
+        err = SVC_ERR_FORMAT;
+    }
+    if (!err && file && (strchr(file, '/') || strcmp(file, "..") == 0)) {
+        svc_errf(errstr, n,
+                 "config.json \"%s\": vision_model_weight \"%s\" is not a file name in the "
+                 "package",
+                 cfg, file);
+        err = SVC_ERR_FORMAT;
+    }
+    /* "" means no vision tower (LM_Config: non-empty means a VLM) */
+    if (!err && file && file[0] && eng_dir_has_file(dir, file)) {
+        char       *path = eng_path_join(dir, file);
+        eng_q4nx_t *q = NULL;
+        size_t      mm_n = 0, mm_k = 0;
+        err = path ? eng_q4nx_open(path, &q, errstr, n) : SVC_ERR_NOMEM;
+        if (!err)
+            err = eng_q4nx_vision_tiles_from_config(json_object_get(root, "vision_config"), &mm_n,
+                                                    &mm_k, errstr, n);
+        if (!err)
+            err = eng_q4nx_set_vision_tiles(q, mm_n, mm_k, errstr, n);
+        if (!err) {
+            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL};
+            err = load_vision(dir, &ld, m);
+        }
+        if (err == SVC_ERR_INVALID)
+            err = SVC_ERR_FORMAT;
+        eng_q4nx_close(q);
+        free(path);
+    }
+    json_decref(root);
+    free(cfg);
     return err;
 }
 
@@ -342,26 +412,29 @@ static svc_err_t load_q4nx(const char *dir, eng_model_t *m, char *errstr, size_t
     if (!err) {
         m->format =
             eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? ENG_MODEL_Q4NX_GEN_A : ENG_MODEL_Q4NX_GEN_B;
-        ld_t ld = {NULL, q, "model.q4nx", path, "model.language_model.", errstr, n, &m->n_params};
+        eng_ld_t ld = {NULL,   q, "model.q4nx", path, "model.language_model.",
+                       errstr, n, &m->n_params};
         err = ld_tower(&ld, m);
     }
     eng_q4nx_close(q);
     free(path);
+    if (!err)
+        err = load_q4nx_vision(dir, m, errstr, n);
     return err;
 }
 
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5). */
 static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    ld_t      ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
+    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
     svc_err_t err = eng_st_set_open_file(dir, ld.file, &ld.set, errstr, n);
     if (err)
         return err;
     ld.path = eng_st_set_path(ld.set);
     if (eng_st_set_count(ld.set) != 1 || strcmp(eng_st_set_at(ld.set, 0)->name, "weight") != 0)
-        err = ld_fail(&ld, SVC_ERR_FORMAT, "must hold exactly one tensor \"weight\" (has %zu)",
-                      eng_st_set_count(ld.set));
+        err = eng_ld_fail(&ld, SVC_ERR_FORMAT, "must hold exactly one tensor \"weight\" (has %zu)",
+                          eng_st_set_count(ld.set));
     else
-        err = ld_mat(&ld, "weight", ENG_N_CODES, m->cfg.hidden, &m->readout);
+        err = eng_ld_mat(&ld, "weight", ENG_N_CODES, m->cfg.hidden, &m->readout);
     eng_st_set_close(ld.set);
     return err;
 }
@@ -416,6 +489,7 @@ void eng_model_free(eng_model_t *m) {
     free(m->embed16);
     free(m->final_norm);
     free(m->readout);
+    eng_vision_free(m->vision);
     free(m);
 }
 
@@ -467,6 +541,17 @@ void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info) {
         .n_params_text = m->n_params,
         .n_params_readout = (uint64_t)ENG_N_CODES * c->hidden,
     };
+    if (m->vision) {
+        const eng_vis_cfg_t *v = &m->vision->cfg;
+        info->vis_depth = v->depth;
+        info->vis_hidden = v->hidden;
+        info->vis_heads = v->heads;
+        info->vis_inter = v->inter;
+        info->vis_patch = v->patch;
+        info->vis_merge = v->merge;
+        info->vis_n_pos = v->n_pos;
+        info->n_params_vision = m->vision->n_params;
+    }
 }
 
 /* ---------------------------------------------------------------------
@@ -503,8 +588,10 @@ static svc_err_t mf_count(const json_t *p, const char *key, bool optional, const
 /* The listed counts against ours: text and readout as loaded, and loaded
  * as text + readout once vision's share is taken out, since no vision
  * tower is loaded yet (SPEC e.3). */
+/* SPEC e.3: text and readout as loaded; vision as loaded when the tower
+ * is (our_vision > 0), else it may be listed without being loaded. */
 static svc_err_t mf_compare(const json_t *p, const char *path, uint64_t our_text,
-                            uint64_t our_readout, char *errstr, size_t n) {
+                            uint64_t our_readout, uint64_t our_vision, char *errstr, size_t n) {
     uint64_t  text, vision, readout, loaded;
     svc_err_t err;
     if ((err = mf_count(p, "text", false, path, &text, errstr, n)) ||
@@ -521,13 +608,18 @@ static svc_err_t mf_compare(const json_t *p, const char *path, uint64_t our_text
                               "parameters.readout: expected %llu, the loaded readout has %llu "
                               "(255 x hidden_size)",
                               (unsigned long long)readout, (unsigned long long)our_readout);
+    if (our_vision && vision != our_vision)
+        return mf_params_fail(path, errstr, n,
+                              "parameters.vision: expected %llu, the loaded vision tower has %llu",
+                              (unsigned long long)vision, (unsigned long long)our_vision);
     if (loaded < vision || loaded - vision != our_text + our_readout)
         return mf_params_fail(path, errstr, n,
-                              "parameters.loaded: expected %llu (vision %llu not loaded), "
-                              "loaded %llu (text %llu + readout %llu)",
+                              "parameters.loaded: expected %llu (vision %llu), "
+                              "loaded %llu (text %llu + readout %llu) + vision %llu",
                               (unsigned long long)loaded, (unsigned long long)vision,
-                              (unsigned long long)(our_text + our_readout),
-                              (unsigned long long)our_text, (unsigned long long)our_readout);
+                              (unsigned long long)(our_text + our_readout + our_vision),
+                              (unsigned long long)our_text, (unsigned long long)our_readout,
+                              (unsigned long long)our_vision);
     return SVC_OK;
 }
 
@@ -547,8 +639,8 @@ svc_err_t eng_model_check_parameters(const eng_model_t *m, const char *dir, char
     else if (p && !json_is_object(p))
         err = mf_params_fail(path, errstr, errstr_size, "parameters: expected an object");
     else if (p)
-        err = mf_compare(p, path, m->n_params, (uint64_t)ENG_N_CODES * m->cfg.hidden, errstr,
-                         errstr_size);
+        err = mf_compare(p, path, m->n_params, (uint64_t)ENG_N_CODES * m->cfg.hidden,
+                         m->vision ? m->vision->n_params : 0, errstr, errstr_size);
     json_decref(mf);
     free(path);
     return err;

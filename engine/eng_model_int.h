@@ -92,17 +92,50 @@ typedef enum eng_model_fmt {
 } eng_model_fmt_t;
 
 struct eng_model {
-    eng_model_cfg_t cfg;
-    eng_model_fmt_t format;
-    float          *embed;      /* (vocab, H), or NULL when embed16 holds it */
-    uint16_t       *embed16;    /* (vocab, H) bf16 bits when every value is a bf16, else NULL */
-    float          *final_norm; /* (H), (1 + w) */
-    eng_layer_t    *layers;     /* (L) */
-    float          *readout;    /* (255, H) */
-    uint64_t        n_params;   /* elements of the text tensors loaded (not the readout) */
+    eng_model_cfg_t    cfg;
+    eng_model_fmt_t    format;
+    float             *embed;      /* (vocab, H), or NULL when embed16 holds it */
+    uint16_t          *embed16;    /* (vocab, H) bf16 bits when every value is a bf16, else NULL */
+    float             *final_norm; /* (H), (1 + w) */
+    eng_layer_t       *layers;     /* (L) */
+    float             *readout;    /* (255, H) */
+    uint64_t           n_params;   /* elements of the text tensors loaded (not the readout) */
+    struct eng_vision *vision;     /* the vision tower, or NULL (eng_vision_int.h) */
 };
 
 struct eng_q4nx;
+struct eng_st_set;
+struct eng_vision;
+
+/* ---- loading (eng_model.c; the vision tower's loader uses it too) ----- */
+
+/* Where tensors are taken from: a safetensors set (model.safetensors or
+ * its shards) or an opened q4nx file, with the name prefix to prepend. */
+typedef struct eng_ld {
+    struct eng_st_set     *set; /* one of set and q */
+    const struct eng_q4nx *q;
+    const char            *file; /* "model.safetensors", "model.safetensors.index.json" */
+    const char            *path;
+    const char            *prefix;
+    char                  *errstr;
+    size_t                 errstr_size;
+    uint64_t              *numel; /* optional: adds the elements of every tensor taken */
+} eng_ld_t;
+
+/* Fails with err and `<file> "<path>": <message>` in ld->errstr. */
+SVC_FMT(5, 6)
+svc_err_t eng_ld_fail_in(const eng_ld_t *ld, const char *file, const char *path, svc_err_t err,
+                         const char *fmt, ...);
+#define eng_ld_fail(ld, err, ...) eng_ld_fail_in((ld), (ld)->file, (ld)->path, (err), __VA_ARGS__)
+
+/* Finds prefix + suffix, checks dtype and shape (dims, rank entries) and
+ * converts it into a new fp32 array *dst, owned by the caller. */
+SVC_WUR svc_err_t eng_ld_take(const eng_ld_t *ld, const char *suffix, size_t rank,
+                              const uint64_t *dims, float **dst);
+/* Shorthands: a vector (n), a matrix (r, c). */
+SVC_WUR svc_err_t eng_ld_vec(const eng_ld_t *ld, const char *suffix, size_t n, float **dst);
+SVC_WUR svc_err_t eng_ld_mat(const eng_ld_t *ld, const char *suffix, size_t r, size_t c,
+                             float **dst);
 
 /* Row id of the embedding (embed or embed16) as fp32 into out (H). */
 void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out);

@@ -3,8 +3,9 @@
  * and the streamed safetensors writer, and eng_package_make itself.
  *
  * The weights are meaningless: they only have the shapes and rough scales
- * of a trained Qwen3.5 text tower, so that every code path (loading,
- * forward passes, benchmarks) runs on any machine without downloads.
+ * of a trained Qwen3.5 text tower (and, eng_pkgwrite_vision.c, its vision
+ * tower), so that every code path (loading, forward passes, benchmarks)
+ * runs on any machine without downloads.
  *
  * Determinism: every tensor gets its own xoshiro256** stream seeded from
  * (seed, tensor name), and normals are Irwin-Hall sums of four 16-bit
@@ -271,7 +272,18 @@ static double inv_sqrt(double x) {
     return y;
 }
 
-/* lin_std: 0.9 / sqrt(in) of a PW_LINEAR tensor, computed once per tensor. */
+/* 0.9 / sqrt(in) of a PW_LINEAR tensor [out, in...]: in is the product of
+ * the other dims (patch_embed's Conv3d sees 3 x T x P x P inputs). */
+static double pw_lin_std(const pw_tensor_t *t) {
+    if (t->rank < 2)
+        return 0;
+    double in = 1;
+    for (size_t i = 1; i < t->rank; i++)
+        in *= (double)t->dims[i];
+    return 0.9 * inv_sqrt(in);
+}
+
+/* lin_std: pw_lin_std(t), computed once per tensor. */
 static double pw_value(pw_rng_t *r, const pw_tensor_t *t, double lin_std) {
     switch (t->init) {
     case PW_LINEAR:
@@ -287,6 +299,10 @@ static double pw_value(pw_rng_t *r, const pw_tensor_t *t, double lin_std) {
         return rng_uniform(r, -0.69, 2.08);
     case PW_DT_BIAS:
         return rng_uniform(r, -1.5, 1.0);
+    case PW_BIAS:
+        return 0.02 * rng_normal(r);
+    case PW_LN_GAIN:
+        return 1.0 + 0.1 * rng_normal(r);
     }
     return 0;
 }
@@ -388,7 +404,7 @@ static svc_err_t st_tensor(const pw_ctx_t *c, pw_out_t *o, const pw_tensor_t *t,
     rng_seed(&r, c->opts->seed, t->name);
     uint64_t  left = pw_numel(t);
     size_t    es = f32 ? 4 : 2;
-    double    lin_std = t->rank == 2 ? 0.9 * inv_sqrt((double)t->dims[1]) : 0;
+    double    lin_std = pw_lin_std(t);
     svc_err_t err = SVC_OK;
     while (left && !err) {
         size_t k = left < PW_CHUNK ? (size_t)left : PW_CHUNK;
@@ -468,9 +484,13 @@ svc_err_t pw_readout(const pw_ctx_t *c) {
                        NULL);
 }
 
+/* model.safetensors: the text tower, then the vision tower ("model.visual."
+ * sorts after "model.language_model.", so the list stays sorted). */
 svc_err_t pw_weights(const pw_ctx_t *c) {
     pw_list_t l = {0};
     svc_err_t err = pw_tensors(c->shape, c->vocab, &l);
+    if (!err)
+        err = pw_vision_tensors(pw_vision_get(c->opts->size), &l);
     if (!err)
         err = pw_st_write(c, "model.safetensors", l.v, l.n, false, 1.0, NULL);
     free(l.v);
@@ -481,7 +501,7 @@ void pw_gen_f32(const pw_ctx_t *c, const pw_tensor_t *t, float *out) {
     pw_rng_t r;
     rng_seed(&r, c->opts->seed, t->name);
     uint64_t n = pw_numel(t);
-    double   lin_std = t->rank == 2 ? 0.9 * inv_sqrt((double)t->dims[1]) : 0;
+    double   lin_std = pw_lin_std(t);
     for (uint64_t i = 0; i < n; i++) {
         /* the same draws and rounding as st_tensor's BF16 path */
         uint32_t u = (uint32_t)f32_to_bf16((float)pw_value(&r, t, lin_std)) << 16;
@@ -529,6 +549,8 @@ svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t err
     svc_err_t err = pw_mkdirs(opts->out_dir, errstr, errstr_size);
     if (!err)
         err = pw_tokenizer(&c);
+    if (!err)
+        err = pw_vision_tokens(&c);
     if (!err) {
         /* the real vocabulary is a floor: nano/lite keep the checkpoint's
          * embedding size even with our small tokenizer (ids past the

@@ -1,7 +1,9 @@
 /*
  * eng_pkgwrite_int.h -- private: the pieces of `make-package`
  * (eng_pkgwrite.c weights, eng_pkgwrite_tok.c tokenizer and codes,
- * eng_pkgwrite_meta.c the JSON files and the manifest).
+ * eng_pkgwrite_meta.c the JSON files and the manifest,
+ * eng_pkgwrite_q4nx.c the D3-Nano-NPU2 file set, eng_pkgwrite_vision.c
+ * the vision tower every size gets).
  */
 #ifndef D3STREAM_ENG_PKGWRITE_INT_H
 #define D3STREAM_ENG_PKGWRITE_INT_H
@@ -11,8 +13,9 @@
 
 #include <jansson.h>
 
-#define PW_TEXT_PREFIX "model.language_model."
-#define PW_MAX_RANK    3
+#define PW_TEXT_PREFIX   "model.language_model."
+#define PW_VISION_PREFIX "model.visual."
+#define PW_MAX_RANK      5 /* patch_embed.proj.weight [hidden, 3, T, P, P] */
 
 /* One text_config; see the table in eng_pkgwrite.c for where each value
  * comes from. */
@@ -41,7 +44,10 @@ typedef enum pw_init {
     PW_CONV,      /* N(0, 0.3) as the golden script */
     PW_A_LOG,     /* U(-0.69, 2.08) = log U(0.5, 8): decay rates of the golden script */
     PW_DT_BIAS,   /* U(-1.5, 1.0) */
+    PW_BIAS,      /* vision biases (linear and LayerNorm): N(0, 0.02) */
+    PW_LN_GAIN,   /* vision LayerNorm weights: 1 + N(0, 0.1) */
 } pw_init_t;
+/* PW_LINEAR of rank > 2 (patch_embed) takes in = the product of dims[1..]. */
 
 typedef struct pw_tensor {
     char      name[128];
@@ -59,6 +65,23 @@ typedef struct pw_list {
  * safetensors convention); the caller frees l->v. */
 SVC_WUR svc_err_t pw_tensors(const pw_shape_t *s, size_t vocab, pw_list_t *l);
 uint64_t          pw_numel(const pw_tensor_t *t);
+
+/* The vision tower of a size (eng_pkgwrite_vision.c has the sources). */
+typedef struct pw_vision {
+    size_t      depth, hidden, heads, inter;
+    size_t      patch, temporal, merge, in_ch;
+    size_t      out_hidden; /* = the text hidden size */
+    size_t      npos;       /* num_position_embeddings, a square */
+    const char *act;        /* hidden_act */
+    size_t      mm_n, mm_k; /* vision_weight.q4nx tiles (Q4NX.md §5) */
+} pw_vision_t;
+
+const pw_vision_t *pw_vision_get(eng_make_size_t size);
+/* Every vision tensor (SPEC e.6 names, "model.visual."), sorted by name,
+ * appended to l. */
+SVC_WUR svc_err_t pw_vision_tensors(const pw_vision_t *v, pw_list_t *l);
+/* Elements of the vision tower of size (MODEL_MANIFEST parameters.vision). */
+uint64_t pw_vision_params(eng_make_size_t size);
 
 /* ---- the package being written ---- */
 
@@ -106,8 +129,9 @@ typedef struct pw_fill {
 SVC_WUR svc_err_t pw_st_write(const pw_ctx_t *c, const char *name, const pw_tensor_t *v, size_t n,
                               bool f32, double scale, const pw_fill_t *fill);
 
-/* eng_pkgwrite_q4nx.c: the D3-Nano-NPU2 file set (model.q4nx, FastFlowLM
- * config.json, MANIFEST.sha256) after the tokenizer, and the --twin package. */
+/* eng_pkgwrite_q4nx.c: the D3-Nano-NPU2 file set (model.q4nx,
+ * vision_weight.q4nx, FastFlowLM config.json, MANIFEST.sha256) after the
+ * tokenizer, and the --twin package. */
 SVC_WUR svc_err_t pw_q4nx_package(pw_ctx_t *c);
 
 /* eng_pkgwrite_meta.c: config.json, decision_config.json, chat_template.jinja,
@@ -121,5 +145,19 @@ json_t *pw_text_config(const pw_ctx_t *c);
 /* image/video/vision token ids into root when the tokenizer has them. */
 SVC_WUR svc_err_t pw_special_ids(const pw_ctx_t *c, json_t *root);
 SVC_WUR svc_err_t pw_manifest(const pw_ctx_t *c);
+
+/* eng_pkgwrite_vision.c: config.json's vision_config, Hugging Face keys
+ * (new reference, NULL when out of memory) */
+json_t *pw_vision_config_hf(const pw_ctx_t *c);
+/* ... and FastFlowLM's QWEN3_5_* keys (Q4NX.md §6) with the tile sizes */
+json_t *pw_vision_config_flm(const pw_ctx_t *c);
+/* preprocessor_config.json (SPEC e.7) */
+SVC_WUR svc_err_t pw_preprocessor(const pw_ctx_t *c);
+/* The tokenizer has <|image_pad|>, <|video_pad|>, <|vision_start|> and
+ * <|vision_end|> (config.json's *_token_id must name them, SPEC e.7). */
+SVC_WUR svc_err_t pw_vision_tokens(const pw_ctx_t *c);
+/* vision_weight.q4nx: every vision tensor (BF16, the same values
+ * model.safetensors of the seed holds), tiled per Q4NX.md §5. */
+SVC_WUR svc_err_t pw_vision_q4nx(const pw_ctx_t *c);
 
 #endif /* D3STREAM_ENG_PKGWRITE_INT_H */

@@ -91,10 +91,10 @@ svc_err_t pw_special_ids(const pw_ctx_t *c, json_t *root) {
 
 /* FastFlowLM's config.json (Q4NX.md §6): the HF config with text_config
  * flattened to the top level, plus FLM keys. Only keys §6 documents are
- * written, and of the FLM-only ones only those whose value is known for a
- * text-only package: no vision_model_weight / vision_config (there is no
- * vision tower, and a non-empty vision_model_weight marks a VLM), no
- * addr_qk / addr_kv (engine memory layout, 2B values unconfirmed).
+ * written, and of the FLM-only ones only those whose value is known:
+ * vision_model_weight (non-empty: a VLM) and vision_config with the
+ * QWEN3_5_* keys (eng_pkgwrite_vision.c), no addr_qk / addr_kv (engine
+ * memory layout, 2B values unconfirmed).
  * model_type "qwen3_5_text": §6 leaves qwen3_5 vs qwen3_5_text open, and
  * the flattened keys are the text model's. rope_theta is written both at
  * the top level (FLM's LM_Config reads it there, else 0) and in
@@ -109,6 +109,8 @@ static json_t *flm_config(const pw_ctx_t *c) {
         json_object_set_new(root, "model_type", json_string("qwen3_5_text")) ||
         json_object_set_new(root, "rope_theta", json_real(1e7)) ||
         json_object_set_new(root, "flm_version", json_string("1.0.11")) ||
+        json_object_set_new(root, "vision_model_weight", json_string("vision_weight.q4nx")) ||
+        json_object_set_new(root, "vision_config", pw_vision_config_flm(c)) ||
         /* Gen-B keeps one table, lm_head, for both ends (Q4NX.md §0.2) */
         json_object_set_new(root, "tie_word_embeddings", json_true())) {
         json_decref(root);
@@ -121,10 +123,10 @@ static svc_err_t write_config(const pw_ctx_t *c) {
     json_t *root =
         c->opts->format == ENG_MAKE_Q4NX
             ? flm_config(c)
-            : json_pack("{s[s]sssssosbss}", "architectures", "Qwen3_5ForConditionalGeneration",
+            : json_pack("{s[s]sssssosbssso}", "architectures", "Qwen3_5ForConditionalGeneration",
                         "dtype", "bfloat16", "model_type", "qwen3_5", "text_config",
                         pw_text_config(c), "tie_word_embeddings", c->shape->tied,
-                        "transformers_version", "5.24.0");
+                        "transformers_version", "5.24.0", "vision_config", pw_vision_config_hf(c));
     svc_err_t err = root ? pw_special_ids(c, root) : SVC_ERR_NOMEM;
     if (!err)
         err = pw_write_json(c, "config.json", root, JSON_SORT_KEYS);
@@ -171,8 +173,9 @@ static svc_err_t readme_format(const pw_ctx_t *c, svc_buf_t *b) {
                "container (Gen-B: Q4_K projections, Q8 alpha/beta/out_proj and the tied\n"
                "embedding as lm_head), quantised from the same BF16 values the safetensors\n"
                "package of this seed holds; config.json has FastFlowLM's flattened layout;\n"
-               "MANIFEST.sha256 (sha256sum format) lists every file. There is no\n"
-               "vision_weight.q4nx: the package is text only.\n");
+               "vision_weight.q4nx holds the vision tower in BF16, its matmul weights in\n"
+               "FastFlowLM's MM_N x MM_K blocks (config.json vision_config VISION_MM_TILE_N/K);\n"
+               "MANIFEST.sha256 (sha256sum format) lists every file.\n");
     if (c->twin_of)
         return svc_buf_addf(b,
                             "\nTwin: model.safetensors holds, as F32, the dequantised weights of "
@@ -192,7 +195,8 @@ static svc_err_t write_readme(const pw_ctx_t *c) {
         "Written by `d3stream make-package --size %s --seed %llu` so that d3stream, its demo\n"
         "and its benchmarks run on any machine without downloads. The text tower has the\n"
         "shapes of %s (hidden %zu, %zu layers, vocab %zu) with seeded random BF16 weights;\n"
-        "the readout is random too. Use it to measure speed and memory, never quality.\n\n"
+        "so has the vision tower (depth %zu, width %zu); the readout is random too. Use it\n"
+        "to measure speed and memory, never quality.\n\n"
         "Tokenizer: %s.\n\n"
         "chat_template.jinja is a placeholder whose SHA-256 is not one of the pinned\n"
         "decision3 templates, so d3stream warns about it. The manifest lists the\n"
@@ -200,7 +204,7 @@ static svc_err_t write_readme(const pw_ctx_t *c) {
         "Licence: Apache-2.0.\n",
         c->shape->name, (unsigned long long)c->opts->seed, c->shape->name,
         (unsigned long long)c->opts->seed, c->shape->real, c->shape->hidden, c->shape->n_layers,
-        c->vocab,
+        c->vocab, pw_vision_get(c->opts->size)->depth, pw_vision_get(c->opts->size)->hidden,
         c->opts->tokenizer_dir ? "copied from the directory given with --tokenizer"
                                : "a small byte-level BPE written by d3stream (256 byte symbols, "
                                  "the answer codes\nA..Z and AA..IU as single tokens, a few "
@@ -221,6 +225,8 @@ svc_err_t pw_meta(const pw_ctx_t *c) {
     json_decref(dc);
     if (!err)
         err = pw_write_file(c, "chat_template.jinja", CHAT_TEMPLATE, sizeof CHAT_TEMPLATE - 1);
+    if (!err)
+        err = pw_preprocessor(c);
     return err ? err : write_readme(c);
 }
 
@@ -228,8 +234,15 @@ svc_err_t pw_meta(const pw_ctx_t *c) {
 
 /* Every file written before the manifest, in name order. */
 static const char *const FILES[] = {
-    "README.md",         "chat_template.jinja", "config.json",    "decision_config.json",
-    "model.safetensors", "readout.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "README.md",
+    "chat_template.jinja",
+    "config.json",
+    "decision_config.json",
+    "model.safetensors",
+    "preprocessor_config.json",
+    "readout.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
 };
 
 /* Hashes each file once into v (the identity reuses them). */
@@ -272,18 +285,19 @@ static json_t *manifest_json(const pw_ctx_t *c, const eng_mf_verdict_t *v, const
             json_object_set_new(id_files, f->name, json_string(f->actual));
     }
     uint64_t n_text = eng_make_text_params(c->opts->size, c->vocab);
+    uint64_t n_vis = pw_vision_params(c->opts->size);
     uint64_t n_ro = (uint64_t)ENG_N_CODES * c->shape->hidden;
     char     name[64], comp[96];
     snprintf(name, sizeof name, "d3stream-synthetic-%s", c->shape->name);
     snprintf(comp, sizeof comp, "d3stream synthetic random weights (%s)", c->shape->name);
-    return json_pack("{sssssssssssIs{sss[{ssss}]}s{sIsisIsI}s{sssoso}soso}", "schema",
+    return json_pack("{sssssssssssIs{sss[{ssss}]}s{sIsIsIsI}s{sssoso}soso}", "schema",
                      "d3-package-manifest/1", "model_name", name, "format_id", "d3-code-readout-v1",
                      "prompt", "d3", "attention_mode", "noncausal_full_attention",
                      "max_input_tokens", (json_int_t)c->shape->max_length, "licence", "spdx",
                      "Apache-2.0", "components", "component", comp, "licence", "Apache-2.0",
-                     "parameters", "text", (json_int_t)n_text, "vision", 0, "readout",
-                     (json_int_t)n_ro, "loaded", (json_int_t)(n_text + n_ro), "identity",
-                     "model_sha256", model_sha, "files_sha256", id_files, "decision",
+                     "parameters", "text", (json_int_t)n_text, "vision", (json_int_t)n_vis,
+                     "readout", (json_int_t)n_ro, "loaded", (json_int_t)(n_text + n_vis + n_ro),
+                     "identity", "model_sha256", model_sha, "files_sha256", id_files, "decision",
                      decision_json(c), "files_sha256", sha, "files_bytes", bytes);
 }
 

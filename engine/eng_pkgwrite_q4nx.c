@@ -13,18 +13,30 @@
  * The twin reads every tensor back through eng_q4nx_tensor_f32 -- the
  * function eng_model_load uses for model.q4nx -- and stores it as F32,
  * because BF16 cannot hold the dequantised values exactly. Loading either
- * package therefore gives the same fp32 arrays, bit for bit.
+ * package therefore gives the same fp32 arrays, bit for bit. The vision
+ * tower comes back from vision_weight.q4nx the same way, untiled with the
+ * tile sizes the package's config.json names (as a loader would read
+ * them); its values are BF16 and so equal model.safetensors' of the seed.
  */
 #include "eng_manifest_int.h"
 #include "eng_pkgwrite_int.h"
 #include "eng_q4nx_int.h"
 
 /* Every file of the q4nx package before MANIFEST.sha256, in name order.
- * Not written: vision_weight.q4nx (the synthetic package is text only) and
- * LICENSE (D3-NANO-NPU2.md lists it; README.md states the licence). */
+ * Not written: LICENSE (D3-NANO-NPU2.md lists it; README.md states the
+ * licence). preprocessor_config.json is not in FLM's model list; written
+ * for d3stream's image path (SPEC e.7). */
 static const char *const Q4NX_FILES[] = {
-    "README.md",  "chat_template.jinja", "config.json",    "decision_config.json",
-    "model.q4nx", "readout.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "README.md",
+    "chat_template.jinja",
+    "config.json",
+    "decision_config.json",
+    "model.q4nx",
+    "preprocessor_config.json",
+    "readout.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vision_weight.q4nx",
 };
 
 /* model.q4nx, tensor by tensor. */
@@ -86,9 +98,41 @@ static svc_err_t write_sha256sum(const pw_ctx_t *c) {
 
 /* ---- the twin ---- */
 
+/* The two files the twin reads from. */
+typedef struct twin_src {
+    eng_q4nx_t *text, *vision;
+} twin_src_t;
+
 static svc_err_t fill_q4nx(const pw_tensor_t *t, float *out, void *user, char *errstr,
                            size_t errstr_size) {
-    return eng_q4nx_tensor_f32(user, t->name, t->rank, t->dims, out, errstr, errstr_size);
+    const twin_src_t *s = user;
+    return eng_q4nx_tensor_f32(eng_q4nx_vision_name(t->name) ? s->vision : s->text, t->name,
+                               t->rank, t->dims, out, errstr, errstr_size);
+}
+
+/* vision_weight.q4nx of dir, with the tile sizes of dir/config.json. */
+static svc_err_t open_vision(const pw_ctx_t *c, const char *dir, eng_q4nx_t **out) {
+    char        *vpath = eng_path_join(dir, "vision_weight.q4nx");
+    char        *cpath = eng_path_join(dir, "config.json");
+    json_error_t jerr;
+    json_t      *cfg = cpath ? json_load_file(cpath, 0, &jerr) : NULL;
+    size_t       mm_n = 0, mm_k = 0;
+    svc_err_t    err = vpath && cpath ? SVC_OK : SVC_ERR_NOMEM;
+    if (!err && !cfg) {
+        svc_errf(c->errstr, c->errstr_size, "config.json \"%s\": %s", cpath, jerr.text);
+        err = SVC_ERR_FORMAT;
+    }
+    if (!err)
+        err = eng_q4nx_vision_tiles_from_config(json_object_get(cfg, "vision_config"), &mm_n, &mm_k,
+                                                c->errstr, c->errstr_size);
+    if (!err)
+        err = eng_q4nx_open(vpath, out, c->errstr, c->errstr_size);
+    if (!err)
+        err = eng_q4nx_set_vision_tiles(*out, mm_n, mm_k, c->errstr, c->errstr_size);
+    json_decref(cfg);
+    free(vpath);
+    free(cpath);
+    return err;
 }
 
 /* An upstream package in opts->twin_dir: the same tokenizer (written or
@@ -100,15 +144,15 @@ static svc_err_t write_twin(const pw_ctx_t *c) {
     o.twin_dir = NULL;
     o.format = ENG_MAKE_SAFETENSORS;
     o.progress = NULL;
-    pw_ctx_t    t = {.opts = &o,
-                     .shape = c->shape,
-                     .twin_of = c->opts->out_dir,
-                     .errstr = c->errstr,
-                     .errstr_size = c->errstr_size};
-    char       *qpath = eng_path_join(c->opts->out_dir, "model.q4nx");
-    eng_q4nx_t *q = NULL;
-    pw_list_t   l = {0};
-    svc_err_t   err = qpath ? pw_mkdirs(o.out_dir, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;
+    pw_ctx_t   t = {.opts = &o,
+                    .shape = c->shape,
+                    .twin_of = c->opts->out_dir,
+                    .errstr = c->errstr,
+                    .errstr_size = c->errstr_size};
+    char      *qpath = eng_path_join(c->opts->out_dir, "model.q4nx");
+    twin_src_t src = {NULL, NULL};
+    pw_list_t  l = {0};
+    svc_err_t  err = qpath ? pw_mkdirs(o.out_dir, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;
     if (!err)
         err = pw_tokenizer(&t);
     t.vocab = c->vocab;
@@ -118,11 +162,15 @@ static svc_err_t write_twin(const pw_ctx_t *c) {
         err = SVC_ERR_INTERNAL;
     }
     if (!err)
-        err = eng_q4nx_open(qpath, &q, c->errstr, c->errstr_size);
+        err = eng_q4nx_open(qpath, &src.text, c->errstr, c->errstr_size);
+    if (!err)
+        err = open_vision(c, c->opts->out_dir, &src.vision);
     if (!err)
         err = pw_tensors(c->shape, c->vocab, &l);
+    if (!err)
+        err = pw_vision_tensors(pw_vision_get(c->opts->size), &l);
     if (!err) {
-        pw_fill_t fill = {fill_q4nx, q};
+        pw_fill_t fill = {fill_q4nx, &src};
         err = pw_st_write(&t, "model.safetensors", l.v, l.n, true, 1.0, &fill);
     }
     if (!err)
@@ -132,7 +180,8 @@ static svc_err_t write_twin(const pw_ctx_t *c) {
     if (!err)
         err = pw_manifest(&t);
     free(l.v);
-    eng_q4nx_close(q);
+    eng_q4nx_close(src.text);
+    eng_q4nx_close(src.vision);
     eng_tokenizer_free(t.tok);
     free(qpath);
     return err;
@@ -140,6 +189,8 @@ static svc_err_t write_twin(const pw_ctx_t *c) {
 
 svc_err_t pw_q4nx_package(pw_ctx_t *c) {
     svc_err_t err = write_q4nx(c);
+    if (!err)
+        err = pw_vision_q4nx(c);
     if (!err)
         err = pw_readout(c);
     if (!err)

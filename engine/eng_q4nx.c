@@ -26,6 +26,8 @@ struct eng_q4nx {
     eng_q4nx_gen_t    gen;
     eng_q4nx_raster_t q8_raster;
     eng_q4nx_raster_t q41_raster;
+    size_t            n_vision;
+    size_t            vis_mm_n, vis_mm_k; /* 0: §5's fallback per tensor */
 };
 
 /* ---------------------------------------------------------------------
@@ -100,6 +102,11 @@ static svc_err_t emit(char *buf, size_t n, const char *a, size_t layer, bool wit
 
 svc_err_t eng_q4nx_name_to_hf(const char *q4nx_name, char *hf, size_t hf_size,
                               eng_q4nx_xform_t *xform) {
+    if (has_prefix(q4nx_name, ENG_Q4NX_VISION_PREFIX) && eng_q4nx_vision_name(q4nx_name)) {
+        /* §2.7: the vision tower keeps its HF names */
+        *xform = eng_q4nx_vision_tiled_name(q4nx_name) ? ENG_Q4NX_X_VTILE : ENG_Q4NX_X_NONE;
+        return emit(hf, hf_size, "", 0, false, q4nx_name);
+    }
     for (size_t i = 0; i < N_GLOBAL_MAP; i++)
         if (strcmp(q4nx_name, GLOBAL_MAP[i].q4nx) == 0) {
             *xform = GLOBAL_MAP[i].xf;
@@ -130,6 +137,13 @@ static const char *hf_suffix(const char *hf_name) {
 
 svc_err_t eng_q4nx_name_from_hf(const char *hf_name, char *q4nx, size_t q4nx_size,
                                 eng_q4nx_xform_t *xform) {
+    if (eng_q4nx_vision_name(hf_name)) {
+        *xform = eng_q4nx_vision_tiled_name(hf_name) ? ENG_Q4NX_X_VTILE : ENG_Q4NX_X_NONE;
+        const char *rest = has_prefix(hf_name, ENG_Q4NX_VISION_PREFIX)
+                               ? hf_name + strlen(ENG_Q4NX_VISION_PREFIX)
+                               : hf_name + strlen("visual.");
+        return emit(q4nx, q4nx_size, ENG_Q4NX_VISION_PREFIX, 0, false, rest);
+    }
     const char *s = hf_suffix(hf_name);
     for (size_t i = 0; i < N_GLOBAL_MAP; i++)
         if (strcmp(s, GLOBAL_MAP[i].hf) == 0) {
@@ -241,6 +255,8 @@ static svc_err_t build_info(eng_q4nx_t *q, char *errstr, size_t n) {
         if (err)
             return err;
         char hf[NAME_MAX_LEN];
+        if (has_prefix(in->name, ENG_Q4NX_VISION_PREFIX))
+            q->n_vision++;
         if (eng_q4nx_name_to_hf(in->name, hf, sizeof hf, &in->xform) == SVC_OK) {
             in->hf_name = strdup(hf);
             if (!in->hf_name) {
@@ -368,6 +384,29 @@ eng_q4nx_raster_t eng_q4nx_q8_raster(const eng_q4nx_t *q) {
 
 size_t eng_q4nx_count(const eng_q4nx_t *q) {
     return q->n;
+}
+
+size_t eng_q4nx_vision_count(const eng_q4nx_t *q) {
+    return q->n_vision;
+}
+
+svc_err_t eng_q4nx_set_vision_tiles(eng_q4nx_t *q, size_t mm_n, size_t mm_k, char *errstr,
+                                    size_t errstr_size) {
+    if (mm_n && mm_k && !eng_q4nx_vision_tiles_valid(mm_n, mm_k)) {
+        svc_errf(errstr, errstr_size,
+                 "q4nx \"%s\": vision tiles %zu x %zu: expected sizes in 1..%u, the larger a "
+                 "multiple of the smaller (Q4NX.md §5)",
+                 eng_st_path(q->st), mm_n, mm_k, ENG_Q4NX_VISION_MM_MAX);
+        return SVC_ERR_INVALID;
+    }
+    q->vis_mm_n = mm_n && mm_k ? mm_n : 0;
+    q->vis_mm_k = mm_n && mm_k ? mm_k : 0;
+    return SVC_OK;
+}
+
+void eng_q4nx_vision_tiles(const eng_q4nx_t *q, size_t *mm_n, size_t *mm_k) {
+    *mm_n = q->vis_mm_n;
+    *mm_k = q->vis_mm_k;
 }
 
 const eng_q4nx_info_t *eng_q4nx_at(const eng_q4nx_t *q, size_t i) {
@@ -560,7 +599,8 @@ svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t r
     if (!r.in) {
         char qn[NAME_MAX_LEN];
         if (eng_q4nx_name_from_hf(hf_name, qn, sizeof qn, &xf))
-            svc_errf(errstr, errstr_size, "q4nx \"%s\": \"%s\" is not a Qwen3.5 text-tower name",
+            svc_errf(errstr, errstr_size,
+                     "q4nx \"%s\": \"%s\" is not a Qwen3.5 text- or vision-tower name",
                      eng_st_path(q->st), hf_name);
         else
             svc_errf(errstr, errstr_size, "q4nx \"%s\": tensor \"%s\" (HF \"%s\") is missing",
@@ -572,6 +612,12 @@ svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t r
         if (rank > ENG_ST_MAX_RANK || __builtin_mul_overflow(numel, dims[i], &numel) ||
             numel > SIZE_MAX / sizeof(float))
             return rd_fail(&r, SVC_ERR_INVALID, "requested shape is too large");
+    /* a tiled vision weight asked for as its logical matrix (§5); asked
+     * for as stored, or stored untiled, it is a plain tensor */
+    if (r.in->xform == ENG_Q4NX_X_VTILE && r.in->st->rank == 3 && rank == 2 &&
+        !eng_q4nx_kind_packed(r.in->kind))
+        return eng_q4nx_vision_read(eng_st_path(q->st), r.in->st, q->vis_mm_n, q->vis_mm_k, dims,
+                                    out, errstr, errstr_size);
     svc_err_t err = eng_q4nx_kind_packed(r.in->kind) ? rd_packed(&r, rank, dims, out)
                                                      : rd_plain(&r, rank, dims, out);
     /* The stored tensor's own transform applies: the tied lm_head and the

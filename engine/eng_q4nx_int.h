@@ -34,7 +34,11 @@
  * suffix ("layers.3.self_attn.q_proj.weight", "embed_tokens.weight",
  * "norm.weight"); lookups also accept the bare suffix or "language_model.".
  *
- * Thread-safety: an open eng_q4nx_t is immutable; any number of threads may
+ * The vision tower's vision_weight.q4nx is the same container, BF16 only,
+ * read and written through the same calls (section "Vision tower" below).
+ *
+ * Thread-safety: an open eng_q4nx_t is immutable (after the optional
+ * eng_q4nx_set_vision_tiles); any number of threads may
  * call eng_q4nx_tensor_f32 at once. A writer belongs to one thread.
  */
 #ifndef D3STREAM_ENG_Q4NX_INT_H
@@ -139,17 +143,21 @@ typedef enum eng_q4nx_xform {
     ENG_Q4NX_X_Q_REGROUP = 4, /* q_proj rows (g p h) -> (p g h), p = 2 */
     ENG_Q4NX_X_ROW_DUP = 5,   /* alpha/beta: rows padded to 32 by duplication */
     ENG_Q4NX_X_TIED = 6,      /* embed_tokens read from the Q8 lm_head (Gen-B) */
+    ENG_Q4NX_X_VTILE = 7,     /* vision matmul weight in MM_N x MM_K blocks (§5) */
 } eng_q4nx_xform_t;
 
 /**
  * @brief Maps a Q4NX name to its HF name ("model.language_model.<suffix>",
- *   or "lm_head.weight").
+ *   or "lm_head.weight"). Vision names ("model.visual.<suffix>", §2.7) are
+ *   the same on both sides; their xform is ENG_Q4NX_X_VTILE for the tiled
+ *   weights, else ENG_Q4NX_X_NONE.
  * @returns SVC_OK; SVC_ERR_INVALID when the name has no HF counterpart
  *   (the .bf16 alpha/beta copies, unknown names) or hf is too small.
  */
 SVC_WUR svc_err_t eng_q4nx_name_to_hf(const char *q4nx_name, char *hf, size_t hf_size,
                                       eng_q4nx_xform_t *xform);
-/* The inverse; accepts the prefixes listed in the file comment.
+/* The inverse; accepts the prefixes listed in the file comment, and
+ * "visual." for "model.visual.".
  * "embed_tokens.weight" maps to "model.embed_tokens.weight" (Gen-A). */
 SVC_WUR svc_err_t eng_q4nx_name_from_hf(const char *hf_name, char *q4nx, size_t q4nx_size,
                                         eng_q4nx_xform_t *xform);
@@ -246,5 +254,118 @@ SVC_WUR svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name,
  */
 SVC_WUR svc_err_t eng_q4nx_writer_finish(eng_q4nx_writer_t *w, const char *path, char *errstr,
                                          size_t errstr_size);
+
+/* ======================================================================
+ * Vision tower (vision_weight.q4nx; Q4NX.md §2.7, §5)
+ *
+ * Every tensor is BF16 and named "model.visual.<HF suffix>" (the HF name
+ * itself). The four matmul weights of a block and the merger's two
+ * (names ending in attn.qkv.weight, attn.proj.weight, fc1.weight,
+ * fc2.weight) are tiled: the logical W[N, K] (out, in) is zero-padded to
+ * Np x Kp and stored as [Np/MM_N, Kp/MM_K, MM_N*MM_K], each MM_N x MM_K
+ * block row-major, blocks N-major then K (§5). The converter pads both
+ * sides to multiples of max(MM_N, MM_K); the reader also accepts the
+ * minimal padding (multiples of MM_N, resp. MM_K), which §7's second
+ * example shows ([128, 1024] -> [2, 2, 32768]). Everything else (biases,
+ * norms, pos_embed [npos, hidden], patch_embed [hidden, 3, T, P, P]) is
+ * stored as HF holds it.
+ *
+ * Reading (the tensors come out as the HF fp32 arrays, padding dropped):
+ *     eng_q4nx_t *v = NULL;
+ *     eng_q4nx_open(dir "/vision_weight.q4nx", &v, errstr, n);
+ *     size_t mm_n = 0, mm_k = 0;        // 0: not in config.json
+ *     eng_q4nx_vision_tiles_from_config(json_object_get(cfg, "vision_config"),
+ *                                       &mm_n, &mm_k, errstr, n);
+ *     eng_q4nx_set_vision_tiles(v, mm_n, mm_k, errstr, n);
+ *     uint64_t d[2] = {3072, 1024};
+ *     eng_q4nx_tensor_f32(v, "model.visual.blocks.0.attn.qkv.weight", 2, d, out, errstr, n);
+ * A file opened this way also answers eng_q4nx_generation (GEN_B: it has
+ * no embed_tokens) and q8_raster; both are meaningless for a file without
+ * text tensors, and nothing about its vision tensors affects them (they
+ * are BF16, never tiles of §3/§4).
+ * ====================================================================== */
+
+#define ENG_Q4NX_VISION_PREFIX "model.visual."
+#define ENG_Q4NX_VISION_MM_N   64u   /* §5 default and every converter config */
+#define ENG_Q4NX_VISION_MM_K   512u  /* the 2B's vision_MM_K; the writer's default */
+#define ENG_Q4NX_VISION_MM_MAX 4096u /* larger tiles are refused as nonsense */
+
+/* "model.visual." or "visual." followed by something. */
+bool eng_q4nx_vision_name(const char *name);
+/* A vision name whose weight the converter tiles (§2.7 last paragraph). */
+bool eng_q4nx_vision_tiled_name(const char *name);
+
+/* Stored shape of a tiled W[N, K] as the converter writes it: N and K
+ * padded to multiples of max(mm_n, mm_k) (§5). */
+void eng_q4nx_vision_tiled_shape(uint64_t N, uint64_t K, size_t mm_n, size_t mm_k,
+                                 uint64_t shape[3]);
+/* Element index of W[n, k] in a stored tensor with kb K-blocks (§5):
+ * ((n / mm_n) * kb + k / mm_k) * mm_n * mm_k + (n % mm_n) * mm_k + k % mm_k. */
+uint64_t eng_q4nx_vision_index(uint64_t n, uint64_t k, uint64_t kb, size_t mm_n, size_t mm_k);
+
+/**
+ * @brief Tiles a row-major f32 W[N, K] into little-endian BF16 (RNE) bytes
+ *   of the stored shape (shape[0] * mm_n >= N, shape[1] * mm_k >= K,
+ *   shape[2] == mm_n * mm_k); padding is +0.
+ * @param out room for 2 * shape[0] * shape[1] * shape[2] bytes.
+ */
+void eng_q4nx_vision_tile(const float *w, size_t N, size_t K, size_t mm_n, size_t mm_k,
+                          const uint64_t shape[3], uint8_t *out);
+/**
+ * @brief The inverse: W[N, K] out of a stored tiled tensor of dtype dt
+ *   (BF16, F16 or F32, little-endian, any alignment), padding dropped.
+ *   Shapes as above; the caller checks them (eng_q4nx_tensor_f32 does).
+ */
+void eng_q4nx_vision_untile(const void *stored, eng_dtype_t dt, const uint64_t shape[3],
+                            size_t mm_n, size_t mm_k, size_t N, size_t K, float *out);
+
+struct json_t; /* jansson */
+
+/**
+ * @brief The tile sizes a config.json vision_config object names:
+ *   VISION_MM_TILE_N / VISION_MM_TILE_K, else vision_MM_N / vision_MM_K
+ *   (§5). A missing key (or a NULL / non-object vision_config) gives 0,
+ *   which eng_q4nx_set_vision_tiles reads as "use §5's fallback".
+ * @returns SVC_OK; SVC_ERR_FORMAT when a key is there but not an integer
+ *   in 1..ENG_Q4NX_VISION_MM_MAX.
+ */
+SVC_WUR svc_err_t eng_q4nx_vision_tiles_from_config(const struct json_t *vision_config,
+                                                    size_t *mm_n, size_t *mm_k, char *errstr,
+                                                    size_t errstr_size);
+
+/**
+ * @brief Sets the tile sizes eng_q4nx_tensor_f32 untiles vision weights
+ *   with. Call it right after open, before q is shared between threads.
+ * @param mm_n, mm_k 0 (either) keeps §5's fallback, the default: MM_N = 64
+ *   and MM_K = shape[2] / 64 per tensor. Otherwise both in
+ *   1..ENG_Q4NX_VISION_MM_MAX, and the larger a multiple of the smaller
+ *   (the converter pads both sides to the larger one).
+ * @returns SVC_OK; SVC_ERR_INVALID (sizes refused, q unchanged).
+ */
+SVC_WUR svc_err_t eng_q4nx_set_vision_tiles(eng_q4nx_t *q, size_t mm_n, size_t mm_k, char *errstr,
+                                            size_t errstr_size);
+/* The rules above for two nonzero sizes. */
+bool eng_q4nx_vision_tiles_valid(size_t mm_n, size_t mm_k);
+/* The sizes set (0, 0 when §5's fallback applies). */
+void eng_q4nx_vision_tiles(const eng_q4nx_t *q, size_t *mm_n, size_t *mm_k);
+/* How many stored tensors have a vision name. */
+size_t eng_q4nx_vision_count(const eng_q4nx_t *q);
+
+/* eng_q4nx_vision.c, for eng_q4nx_tensor_f32: a tiled vision tensor t (of
+ * file path) as W[dims[0], dims[1]], with tile sizes mm_n/mm_k (0: §5's
+ * fallback). Checks the tile size, the grid against dims and that the
+ * padding is zero (a wrong MM_K scrambles blocks and shows there). */
+SVC_WUR svc_err_t eng_q4nx_vision_read(const char *path, const eng_st_tensor_t *t, size_t mm_n,
+                                       size_t mm_k, const uint64_t dims[2], float *out,
+                                       char *errstr, size_t errstr_size);
+
+/**
+ * @brief Tile sizes for the vision weights a writer tiles (default
+ *   ENG_Q4NX_VISION_MM_N x ENG_Q4NX_VISION_MM_K); same rules as
+ *   eng_q4nx_set_vision_tiles, except that 0 is refused. Vision names
+ *   given to eng_q4nx_writer_add are written BF16 (any rank up to
+ *   ENG_ST_MAX_RANK), the tiled ones (2-D) tiled with these sizes.
+ */
+SVC_WUR svc_err_t eng_q4nx_writer_set_vision_tiles(eng_q4nx_writer_t *w, size_t mm_n, size_t mm_k);
 
 #endif /* D3STREAM_ENG_Q4NX_INT_H */

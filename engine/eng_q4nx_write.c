@@ -20,13 +20,14 @@ typedef struct wr_tensor {
     char       *name;
     eng_dtype_t dtype;
     uint32_t    rank;
-    uint64_t    shape[3];
+    uint64_t    shape[ENG_ST_MAX_RANK];
     uint8_t    *data;
     size_t      nbytes;
 } wr_tensor_t;
 
 struct eng_q4nx_writer {
     size_t       head_dim;
+    size_t       vis_mm_n, vis_mm_k; /* vision tiles (§5) */
     wr_tensor_t *t;
     size_t       n, cap;
 };
@@ -58,7 +59,17 @@ svc_err_t eng_q4nx_writer_new(size_t head_dim, eng_q4nx_writer_t **out) {
     if (!w)
         return SVC_ERR_NOMEM;
     w->head_dim = head_dim;
+    w->vis_mm_n = ENG_Q4NX_VISION_MM_N;
+    w->vis_mm_k = ENG_Q4NX_VISION_MM_K;
     *out = w;
+    return SVC_OK;
+}
+
+svc_err_t eng_q4nx_writer_set_vision_tiles(eng_q4nx_writer_t *w, size_t mm_n, size_t mm_k) {
+    if (!eng_q4nx_vision_tiles_valid(mm_n, mm_k))
+        return SVC_ERR_INVALID;
+    w->vis_mm_n = mm_n;
+    w->vis_mm_k = mm_k;
     return SVC_OK;
 }
 
@@ -104,7 +115,7 @@ static svc_err_t wr_push(const wr_ctx_t *c, const char *name, eng_dtype_t dt, ui
         return wr_fail(c, SVC_ERR_NOMEM, "out of memory");
     }
     wr_tensor_t *t = &w->t[w->n++];
-    *t = (wr_tensor_t){nm, dt, rank, {0, 0, 0}, data, nbytes};
+    *t = (wr_tensor_t){nm, dt, rank, {0}, data, nbytes};
     memcpy(t->shape, shape, rank * sizeof *shape);
     return SVC_OK;
 }
@@ -209,8 +220,9 @@ static eng_q4nx_kind_t auto_kind(const char *qname, eng_q4nx_xform_t xf) {
 static svc_err_t wr_check(const wr_ctx_t *c, size_t rank, const uint64_t *dims, const float *x,
                           size_t *numel) {
     uint64_t n = 1;
-    if (rank < 1 || rank > 3)
-        return wr_fail(c, SVC_ERR_INVALID, "rank %zu, expected 1 to 3", rank);
+    size_t   max_rank = eng_q4nx_vision_name(c->hf) ? ENG_ST_MAX_RANK : 3;
+    if (rank < 1 || rank > max_rank)
+        return wr_fail(c, SVC_ERR_INVALID, "rank %zu, expected 1 to %zu", rank, max_rank);
     for (size_t i = 0; i < rank; i++)
         if (!dims[i] || __builtin_mul_overflow(n, dims[i], &n) || n > SIZE_MAX / 8)
             return wr_fail(c, SVC_ERR_INVALID, "dims[%zu] = %llu is empty or too large", i,
@@ -222,6 +234,32 @@ static svc_err_t wr_check(const wr_ctx_t *c, size_t rank, const uint64_t *dims, 
     return SVC_OK;
 }
 
+/* A vision tensor (§2.7): BF16, the matmul weights tiled (§5). */
+static svc_err_t wr_vision(const wr_ctx_t *c, size_t rank, const uint64_t *dims, const float *x,
+                           eng_q4nx_xform_t xf, eng_q4nx_kind_t kind) {
+    size_t    n = 0;
+    svc_err_t err = wr_check(c, rank, dims, x, &n);
+    if (err)
+        return err;
+    if (kind != ENG_Q4NX_AUTO && kind != ENG_Q4NX_BF16)
+        return wr_fail(c, SVC_ERR_INVALID, "vision tensors are BF16, not %s (Q4NX.md §2.7)",
+                       eng_q4nx_kind_name(kind));
+    if (xf != ENG_Q4NX_X_VTILE)
+        return wr_plain(c, c->qname, ENG_DT_BF16, (uint32_t)rank, dims, x, n, ENG_Q4NX_X_NONE);
+    if (rank != 2)
+        return wr_fail(c, SVC_ERR_INVALID, "a tiled vision weight must be 2-D [out, in]");
+    uint64_t shape[3];
+    eng_q4nx_vision_tiled_shape(dims[0], dims[1], c->w->vis_mm_n, c->w->vis_mm_k, shape);
+    uint64_t total = shape[0] * shape[1] * shape[2];
+    if (total > SIZE_MAX / 4)
+        return wr_fail(c, SVC_ERR_INVALID, "too large");
+    uint8_t *d = malloc((size_t)total * 2);
+    if (!d)
+        return wr_fail(c, SVC_ERR_NOMEM, "out of memory");
+    eng_q4nx_vision_tile(x, dims[0], dims[1], c->w->vis_mm_n, c->w->vis_mm_k, shape, d);
+    return wr_push(c, c->qname, ENG_DT_BF16, 3, shape, d, (size_t)total * 2);
+}
+
 svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t rank,
                               const uint64_t *dims, const float *data, eng_q4nx_kind_t kind,
                               char *errstr, size_t errstr_size) {
@@ -229,7 +267,10 @@ svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t 
     eng_q4nx_xform_t xf;
     wr_ctx_t         c = {w, hf_name, qname, errstr, errstr_size};
     if (eng_q4nx_name_from_hf(hf_name, qname, sizeof qname, &xf))
-        return wr_fail(&c, SVC_ERR_INVALID, "not a Qwen3.5 text-tower name (Q4NX.md §2.3-§2.5)");
+        return wr_fail(&c, SVC_ERR_INVALID,
+                       "not a Qwen3.5 text- or vision-tower name (Q4NX.md §2.3-§2.5, §2.7)");
+    if (eng_q4nx_vision_name(hf_name))
+        return wr_vision(&c, rank, dims, data, xf, kind);
     if (strcmp(qname, "model.embed_tokens.weight") == 0) {
         /* Gen-B keeps one tied table: the Q8 lm_head (§0.2, §2.3). */
         snprintf(qname, sizeof qname, "lm_head.weight");

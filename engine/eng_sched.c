@@ -77,11 +77,18 @@ struct sreq {
     size_t               n_qs;
     svc_err_t            err; /* the first failure; under s->mu */
     char                 errstr[512];
+    /* images: image k of the request (parts in order) is slot img_slot[k]
+     * of reg, with img_tok[k] tokens; part p's are [img_first[p],
+     * img_first[p + 1]). The request holds a reference on each. */
+    eng_imgreg_t *reg;
+    size_t        n_img; /* references taken */
+    size_t       *img_slot, *img_tok, *img_first;
 };
 
 struct eng_sched {
     const eng_package_t *pkg;
     const eng_model_t   *model;
+    eng_imgreg_t        *reg; /* image slots, or NULL without a vision tower */
     bool                 noncausal;
     size_t               max_questions, max_group, n_workers;
     pthread_t           *threads;   /* (n_workers) */
@@ -107,6 +114,11 @@ struct eng_sched {
 static void sreq_free(sreq_t *r) {
     if (!r)
         return;
+    for (size_t k = 0; k < r->n_img; k++)
+        eng_imgreg_release(r->reg, r->img_slot[k]);
+    free(r->img_slot);
+    free(r->img_tok);
+    free(r->img_first);
     for (size_t k = 0; k < r->n_qs; k++)
         free(r->qs[k].ids);
     free(r->qs);
@@ -126,8 +138,48 @@ static void sreq_complete(sreq_t *r) {
     sreq_free(r);
 }
 
+/* Every image of r's request prepared (checked: a refused one fills
+ * reject) and held in a slot of s->reg. */
+static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char *errstr,
+                             size_t errstr_size) {
+    const sch_request_t *req = r->req;
+    size_t               n = 0, np = sch_request_n_parts(req);
+    for (size_t p = 0; p < np; p++)
+        n += sch_request_part(req, p)->n_images;
+    if (!n)
+        return SVC_OK;
+    r->reg = s->reg;
+    r->img_slot = calloc(n, sizeof *r->img_slot);
+    r->img_tok = calloc(n, sizeof *r->img_tok);
+    r->img_first = calloc(np + 1, sizeof *r->img_first);
+    if (!r->img_slot || !r->img_tok || !r->img_first)
+        return SVC_ERR_NOMEM;
+    for (size_t p = 0; p < np; p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        r->img_first[p] = r->n_img;
+        for (size_t i = 0; i < part->n_images; i++) {
+            eng_image_prep_t *prep = NULL;
+            char              msg[384];
+            svc_err_t err = eng_image_prepare(s->model, &part->images[i], &prep, msg, sizeof msg);
+            if (err == SVC_ERR_INVALID)
+                eng_answer_reject_image(reject, i, msg, errstr, errstr_size);
+            else if (err)
+                svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
+            if (!err)
+                err =
+                    eng_imgreg_acquire(s->reg, prep, &r->img_slot[r->n_img], &r->img_tok[r->n_img]);
+            if (err)
+                return err;
+            r->n_img++;
+        }
+    }
+    r->img_first[np] = r->n_img;
+    return SVC_OK;
+}
+
 /* Plans every valid question of req into r (eng_answer_plan); the ones
- * that reach the model become r->qs. */
+ * that reach the model become r->qs, their image placeholders expanded to
+ * the tokens of r's image slots. */
 static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errstr_size) {
     const sch_request_t *req = r->req;
     size_t               n_valid = 0;
@@ -142,6 +194,7 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
         return SVC_ERR_NOMEM;
     eng_prompt_t pr;
     eng_prompt_init(&pr);
+    eng_ids_t ex = {0};
     svc_err_t err = SVC_OK;
     for (size_t p = 0; !err && p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
@@ -152,14 +205,23 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
             err = eng_answer_plan(s->pkg, req, p, i, r->ans, &pr, &run, errstr, errstr_size);
             if (err || !run)
                 continue;
+            const eng_ids_t *ids = &pr.ids;
+            if (part->n_images) {
+                err = eng_answer_expand(&pr, eng_model_image_token_id(s->model),
+                                        r->img_slot + r->img_first[p], r->img_tok + r->img_first[p],
+                                        part->n_images, &ex, errstr, errstr_size);
+                if (err)
+                    break;
+                ids = &ex;
+            }
             squ_t *q = &r->qs[r->n_qs];
-            q->ids = malloc(pr.ids.n * sizeof *q->ids);
+            q->ids = malloc(ids->n * sizeof *q->ids);
             if (!q->ids) {
                 err = SVC_ERR_NOMEM;
                 break;
             }
-            memcpy(q->ids, pr.ids.v, pr.ids.n * sizeof *q->ids);
-            q->n = pr.ids.n;
+            memcpy(q->ids, ids->v, ids->n * sizeof *q->ids);
+            q->n = ids->n;
             q->r = r;
             q->p = p;
             q->i = i;
@@ -167,6 +229,7 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
         }
     }
     eng_prompt_fini(&pr);
+    free(ex.v);
     return err;
 }
 
@@ -229,9 +292,10 @@ static void run_leaf(wctx_t *w, squ_t *q, const eng_fwd_state_t *st, size_t dept
     svc_err_t err = SVC_OK;
     if (!skip) {
         w->errstr[0] = '\0';
-        err = eng_model_forward_from(s->model, (eng_fwd_state_t *)st, false, q->ids + depth,
-                                     q->n - depth, s->noncausal, w->hidden, NULL, NULL, w->errstr,
-                                     sizeof w->errstr);
+        err = eng_model_forward_media(s->model, (eng_fwd_state_t *)st, false, q->ids + depth,
+                                      q->n - depth, s->reg ? eng_imgreg_media(s->reg) : NULL,
+                                      s->noncausal, w->hidden, NULL, NULL, w->errstr,
+                                      sizeof w->errstr);
         if (err)
             eng_answer_blame(&sch_request_part(r->req, q->p)->questions[q->i], w->errstr,
                              sizeof w->errstr);
@@ -297,9 +361,9 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
         w->errstr[0] = '\0';
         own = st ? eng_fwd_state_clone(st) : eng_fwd_state_new(s->model, s->noncausal);
         if (own) /* no final_last: a noncausal pass stops at layer F */
-            err =
-                eng_model_forward_from(s->model, own, true, v[0]->ids + depth, D - depth,
-                                       s->noncausal, NULL, NULL, NULL, w->errstr, sizeof w->errstr);
+            err = eng_model_forward_media(s->model, own, true, v[0]->ids + depth, D - depth,
+                                          s->reg ? eng_imgreg_media(s->reg) : NULL, s->noncausal,
+                                          NULL, NULL, NULL, w->errstr, sizeof w->errstr);
         if (err) {
             if (err == SVC_ERR_NOMEM && !w->errstr[0])
                 svc_errf(w->errstr, sizeof w->errstr, "out of memory for a prefix state");
@@ -360,6 +424,43 @@ static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
     }
 }
 
+/* Encodes (or waits for) the images of the taken questions v[0..n-1];
+ * a question whose image failed fails its request and leaves v. Returns
+ * the questions left. Unlocked on entry and exit. */
+static size_t images_ready(wctx_t *w, squ_t **v, size_t n) {
+    eng_sched_t *s = w->s;
+    size_t       kept = 0;
+    for (size_t k = 0; k < n; k++) {
+        sreq_t   *r = v[k]->r;
+        svc_err_t err = SVC_OK;
+        size_t    here = 0;
+        double    t0 = eng_now_ms();
+        for (size_t i = 0; !err && i < r->n_img; i++) {
+            bool enc = false;
+            w->errstr[0] = '\0';
+            err = eng_imgreg_ready(s->reg, r->img_slot[i], &enc, w->errstr, sizeof w->errstr);
+            here += enc;
+        }
+        pthread_mutex_lock(&s->mu);
+        if (here) {
+            eng_answer_stats_t *st = eng_answers_stats_mut(r->ans);
+            st->images_encoded += here;
+            st->vision_ms += eng_now_ms() - t0;
+            s->stats.images_encoded += here;
+        }
+        if (err) {
+            eng_answer_blame(&sch_request_part(r->req, v[k]->p)->questions[v[k]->i], w->errstr,
+                             sizeof w->errstr);
+            fail_locked(v[k], err, w->errstr);
+            finish_locked(w, v[k]);
+        } else
+            v[kept++] = v[k];
+        pthread_mutex_unlock(&s->mu);
+    }
+    complete_unlocked(w);
+    return kept;
+}
+
 static void *worker_main(void *arg) {
     wctx_t      *w = arg;
     eng_sched_t *s = w->s;
@@ -394,6 +495,8 @@ static void *worker_main(void *arg) {
             batch_note(&s->stats, n);
         pthread_mutex_unlock(&s->mu);
         complete_unlocked(w);
+        if (n && s->reg)
+            n = images_ready(w, v, n);
         if (n)
             run_batch(w, v, n, lc);
     }
@@ -465,6 +568,7 @@ void eng_sched_free(eng_sched_t *s) {
         free(s->ctx[k].hidden);
     free(s->ctx);
     eng_fwd_state_free(s->head_st);
+    eng_imgreg_free(s->reg);
     eng_ids_fini(&s->head);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -493,6 +597,14 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     }
     s->max_questions = conf->max_questions ? conf->max_questions : 1024;
     s->max_group = conf->max_group ? conf->max_group : 32;
+    if (eng_model_has_vision(model)) {
+        s->reg = eng_imgreg_new(model, conf->max_images ? conf->max_images : 32);
+        if (!s->reg) {
+            free(s);
+            svc_errf(errstr, errstr_size, "out of memory for the scheduler");
+            return SVC_ERR_NOMEM;
+        }
+    }
     eng_ids_init(&s->head);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -529,7 +641,7 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
 }
 
 svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
-                           void *user) {
+                           void *user, sch_error_t *reject) {
     char      errstr[512] = "";
     double    submit_ms = eng_now_ms();
     sreq_t   *r = calloc(1, sizeof *r);
@@ -540,8 +652,10 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
         r->user = user;
         r->submit_ms = submit_ms;
         eng_deadline_start(&r->dl, sch_request_options(req)); /* counts from submit */
-        err = eng_answer_refuse_media(s->pkg, req, errstr, sizeof errstr);
+        err = eng_answer_refuse_media(s->pkg, s->model, req, errstr, sizeof errstr);
     }
+    if (!err)
+        err = sreq_images(s, r, reject, errstr, sizeof errstr);
     if (!err)
         err = sreq_plan(s, r, errstr, sizeof errstr);
     if (err) {

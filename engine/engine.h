@@ -179,8 +179,10 @@ typedef struct eng_model eng_model_t;
  *        Weights: model.safetensors, or model.safetensors.index.json and the
  *        shards its weight_map names (plain file names in dir, each tensor
  *        looked up through the map), with text tensors under
- *        "model.language_model." or "language_model." (vision tensors are
- *        ignored); else model.q4nx
+ *        "model.language_model." or "language_model.", and the vision tower
+ *        (tensors under "model.visual." or "visual.", config.json
+ *        vision_config, preprocessor_config.json: SPEC e.6, e.7) when the
+ *        package has all three; else model.q4nx
  *        (FastFlowLM's container, Gen-A or Gen-B, dequantised and its
  *        transforms undone, Q4NX.md §8). config.json is the Hugging Face
  *        layout (text_config) or FastFlowLM's flattened one (Q4NX.md §6).
@@ -216,6 +218,9 @@ typedef struct eng_model_info {
     double   rms_eps;
     uint64_t n_params_text;    /* elements of every text-tower tensor loaded */
     uint64_t n_params_readout; /* 255 * hidden */
+    /* the vision tower (SPEC e.7), all 0 without one */
+    size_t   vis_depth, vis_hidden, vis_heads, vis_inter, vis_patch, vis_merge, vis_n_pos;
+    uint64_t n_params_vision; /* elements of every vision tensor loaded */
 } eng_model_info_t;
 
 /* Fills *info from a loaded model. */
@@ -224,8 +229,10 @@ void eng_model_get_info(const eng_model_t *m, eng_model_info_t *info);
 /**
  * @brief Checks dir/MODEL_MANIFEST.json `parameters` (SPEC e.3) against the
  *        loaded model: `text` must equal the text-tower elements loaded,
- *        `readout` 255 x hidden_size, and `loaded` minus `vision` (no vision
- *        tower is loaded yet) their sum. `vision` may be left out (0).
+ *        `readout` 255 x hidden_size, `vision` the vision tower's elements
+ *        when one is loaded (otherwise it may list a tower not loaded), and
+ *        `loaded` minus `vision` the sum of text and readout. `vision` may
+ *        be left out (0).
  * @returns SVC_OK, also when there is no MODEL_MANIFEST.json or it lists no
  *          `parameters`; SVC_ERR_FORMAT with one line naming the file, the
  *          field, expected and actual, e.g. `MODEL_MANIFEST.json "d/..":
@@ -237,6 +244,80 @@ SVC_WUR svc_err_t eng_model_check_parameters(const eng_model_t *m, const char *d
 /* true when decoder layer i (< n_layers) is a full-attention layer, false
  * for a Gated DeltaNet (linear-attention) layer. */
 bool eng_model_layer_is_full(const eng_model_t *m, size_t i);
+
+/* One encoded image: the vision tower's merged tokens, in the text
+ * tower's width, row-major over its merged grid (gh x gw tokens). */
+typedef struct eng_image_emb {
+    size_t gh, gw; /* merged grid: rows and columns of tokens */
+    size_t hidden; /* floats per token: the text hidden_size */
+    float *rows;   /* (gh * gw, hidden), owned by whoever made it */
+} eng_image_emb_t;
+
+/* The images a pass's image token ids refer to, by slot. */
+typedef struct eng_media {
+    const eng_image_emb_t *const *slots; /* (n_slots); NULL entries are unused */
+    size_t                        n_slots;
+} eng_media_t;
+
+/* The input id of token j (< 65,536) of the image in slot (< 32,768):
+ * negative, so it never collides with a vocabulary id, and equal for the
+ * same slot and token, so prefix sharing over ids stays exact. */
+#define ENG_IMAGE_ID(slot, j) ((int32_t)(-1 - (int32_t)(((uint32_t)(slot) << 16) | (uint32_t)(j))))
+#define ENG_IMAGE_MAX_SLOTS   32768u
+#define ENG_IMAGE_MAX_TOKENS  65536u
+
+/* ---- Images (issue 6): the vision tower ------------------------------ */
+
+/* true when the package has a vision tower (vision tensors, a
+ * vision_config and preprocessor_config.json, SPEC e.7). */
+bool eng_model_has_vision(const eng_model_t *m);
+/* config.json image_token_id (the <|image_pad|> id), -1 without a tower. */
+int32_t eng_model_image_token_id(const eng_model_t *m);
+
+/* A request image decoded and resized for the tower (opaque). */
+typedef struct eng_image_prep eng_image_prep_t;
+
+/**
+ * @brief Checks and prepares one image (SPEC a.10): decodes it as Pillow's
+ *        open + convert("RGB"), smart-resizes it (aspect limit) and resizes
+ *        it as the reference processor (torch uint8 bicubic, antialiased).
+ * @param out on SVC_OK the prepared image (free with eng_image_prep_free).
+ * @returns SVC_OK; SVC_ERR_INVALID with the contract's message without the
+ *          "images[<i>]: " prefix (e.g. "invalid image data (OSError)");
+ *          SVC_ERR_UNSUPPORTED (no vision tower); SVC_ERR_NOMEM.
+ * @remark Thread-safe; memory of the source image while it runs, then the
+ *         resized pixels only (at most 1,638,400 x 3 bytes).
+ */
+SVC_WUR svc_err_t eng_image_prepare(const eng_model_t *m, const sch_image_t *img,
+                                    eng_image_prep_t **out, char *errstr, size_t errstr_size);
+/* The image's input tokens ((H/16) (W/16) / 4 of its resized size). */
+size_t eng_image_prep_tokens(const eng_image_prep_t *p);
+/* SHA-256 of its encoded bytes (32 bytes, valid while p lives): equal
+ * images of any requests are encoded once by the scheduler. */
+const unsigned char *eng_image_prep_digest(const eng_image_prep_t *p);
+void                 eng_image_prep_free(eng_image_prep_t *p); /* NULL is a no-op */
+
+/**
+ * @brief Runs the vision tower over a prepared image.
+ * @param out on SVC_OK its merged tokens (out->rows owned by the caller:
+ *        eng_image_emb_fini).
+ * @returns SVC_OK; SVC_ERR_NOMEM or SVC_ERR_INVALID with errstr.
+ * @remark Thread-safe (the model is read only); the tower's kernels use
+ *         the npu pool.
+ */
+SVC_WUR svc_err_t eng_image_encode(const eng_model_t *m, const eng_image_prep_t *p,
+                                   eng_image_emb_t *out, char *errstr, size_t errstr_size);
+void              eng_image_emb_fini(eng_image_emb_t *e); /* frees rows; NULL is a no-op */
+
+/**
+ * @brief A deterministic synthetic w x h RGB PNG (gradients, rings, a
+ *        little seeded noise), for benchmarks and tests without image files.
+ * @param bytes on SVC_OK a new buffer of *len bytes (caller frees).
+ * @returns SVC_OK; SVC_ERR_INVALID (a zero side, over 16,000,000 pixels);
+ *          SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_image_synth_png(uint32_t w, uint32_t h, uint64_t seed, unsigned char **bytes,
+                                      size_t *len);
 
 /* Called by eng_model_forward after the embeddings (layer -1) and after each
  * decoder layer 0..L-1 with the residual stream state, (T, hidden), valid
@@ -293,11 +374,15 @@ typedef struct eng_answers eng_answers_t;
 
 /* Where the time of one request went (for meta.compute_ms and logs). */
 typedef struct eng_answer_stats {
-    double queue_ms;    /* scheduler: from submit to the first forward pass (0 otherwise) */
-    double tokenize_ms; /* rendering and tokenizing every valid question */
-    double forward_ms;  /* forward passes and readouts (scheduler: each question's own
-                           tokens plus an equal share of every prefix it shared) */
-    size_t n_forward;   /* questions that reached the model */
+    double queue_ms;       /* scheduler: from submit to the first forward pass (0 otherwise) */
+    double tokenize_ms;    /* rendering and tokenizing every valid question */
+    double forward_ms;     /* forward passes and readouts (scheduler: each question's own
+                              tokens plus an equal share of every prefix it shared) */
+    size_t n_forward;      /* questions that reached the model */
+    size_t images_encoded; /* vision tower runs for this request (0 when a
+                              scheduler found them encoded for another) */
+    double vision_ms;      /* scheduler: time its questions waited for (or ran)
+                              the tower */
 } eng_answer_stats_t;
 
 /**
@@ -317,18 +402,24 @@ typedef struct eng_answer_stats {
  *        tokenized for that, even after the deadline. (The HTTP shim will
  *        later want the deadline to count from its receive time; that will
  *        be a start-time parameter, not needed by today's callers.)
- * @param req decoded against this package; parts with images or videos
- *        are refused (SVC_ERR_UNSUPPORTED) before any forward, since the
- *        text tower has no vision tower -- decode with has_vision false so
- *        the client gets the contract's 400 instead.
+ *        Images (SPEC a.10, c.7): each distinct image of the request is
+ *        prepared and encoded by the vision tower once, and its tokens
+ *        placed at its <|image_pad|> in every prompt of its part.
+ * @param req decoded against this package (has_vision =
+ *        eng_model_has_vision); videos are refused (SVC_ERR_UNSUPPORTED),
+ *        and images too when the model has no vision tower.
  * @param out on SVC_OK the answers; free with eng_answers_free.
- * @returns SVC_OK; SVC_ERR_UNSUPPORTED (media), SVC_ERR_NOMEM, or the
- *          forward pass's error (e.g. a token id outside the model's
- *          vocabulary), with errstr naming the question.
+ * @param reject optional: when an image is refused by the contract
+ *        (SVC_ERR_INVALID, "images[<i>]: ..."), the request's 400 to send
+ *        (sch_error_fini it); errstr says the same.
+ * @returns SVC_OK; SVC_ERR_INVALID (an image refused, see reject, or the
+ *          forward pass refused an id); SVC_ERR_UNSUPPORTED (media),
+ *          SVC_ERR_NOMEM, or the forward pass's error, with errstr naming
+ *          the question.
  */
 SVC_WUR svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
-                                     const sch_request_t *req, eng_answers_t **out, char *errstr,
-                                     size_t errstr_size);
+                                     const sch_request_t *req, eng_answers_t **out,
+                                     sch_error_t *reject, char *errstr, size_t errstr_size);
 /* Frees the answers and every result, probability and message. NULL is a no-op. */
 void eng_answers_free(eng_answers_t *ans);
 
@@ -388,6 +479,9 @@ typedef struct eng_sched_conf {
                              A request larger than the bound is admitted when
                              nothing else is, so it never waits forever. */
     size_t max_group;     /* questions a worker takes at once to group; 0: 32 */
+    size_t max_images;    /* distinct images in flight (each holds its pixels,
+                             then its tokens); 0: 32. A submit past it is
+                             SVC_ERR_RETRIABLE, like a full queue. */
 } eng_sched_conf_t;
 
 /* The outcome of one submitted request, exactly once, on a worker thread.
@@ -412,15 +506,24 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  *        blocking. options.deadline_ms counts from this call.
  *        Requests with no valid question complete at once (done may run
  *        on the calling thread before submit returns).
+ *        Its images are decoded and checked here, on the caller's thread
+ *        (SPEC a.10), and held in the scheduler's image slots (by content:
+ *        equal images of any requests share one slot and one encoding);
+ *        the vision tower runs on a worker, once per slot.
  * @param req borrowed until done has been called.
+ * @param reject optional: when an image is refused by the contract
+ *        (SVC_ERR_INVALID with reject->code set), the request's 400
+ *        ("images[<i>]: ..."); the caller sends it and sch_error_fini's it.
  * @returns SVC_OK (done will be called exactly once); SVC_ERR_RETRIABLE:
- *          the queue is full, nothing was taken, retry after a completion;
- *          SVC_ERR_UNSUPPORTED (images/videos), SVC_ERR_NOMEM, or a
- *          prompt's error (SVC_ERR_INVALID: text that cannot be encoded):
- *          nothing was taken and done will not be called.
+ *          the queue or the image slots are full, nothing was taken, retry
+ *          after a completion; SVC_ERR_INVALID (an image refused, see
+ *          reject; or a prompt's text that cannot be encoded, reject
+ *          untouched); SVC_ERR_UNSUPPORTED (videos, or images without a
+ *          vision tower), SVC_ERR_NOMEM: nothing was taken and done will
+ *          not be called.
  */
 SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
-                                   void *user);
+                                   void *user, sch_error_t *reject);
 
 /* Stops admitting, finishes every admitted request (their done callbacks
  * run), joins the workers and frees. NULL is a no-op. */
@@ -449,6 +552,7 @@ typedef struct eng_sched_stats {
      * is +Inf (every take). batch_questions sums the sizes. */
     uint64_t batches[7];
     uint64_t batch_questions;
+    uint64_t images_encoded; /* vision tower runs (one per distinct image in flight) */
 } eng_sched_stats_t;
 
 /* Upper bounds of eng_sched_stats_t.batches (the last one, 0, is +Inf). */

@@ -439,6 +439,23 @@ void npu_silu_mul(const float *gate, const float *up, size_t T, size_t F, float 
  * ~1e-7 of the gate). */
 void npu_sigmoid_mul(const float *gate, float *x, size_t n);
 
+/* ---- Vision tower (npu_vision.c) ---------------------------------------- */
+
+/* nn.LayerNorm over the last dimension: x, out (T, D) (out may equal x),
+ * w, b (D); biased variance, sums in double. Rows spread over the pool. */
+void npu_layernorm(const float *x, const float *w, const float *b, size_t T, size_t D, float eps,
+                   float *out);
+/* x (T, N) += b (N) on every row. */
+void npu_add_bias(float *x, const float *b, size_t T, size_t N);
+/* In place: F.gelu(x, approximate="tanh") (fp32; the AVX-512 path as
+ * x * sigmoid(2u), within ~2 ulp of torch's), and F.gelu(x) (erf). */
+void npu_gelu_tanh(float *x, size_t n);
+void npu_gelu_erf(float *x, size_t n);
+/* apply_rotary_pos_emb_vision on x (T, H, D) in place: x * cos +
+ * rotate_half(x) * sin, rotate_half(x) = [-x[D/2:], x[:D/2]], with the
+ * per-token tables cos_t, sin_t (T, D) shared by the H heads. */
+void npu_rope_half(float *x, const float *cos_t, const float *sin_t, size_t T, size_t H, size_t D);
+
 /* The AVX-512 implementations behind the entry points above, for tests and
  * benchmarks that want one regardless of D3_NPU_KERNELS. Calling one on a
  * CPU without avx512f/bw/vl is undefined (SIGILL): check npu_probe(). */

@@ -21,7 +21,9 @@ static const char ASK_HELP[] =
     "for it, + \"states\"), or a whole-request error {\"error\":{\"code\":...,\"message\":...}}.\n"
     "Questions run one by one on the fp32 reference text tower; a question longer\n"
     "than the package's limit is answered max_length_exceeded, never truncated.\n"
-    "Requests with images or videos are refused (no vision tower yet).\n"
+    "Images are answered when the package has a vision tower (vision tensors,\n"
+    "vision_config and preprocessor_config.json); otherwise they get the\n"
+    "contract's 400. Videos are refused (no package here reads them).\n"
     "\n"
     "  --model DIR    a decision3 package: upstream (model.safetensors, or\n"
     "                 model.safetensors.index.json and its shards) or\n"
@@ -123,10 +125,6 @@ void ops_chat_template_warn(const char *cmd, const char *dir) {
 
 /* ---------------------------------------------------------------- answer */
 
-/* The names that select this package (SPEC a.2 4.): its id and its path.
- * As ops_prompt.c, but without a vision tower, so that images get the
- * contract's 400 before anything runs. */
-
 /* "cpu (16 cores, avx2 fma avx512f ...)": what meta.device reports. */
 static svc_err_t device_label(svc_buf_t *out) {
     const npu_features_t *f = npu_probe();
@@ -183,12 +181,27 @@ int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *ou
     sch_request_t *req = NULL;
     eng_answers_t *ans = NULL;
     int            http = 200;
-    int            rc =
-        ops_decode_request(a->pkg, a->dir, false, body, len, &req, out, &http, errstr, errstr_size);
-    if (rc == OPS_EXIT_OK)
-        rc = eng_answer_request(a->pkg, a->model, req, &ans, errstr, errstr_size)
-                 ? OPS_EXIT_FAILURE
-                 : ops_ask_encode(a, req, ans, out, &http, errstr, errstr_size);
+    bool           vision = eng_model_has_vision(a->model);
+    int         rc = ops_decode_request(a->pkg, a->dir, vision, body, len, &req, out, &http, errstr,
+                                        errstr_size);
+    sch_error_t reject;
+    sch_error_init(&reject);
+    if (rc == OPS_EXIT_OK) {
+        svc_err_t err =
+            eng_answer_request(a->pkg, a->model, req, &ans, &reject, errstr, errstr_size);
+        if (err == SVC_ERR_INVALID && reject.code) { /* an image the contract refuses: 400 */
+            rc = OPS_EXIT_VERDICT;
+            http = reject.status;
+            svc_buf_reset(out);
+            if (sch_error_encode(&reject, out)) {
+                svc_errf(errstr, errstr_size, "cannot write the result");
+                rc = OPS_EXIT_FAILURE;
+            }
+        } else
+            rc = err ? OPS_EXIT_FAILURE
+                     : ops_ask_encode(a, req, ans, out, &http, errstr, errstr_size);
+    }
+    sch_error_fini(&reject);
     if (status)
         *status = http;
     eng_answers_free(ans);

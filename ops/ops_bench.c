@@ -33,6 +33,14 @@ static const char BENCH_HELP[] =
     "  4 x 330, 16 x 330  4 and 16 requests of one 330-token question each, every one\n"
     "                     with its own state, through the scheduler (eng_sched) with\n"
     "                     --workers threads: the time until all are answered\n"
+    "  image rows         D3-Nano-NPU2's image rows, each one request through the\n"
+    "                     scheduler with synthetic PNGs (gradients and noise): 1\n"
+    "                     question + a 1024 x 768 image, + two 1024 x 768 images, + a\n"
+    "                     2000 x 1500 image (downscaled to 1.6 MP), and 8 questions +\n"
+    "                     one image; decoding, resizing and the vision tower are in\n"
+    "                     the time (the NPU's were measured over HTTP); the row\n"
+    "                     reports the tower runs (one per distinct image). Skipped\n"
+    "                     without a vision tower.\n"
     "  16 x 4,000 shared  one request of 16 different short questions on one state,\n"
     "                     each prompt 4,000 tokens long, through the scheduler: the\n"
     "                     state runs once (prefix sharing); the row also reports the\n"
@@ -75,6 +83,7 @@ typedef enum bench_kind {
     BENCH_SINGLE = 0, /* one forward pass + readout */
     BENCH_MANY = 1,   /* n requests of one question, each its own state */
     BENCH_SHARED = 2, /* one request, n questions on one state */
+    BENCH_IMAGES = 3, /* one request, n questions, n_img synthetic images */
 } bench_kind_t;
 
 typedef struct bench_row {
@@ -83,19 +92,25 @@ typedef struct bench_row {
     size_t       size; /* tokens of each prompt */
     size_t       n;    /* questions */
     bool         quick;
+    size_t       n_img; /* BENCH_IMAGES: images of w x h pixels */
+    uint32_t     w, h;
 } bench_row_t;
 
 static const bench_row_t ROWS[] = {
-    {"1 x 128", BENCH_SINGLE, 128, 1, true},
-    {"1 x 330", BENCH_SINGLE, 330, 1, true},
-    {"1 x 1,024", BENCH_SINGLE, 1024, 1, true},
-    {"1 x 4,096", BENCH_SINGLE, 4096, 1, false},
-    {"1 x 15,854", BENCH_SINGLE, 15854, 1, false},
-    {"1 x 31,491", BENCH_SINGLE, 31491, 1, false},
-    {"1 x 32,768", BENCH_SINGLE, 32768, 1, false},
-    {"4 x 330", BENCH_MANY, 330, 4, true},
-    {"16 x 330", BENCH_MANY, 330, 16, true},
-    {"16 x 4,000 shared", BENCH_SHARED, 4000, 16, false},
+    {"1 x 128", BENCH_SINGLE, 128, 1, true, 0, 0, 0},
+    {"1 x 330", BENCH_SINGLE, 330, 1, true, 0, 0, 0},
+    {"1 x 1,024", BENCH_SINGLE, 1024, 1, true, 0, 0, 0},
+    {"1 x 4,096", BENCH_SINGLE, 4096, 1, false, 0, 0, 0},
+    {"1 x 15,854", BENCH_SINGLE, 15854, 1, false, 0, 0, 0},
+    {"1 x 31,491", BENCH_SINGLE, 31491, 1, false, 0, 0, 0},
+    {"1 x 32,768", BENCH_SINGLE, 32768, 1, false, 0, 0, 0},
+    {"4 x 330", BENCH_MANY, 330, 4, true, 0, 0, 0},
+    {"16 x 330", BENCH_MANY, 330, 16, true, 0, 0, 0},
+    {"16 x 4,000 shared", BENCH_SHARED, 4000, 16, false, 0, 0, 0},
+    {"1 + 1024x768 image", BENCH_IMAGES, 0, 1, false, 1, 1024, 768},
+    {"1 + two images", BENCH_IMAGES, 0, 1, false, 2, 1024, 768},
+    {"1 + 2000x1500 image", BENCH_IMAGES, 0, 1, false, 1, 2000, 1500},
+    {"8 + one image", BENCH_IMAGES, 0, 8, false, 1, 1024, 768},
 };
 
 typedef struct bench_opts {
@@ -118,6 +133,7 @@ typedef struct bench_result {
     size_t   tokens;
     double   median_s, tokens_per_s, rss_mib;
     uint64_t sched_tokens, sched_computed; /* scheduler rows: deltas of eng_sched_stats */
+    uint64_t images_encoded;               /* image rows: vision tower runs per run */
 } bench_result_t;
 
 static double now_s(void) {
@@ -193,8 +209,8 @@ static svc_err_t render(bench_t *bn, const svc_buf_t *body, size_t *n, sch_reque
     sch_request_t *r = NULL;
     svc_buf_t      out;
     svc_buf_init(&out, 1 << 20);
-    int rc = ops_decode_request(bn->pkg, bn->o->dir, false, body->data, body->len, &r, &out, NULL,
-                                bn->errstr, sizeof bn->errstr);
+    int rc = ops_decode_request(bn->pkg, bn->o->dir, eng_model_has_vision(bn->model), body->data,
+                                body->len, &r, &out, NULL, bn->errstr, sizeof bn->errstr);
     svc_err_t err = SVC_OK;
     if (rc != OPS_EXIT_OK) {
         if (rc == OPS_EXIT_VERDICT)
@@ -376,7 +392,7 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
     double t0 = now_s();
     for (size_t i = 0; !err && i < n_req; i++) {
         jobs[i] = (bench_job_t){&w, i};
-        while ((err = eng_sched_submit(s, reqs[i], on_done, &jobs[i])) == SVC_ERR_RETRIABLE) {
+        while ((err = eng_sched_submit(s, reqs[i], on_done, &jobs[i], NULL)) == SVC_ERR_RETRIABLE) {
             pthread_mutex_lock(&w.mu); /* the queue is full: wait for a completion */
             size_t seen = w.n_done;
             while (w.n_done == seen && w.n_done < submitted)
@@ -407,6 +423,7 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
     }
     res->sched_tokens = st1.tokens - st0.tokens;
     res->sched_computed = st1.tokens_computed - st0.tokens_computed;
+    res->images_encoded = st1.images_encoded - st0.images_encoded;
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
     return err;
@@ -431,6 +448,35 @@ static svc_err_t run_sched(bench_t *bn, const bench_row_t *row, double *secs, be
     return err;
 }
 
+/* An image row: one request (its images decoded, checked and encoded
+ * inside the timed scheduler run, as a served request's are). */
+static svc_err_t run_images(bench_t *bn, const bench_row_t *row, double *secs,
+                            bench_result_t *res) {
+    if (!eng_model_has_vision(bn->model)) {
+        snprintf(res->skipped, sizeof res->skipped, "the package has no vision tower");
+        return SVC_OK;
+    }
+    svc_buf_t body;
+    svc_buf_init(&body, SCH_DEFAULT_MAX_REQUEST_BYTES);
+    sch_request_t *req = NULL;
+    size_t         n = 0;
+    svc_err_t      err = ops_bench_image_body(row->n_img, row->w, row->h, row->n, &body);
+    if (!err)
+        err = render(bn, &body, &n, &req);
+    svc_buf_fini(&body);
+    for (size_t r = 0; !err && r < bn->o->runs; r++) {
+        size_t tokens = 0;
+        err = sched_once(bn, &req, 1, &secs[r], &tokens, res);
+        res->tokens = tokens;
+        if (!err)
+            fprintf(stderr, "d3stream bench: %s: run %zu/%zu %.3f s (%llu image encodings)\n",
+                    row->label, r + 1, bn->o->runs, secs[r],
+                    (unsigned long long)res->images_encoded);
+    }
+    sch_request_free(req);
+    return err;
+}
+
 /* Measures one row into res (or says why it is skipped). */
 static svc_err_t bench_row(bench_t *bn, const bench_row_t *row, bench_result_t *res) {
     memset(res, 0, sizeof *res);
@@ -449,8 +495,9 @@ static svc_err_t bench_row(bench_t *bn, const bench_row_t *row, bench_result_t *
     double *secs = calloc(bn->o->runs, sizeof *secs);
     if (!secs)
         return SVC_ERR_NOMEM;
-    svc_err_t err =
-        row->kind == BENCH_SINGLE ? run_single(bn, row, secs, res) : run_sched(bn, row, secs, res);
+    svc_err_t err = row->kind == BENCH_SINGLE   ? run_single(bn, row, secs, res)
+                    : row->kind == BENCH_IMAGES ? run_images(bn, row, secs, res)
+                                                : run_sched(bn, row, secs, res);
     if (err == SVC_ERR_UNSUPPORTED) { /* no real request is that short */
         snprintf(res->skipped, sizeof res->skipped, "%s", bn->errstr);
         err = SVC_OK;
@@ -535,6 +582,11 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
             json_object_set_new(o, "median_s", json_real(res->median_s));
             json_object_set_new(o, "tokens_per_s", json_real(res->tokens_per_s));
             json_object_set_new(o, "peak_rss_mib", json_real(res->rss_mib));
+            if (row->kind == BENCH_IMAGES) {
+                json_object_set_new(o, "images", json_integer((json_int_t)row->n_img));
+                json_object_set_new(o, "image_encodings",
+                                    json_integer((json_int_t)res->images_encoded));
+            }
             if (sched) {
                 json_object_set_new(o, "sched_tokens", json_integer((json_int_t)res->sched_tokens));
                 json_object_set_new(o, "sched_tokens_computed",
@@ -551,6 +603,9 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
     else {
         printf("%-20s %9zu %8zu %10.3f %11.1f %13.1f", res->suffix ? suffix_label : row->label,
                row->n, res->tokens, res->median_s, res->tokens_per_s, res->rss_mib);
+        if (row->kind == BENCH_IMAGES)
+            printf("  %zu image(s), %llu encoding(s)", row->n_img,
+                   (unsigned long long)res->images_encoded);
         if (row->kind == BENCH_SHARED && res->sched_tokens)
             printf("  computed %llu of %llu tokens (%.2f)", (unsigned long long)res->sched_computed,
                    (unsigned long long)res->sched_tokens,

@@ -76,8 +76,9 @@ bool ops_http_decisions(http_req_t *r) {
     char    why[1024] = "";
     int     http = 500;
     svc_buf_reset(&r->out);
-    int rc = ops_decode_request(h->ask.pkg, h->ask.dir, false, r->body.data ? r->body.data : "",
-                                r->body.len, &r->req, &r->out, &http, why, sizeof why);
+    int rc = ops_decode_request(h->ask.pkg, h->ask.dir, eng_model_has_vision(h->ask.model),
+                                r->body.data ? r->body.data : "", r->body.len, &r->req, &r->out,
+                                &http, why, sizeof why);
     r->parse_ms = (ops_http_now_s() - t) * 1000.0;
     svc_buf_fini(&r->body); /* the request holds a copy */
     if (rc == OPS_EXIT_VERDICT) {
@@ -93,12 +94,20 @@ bool ops_http_decisions(http_req_t *r) {
     /* Suspended before the submit: done may run at once, on any thread. */
     atomic_store(&r->phase, HTTP_P_ENGINE);
     MHD_suspend_connection(r->con);
-    svc_err_t err = eng_sched_submit(h->sched, r->req, engine_done, r);
+    sch_error_t reject;
+    sch_error_init(&reject);
+    svc_err_t err = eng_sched_submit(h->sched, r->req, engine_done, r, &reject);
     if (err == SVC_OK)
         return true;
     sch_request_free(r->req);
     r->req = NULL;
-    if (err == SVC_ERR_RETRIABLE) {
+    if (err == SVC_ERR_INVALID && reject.code) { /* an image the contract refuses: its 400 */
+        svc_buf_reset(&r->out);
+        if (sch_error_encode(&reject, &r->out))
+            internal_error(r, "cannot write the result");
+        else
+            r->status = reject.status;
+    } else if (err == SVC_ERR_RETRIABLE) {
         ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
         pthread_mutex_lock(&h->lock);
         h->n.overloaded++;
@@ -107,6 +116,7 @@ bool ops_http_decisions(http_req_t *r) {
         snprintf(why, sizeof why, "the engine refused the request: %s", svc_err_name(err));
         internal_error(r, why);
     }
+    sch_error_fini(&reject);
     atomic_store(&r->phase, HTTP_P_DONE);
     MHD_resume_connection(r->con); /* the handler runs again and sends it */
     return true;
@@ -153,7 +163,8 @@ static json_t *model_card(http_t *h, int state) {
     if (state != HTTP_LOADING && h->ask.model) {
         eng_model_info_t mi;
         eng_model_get_info(h->ask.model, &mi);
-        params = json_integer((json_int_t)(mi.n_params_text + mi.n_params_readout));
+        params =
+            json_integer((json_int_t)(mi.n_params_text + mi.n_params_readout + mi.n_params_vision));
     }
     const char *sha = h->ask.model_sha256 && h->ask.model_sha256[0] ? h->ask.model_sha256 : NULL;
     return json_pack(

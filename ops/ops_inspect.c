@@ -162,6 +162,17 @@ static void gather_architecture(insp_t *in, const eng_model_t *m, const eng_mode
     put(a, "intermediate_size", json_integer((json_int_t)mi->inter));
     put(a, "vocab_size", json_integer((json_int_t)mi->vocab));
     put(a, "rms_norm_eps", json_real(mi->rms_eps));
+    if (mi->vis_depth) {
+        json_t *v = json_object();
+        put(v, "depth", json_integer((json_int_t)mi->vis_depth));
+        put(v, "hidden_size", json_integer((json_int_t)mi->vis_hidden));
+        put(v, "heads", json_integer((json_int_t)mi->vis_heads));
+        put(v, "intermediate_size", json_integer((json_int_t)mi->vis_inter));
+        put(v, "patch_size", json_integer((json_int_t)mi->vis_patch));
+        put(v, "merge_size", json_integer((json_int_t)mi->vis_merge));
+        put(v, "position_embeddings", json_integer((json_int_t)mi->vis_n_pos));
+        put(a, "vision", v);
+    }
     put(in->root, "architecture", a);
 }
 
@@ -188,7 +199,9 @@ static void gather_params(insp_t *in, const eng_model_t *m, const eng_model_info
     json_t *p = json_object();
     put(p, "text", json_integer((json_int_t)mi->n_params_text));
     put(p, "readout", json_integer((json_int_t)mi->n_params_readout));
-    put(p, "loaded", json_integer((json_int_t)(mi->n_params_text + mi->n_params_readout)));
+    put(p, "vision", json_integer((json_int_t)mi->n_params_vision));
+    put(p, "loaded",
+        json_integer((json_int_t)(mi->n_params_text + mi->n_params_readout + mi->n_params_vision)));
     gather_params_manifest(in, p, m);
     put(in->root, "parameters", p);
 }
@@ -316,12 +329,23 @@ static void print_architecture(const json_t *a) {
            (long long)geti(dn, "conv_kernel"));
     printf("  intermediate size  %lld\n", (long long)geti(a, "intermediate_size"));
     printf("  vocab size         %lld\n", (long long)geti(a, "vocab_size"));
+    const json_t *v = json_object_get(a, "vision");
+    if (v)
+        printf("vision tower   %lld blocks, width %lld, %lld heads, MLP %lld, patch %lld, merge "
+               "%lld, %lld position embeddings\n",
+               (long long)geti(v, "depth"), (long long)geti(v, "hidden_size"),
+               (long long)geti(v, "heads"), (long long)geti(v, "intermediate_size"),
+               (long long)geti(v, "patch_size"), (long long)geti(v, "merge_size"),
+               (long long)geti(v, "position_embeddings"));
+    else
+        printf("vision tower   none (images are refused)\n");
 }
 
 static void print_params(const json_t *p) {
     const json_t *m = json_object_get(p, "manifest");
-    printf("parameters     text %lld, readout %lld, loaded %lld\n", (long long)geti(p, "text"),
-           (long long)geti(p, "readout"), (long long)geti(p, "loaded"));
+    printf("parameters     text %lld, readout %lld, vision %lld, loaded %lld\n",
+           (long long)geti(p, "text"), (long long)geti(p, "readout"), (long long)geti(p, "vision"),
+           (long long)geti(p, "loaded"));
     if (m)
         printf("  manifest         text %lld, vision %lld, readout %lld, loaded %lld: %s\n",
                (long long)geti(m, "text"), (long long)geti(m, "vision"),

@@ -37,6 +37,11 @@ bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t ma
  * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with
  * the whole-request error written to out and its HTTP status in *status
  * (optional, may be NULL), or OPS_EXIT_FAILURE (errstr). */
+/* The body of a bench image row (ops_bench_img.c): n_img synthetic w x h
+ * PNGs and nq noul questions on a short state, into b (reset first). */
+SVC_WUR svc_err_t ops_bench_image_body(size_t n_img, uint32_t w, uint32_t h, size_t nq,
+                                       svc_buf_t *b);
+
 int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
                        size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size);

@@ -137,8 +137,8 @@ static void decode(serve_t *s, job_t *j) {
         vlen = json.len;
     }
     int http = 500;
-    int rc = ops_decode_request(s->ask.pkg, s->ask.dir, false, v ? v : "", vlen, &j->req, &j->out,
-                                &http, j->why, sizeof j->why);
+    int rc = ops_decode_request(s->ask.pkg, s->ask.dir, eng_model_has_vision(s->ask.model),
+                                v ? v : "", vlen, &j->req, &j->out, &http, j->why, sizeof j->why);
     svc_buf_fini(&json);
     if (rc == OPS_EXIT_VERDICT)
         j->status = http;
@@ -178,10 +178,24 @@ bool ops_serve_job_submit(serve_t *s) {
     job_t *j = s->blocked;
     if (!j)
         return true;
-    svc_err_t err = eng_sched_submit(s->sched, j->req, engine_done, j);
+    sch_error_t reject;
+    sch_error_init(&reject);
+    svc_err_t err = eng_sched_submit(s->sched, j->req, engine_done, j, &reject);
     if (err == SVC_ERR_RETRIABLE)
         return false;
     s->blocked = NULL;
+    if (err == SVC_ERR_INVALID && reject.code) { /* an image the contract refuses: its 400 */
+        sch_request_free(j->req);
+        j->req = NULL;
+        svc_buf_reset(&j->out);
+        j->status = sch_error_encode(&reject, &j->out)
+                        ? internal_error(&j->out, "cannot write the result")
+                        : reject.status;
+        sch_error_fini(&reject);
+        set_ready(j);
+        return true;
+    }
+    sch_error_fini(&reject);
     if (err) {
         snprintf(j->why, sizeof j->why, "the engine refused the request: %s", svc_err_name(err));
         sch_request_free(j->req);

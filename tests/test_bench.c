@@ -40,6 +40,7 @@ typedef struct want {
     size_t      tokens; /* 0: skipped */
     const char *skip_because;
     bool        shared; /* tokens: at least, and the scheduler computed fewer */
+    size_t      images; /* image rows: the images (tokens: at least); each encoded once */
 } want_t;
 
 /* Runs bench with args on a tiny package; checks the rows against want. */
@@ -81,7 +82,13 @@ static void check_bench(const char *args, const want_t *want, size_t n_want) {
         } else {
             cr_assert_null(skipped, "%s", line);
             json_int_t tokens = json_integer_value(json_object_get(o, "tokens"));
-            if (w->shared) {
+            if (w->images) {
+                cr_assert_geq(tokens, (json_int_t)w->tokens, "%s", line);
+                cr_assert_eq(json_integer_value(json_object_get(o, "images")),
+                             (json_int_t)w->images, "%s", line);
+                cr_assert_eq(json_integer_value(json_object_get(o, "image_encodings")),
+                             (json_int_t)w->images, "one encoding per image: %s", line);
+            } else if (w->shared) {
                 cr_assert_geq(tokens, (json_int_t)w->tokens, "%s", line);
                 cr_assert_eq(json_integer_value(json_object_get(o, "sched_tokens")), tokens, "%s",
                              line);
@@ -103,11 +110,11 @@ static void check_bench(const char *args, const want_t *want, size_t n_want) {
 
 Test(bench, quick_rows_exact_and_max_tokens_skip, .timeout = 60) {
     static const want_t want[] = {
-        {"1 x 128", 128, NULL, false},
-        {"1 x 330", 330, NULL, false},
-        {"1 x 1,024", 0, "over --max-tokens 1000", false},
-        {"4 x 330", 4 * 330, NULL, false},
-        {"16 x 330", 16 * 330, NULL, false},
+        {"1 x 128", 128, NULL, false, 0},
+        {"1 x 330", 330, NULL, false, 0},
+        {"1 x 1,024", 0, "over --max-tokens 1000", false, 0},
+        {"4 x 330", 4 * 330, NULL, false, 0},
+        {"16 x 330", 16 * 330, NULL, false, 0},
     };
     check_bench("--quick --max-tokens 1000", want, sizeof want / sizeof want[0]);
 }
@@ -116,17 +123,23 @@ Test(bench, quick_rows_exact_and_max_tokens_skip, .timeout = 60) {
  * max_position_embeddings) skips the three longest. */
 Test(bench, full_rows_skip_over_max_length, .timeout = 120) {
     static const want_t want[] = {
-        {"1 x 128", 128, NULL, false},
-        {"1 x 330", 330, NULL, false},
-        {"1 x 1,024", 1024, NULL, false},
-        {"1 x 4,096", 4096, NULL, false},
-        {"1 x 15,854", 0, "over the package's max length 8192", false},
-        {"1 x 31,491", 0, "over the package's max length 8192", false},
-        {"1 x 32,768", 0, "over the package's max length 8192", false},
-        {"4 x 330", 4 * 330, NULL, false},
-        {"16 x 330", 16 * 330, NULL, false},
+        {"1 x 128", 128, NULL, false, 0},
+        {"1 x 330", 330, NULL, false, 0},
+        {"1 x 1,024", 1024, NULL, false, 0},
+        {"1 x 4,096", 4096, NULL, false, 0},
+        {"1 x 15,854", 0, "over the package's max length 8192", false, 0},
+        {"1 x 31,491", 0, "over the package's max length 8192", false, 0},
+        {"1 x 32,768", 0, "over the package's max length 8192", false, 0},
+        {"4 x 330", 4 * 330, NULL, false, 0},
+        {"16 x 330", 16 * 330, NULL, false, 0},
         /* 16 prompts of 4,000 tokens or a little more (question 0's is 4,000) */
-        {"16 x 4,000 shared", 16 * 4000, NULL, true},
+        {"16 x 4,000 shared", 16 * 4000, NULL, true, 0},
+        /* a 1024 x 768 image is 768 tokens; 2000 x 1500 is resized to
+         * 1088 x 1472, 1,564 tokens; the 8 questions share one encoding */
+        {"1 + 1024x768 image", 768, NULL, false, 1},
+        {"1 + two images", 2 * 768, NULL, false, 2},
+        {"1 + 2000x1500 image", 1564, NULL, false, 1},
+        {"8 + one image", 8 * 768, NULL, false, 1},
     };
     check_bench("--runs 1", want, sizeof want / sizeof want[0]);
 }

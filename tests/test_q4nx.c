@@ -372,10 +372,17 @@ Test(q4nx, name_table) {
     cr_expect_str_eq(buf, "model.layers.7.mlp.up_proj.weight");
     cr_assert_eq(eng_q4nx_name_from_hf("language_model.norm.weight", buf, sizeof buf, &xf), 0);
     cr_expect_str_eq(buf, "model.norm.weight");
-    /* no HF counterpart */
+    /* vision names are their own HF names (§2.7; test_q4nx_vision.c) */
+    cr_assert_eq(eng_q4nx_name_to_hf("model.visual.blocks.0.attn.qkv.weight", buf, sizeof buf, &xf),
+                 SVC_OK);
+    cr_expect_eq(xf, ENG_Q4NX_X_VTILE);
+    /* no HF counterpart (a stored name always has the model. prefix) */
     static const char *bad_q[] = {"model.layers.0.linear_attn.ssm_alpha_proj.bf16.weight",
-                                  "model.layers.01.mlp.up_proj.weight", "model.layers.x.mlp",
-                                  "model.visual.blocks.0.attn.qkv.weight", ""};
+                                  "model.layers.01.mlp.up_proj.weight",
+                                  "model.layers.x.mlp",
+                                  "visual.blocks.0.attn.qkv.weight",
+                                  "model.visual.",
+                                  ""};
     for (size_t i = 0; i < sizeof bad_q / sizeof bad_q[0]; i++)
         cr_expect_neq(eng_q4nx_name_to_hf(bad_q[i], buf, sizeof buf, &xf), SVC_OK, "%s", bad_q[i]);
     cr_expect_neq(

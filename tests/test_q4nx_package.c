@@ -7,10 +7,16 @@
  * (1e-4 relative). Against the safetensors package of the same seed the
  * difference is the quantisation error: logged, not bounded. Both
  * config.json layouts (FastFlowLM's flattened one, with and without
- * layer_types, and Hugging Face's) load the same tower.
+ * layer_types, and Hugging Face's) load the same tower. The vision tower:
+ * vision_weight.q4nx holds Q4NX.md §2.7's names and tiled shapes, and
+ * untiled it equals the twin's and the safetensors package's values
+ * exactly (BF16 all the way).
  */
 #include "engine.h"
 #include "eng_manifest_int.h"
+#include "eng_pkgwrite_int.h"
+#include "eng_q4nx_int.h"
+#include "eng_st_int.h"
 #include "ops.h"
 #include "test_util.h"
 
@@ -132,7 +138,13 @@ Test(q4nx_package, twin_matches_and_quantisation_error_is_reported, .timeout = 1
     eng_mf_verdict_init(&v);
     cr_expect_eq(eng_manifest_verify_sha256sum(p.q4nx, &v, errstr, sizeof errstr), SVC_OK, "%s",
                  errstr);
-    cr_expect_eq(v.n, 8, "MANIFEST.sha256 lists every file");
+    cr_expect_eq(v.n, 10, "MANIFEST.sha256 lists every file");
+    bool has_vis = false, has_pp = false;
+    for (size_t i = 0; i < v.n; i++) {
+        has_vis = has_vis || strcmp(v.files[i].name, "vision_weight.q4nx") == 0;
+        has_pp = has_pp || strcmp(v.files[i].name, "preprocessor_config.json") == 0;
+    }
+    cr_expect(has_vis && has_pp, "MANIFEST.sha256 lists vision_weight.q4nx and the processor");
     eng_mf_verdict_fini(&v);
     eng_mf_verdict_init(&v);
     cr_expect_eq(eng_manifest_verify_model(p.twin, &v, errstr, sizeof errstr), SVC_OK, "%s",
@@ -265,4 +277,130 @@ Test(q4nx_package, twin_needs_q4nx) {
     char            errstr[256] = "";
     cr_expect_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_ERR_INVALID);
     cr_expect_not_null(strstr(errstr, "q4nx"), "%s", errstr);
+}
+
+/* ---- the vision tower ---- */
+
+static json_t *load_cfg(const char *dir) {
+    char p[200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_t *j = json_load_file(p, 0, NULL);
+    cr_assert_not_null(j, "%s", p);
+    return j;
+}
+
+static bool tiled_suffix(const char *name) {
+    return eng_q4nx_vision_tiled_name(name);
+}
+
+Test(q4nx_package, vision_weight_file_and_twin, .timeout = 120) {
+    pkgs_t p;
+    make_all(&p);
+    char errstr[1024] = "", path[200];
+
+    /* config.json: FastFlowLM's keys (Q4NX.md §6) */
+    json_t       *cfg = load_cfg(p.q4nx);
+    const json_t *vc = json_object_get(cfg, "vision_config");
+    cr_expect_str_eq(json_string_value(json_object_get(cfg, "vision_model_weight")),
+                     "vision_weight.q4nx");
+    cr_assert(json_is_object(vc));
+    static const struct {
+        const char *key;
+        json_int_t  v;
+    } want[] = {{"QWEN3_5_PATCH_SIZE", 16},
+                {"QWEN3_5_IMAGE_MERGE_SIZE", 2},
+                {"QWEN3_5_SPATIAL_MERGE_SIZE", 2},
+                {"QWEN3_5_TEMPORAL_PATCH_SIZE", 2},
+                {"QWEN3_5_SHORTEST_EDGE", 65536},
+                {"QWEN3_5_LONGEST_EDGE", 16777216},
+                {"QWEN3_5_VISION_EMBED_DIM", 32},
+                {"QWEN3_5_VISION_NUM_HEADS", 2},
+                {"QWEN3_5_VISION_HEAD_DIM", 16},
+                {"QWEN3_5_VISION_MLP_INTERMEDIATE_SIZE", 64},
+                {"QWEN3_5_VISION_NUM_POSITION_EMBEDDINGS", 64},
+                {"QWEN3_5_VISION_NUM_LAYERS", 2},
+                {"QWEN3_5_VISION_OUT_HIDDEN_SIZE", 64},
+                {"VISION_MM_TILE_N", 64},
+                {"VISION_MM_TILE_K", 512}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect_eq(json_integer_value(json_object_get(vc, want[i].key)), want[i].v, "%s",
+                     want[i].key);
+    cr_expect_eq(json_real_value(json_object_get(vc, "QWEN3_5_VISION_RESCALE_FACTOR")),
+                 1.0 / 255.0);
+    cr_expect_eq(json_real_value(json_object_get(vc, "QWEN3_5_VISION_RESCALE_IMAGE_MEAN")), 0.5);
+    cr_expect_eq(json_real_value(json_object_get(vc, "QWEN3_5_VISION_RESCALE_IMAGE_STD")), 0.5);
+    size_t mm_n = 0, mm_k = 0;
+    cr_assert_eq(eng_q4nx_vision_tiles_from_config(vc, &mm_n, &mm_k, errstr, sizeof errstr),
+                 SVC_OK);
+    json_decref(cfg);
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", p.q4nx);
+    cr_expect_eq(access(path, R_OK), 0);
+
+    /* vision_weight.q4nx: §2.7's names, BF16, the tiled weights as [Np/64, Kp/512, 32768] */
+    snprintf(path, sizeof path, "%s/vision_weight.q4nx", p.q4nx);
+    eng_q4nx_t *v = NULL;
+    cr_assert_eq(eng_q4nx_open(path, &v, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_q4nx_set_vision_tiles(v, mm_n, mm_k, errstr, sizeof errstr), SVC_OK);
+    cr_expect_eq(eng_q4nx_count(v), 2 * 12 + 9);
+    cr_expect_eq(eng_q4nx_vision_count(v), eng_q4nx_count(v));
+    size_t n_tiled = 0;
+    for (size_t i = 0; i < eng_q4nx_count(v); i++) {
+        const eng_q4nx_info_t *in = eng_q4nx_at(v, i);
+        cr_expect_eq(in->kind, ENG_Q4NX_BF16, "%s", in->name);
+        if (!tiled_suffix(in->name))
+            continue;
+        n_tiled++;
+        cr_expect(in->st->rank == 3 && in->st->shape[2] == 32768, "%s", in->name);
+        /* tiny's widths are all < 512: one 512 x 512 padded block each */
+        cr_expect(in->st->shape[0] == 8 && in->st->shape[1] == 1, "%s", in->name);
+    }
+    cr_expect_eq(n_tiled, 2 * 4 + 2, "four per block and the merger's two");
+    const eng_q4nx_info_t *pe = eng_q4nx_find_hf(v, "model.visual.patch_embed.proj.weight");
+    cr_assert_not_null(pe);
+    cr_expect(pe->st->rank == 5 && pe->st->shape[0] == 32 && pe->st->shape[1] == 3 &&
+              pe->st->shape[2] == 2 && pe->st->shape[3] == 16 && pe->st->shape[4] == 16);
+
+    /* untiled == the twin's F32 == the safetensors package's BF16, exactly */
+    eng_st_t *tw = NULL, *st = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", p.twin);
+    cr_assert_eq(eng_st_open(path, &tw, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    snprintf(path, sizeof path, "%s/model.safetensors", p.st);
+    cr_assert_eq(eng_st_open(path, &st, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    pw_list_t l = {0};
+    cr_assert_eq(pw_vision_tensors(pw_vision_get(ENG_MAKE_TINY), &l), SVC_OK);
+    cr_expect_eq(l.n, eng_q4nx_count(v));
+    for (size_t i = 0; i < l.n; i++) {
+        const pw_tensor_t     *t = &l.v[i];
+        const eng_st_tensor_t *a = eng_st_find(tw, t->name), *b = eng_st_find(st, t->name);
+        cr_assert(a && b, "%s missing from a safetensors package", t->name);
+        cr_expect_eq(a->dtype, ENG_DT_F32);
+        size_t n = (size_t)pw_numel(t);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *z = malloc(n * sizeof *z);
+        cr_assert_eq(eng_q4nx_tensor_f32(v, t->name, t->rank, t->dims, x, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+        cr_assert_eq(eng_st_to_f32(a, y), SVC_OK);
+        cr_assert_eq(eng_st_to_f32(b, z), SVC_OK);
+        cr_expect_eq(memcmp(x, y, n * sizeof *x), 0, "%s: q4nx vs twin", t->name);
+        cr_expect_eq(memcmp(x, z, n * sizeof *x), 0, "%s: q4nx vs safetensors", t->name);
+        free(x);
+        free(y);
+        free(z);
+    }
+    free(l.v);
+    eng_st_close(tw);
+    eng_st_close(st);
+    eng_q4nx_close(v);
+
+    /* the twin: HF vision_config, the processor config, the manifest's counts */
+    cfg = load_cfg(p.twin);
+    cr_expect_eq(
+        json_integer_value(json_object_get(json_object_get(cfg, "vision_config"), "hidden_size")),
+        32);
+    json_decref(cfg);
+    loaded_t t;
+    load(p.twin, &t);
+    cr_expect_eq(eng_model_check_parameters(t.model, p.twin, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    unload(&t);
+    rm_tree(p.root);
 }

@@ -440,7 +440,7 @@ static void sleep_ms(long ms) {
 /* Submits, retrying while the queue is full. */
 static void submit(eng_sched_t *s, const sch_request_t *req, slot_t *sl) {
     svc_err_t err;
-    while ((err = eng_sched_submit(s, req, on_done, sl)) == SVC_ERR_RETRIABLE)
+    while ((err = eng_sched_submit(s, req, on_done, sl, NULL)) == SVC_ERR_RETRIABLE)
         sleep_ms(1);
     cr_assert_eq(err, SVC_OK, "submit: %s", svc_err_name(err));
 }
@@ -542,8 +542,9 @@ static void run_many(const loaded_t *l, const eng_sched_conf_t *conf, eng_sched_
         char *body = make_body(k);
         req[k] = decode_valid(body, strlen(body));
         free(body);
-        cr_assert_eq(eng_answer_request(l->pkg, l->model, req[k], &ref[k], errstr, sizeof errstr),
-                     SVC_OK, "%s", errstr);
+        cr_assert_eq(
+            eng_answer_request(l->pkg, l->model, req[k], &ref[k], NULL, errstr, sizeof errstr),
+            SVC_OK, "%s", errstr);
         for (size_t p = 0; p < sch_request_n_parts(req[k]); p++)
             for (size_t i = 0; i < sch_request_part(req[k], p)->n_questions; i++) {
                 const char *e = eng_answers_results(ref[k])[p][i].error_code;
@@ -760,24 +761,24 @@ Test(sched, backpressure) {
                   *rd = n_questions(3);
     slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
     /* a's done holds the only worker: nothing else runs meanwhile */
-    cr_assert_eq(eng_sched_submit(s, ra, on_done, &a), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, ra, on_done, &a, NULL), SVC_OK);
     pthread_mutex_lock(&w.mu);
     while (!a.in_done)
         pthread_cond_wait(&w.cv, &w.mu);
     pthread_mutex_unlock(&w.mu);
     /* the queue is empty: d, larger than the bound, is admitted */
-    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, NULL), SVC_OK);
     eng_sched_stats_t st;
     eng_sched_stats(s, &st);
     cr_assert_eq(st.queued, 3);
-    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c), SVC_ERR_RETRIABLE);
-    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b), SVC_ERR_RETRIABLE);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_ERR_RETRIABLE);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_ERR_RETRIABLE);
     pthread_mutex_lock(&w.mu);
     a.released = true;
     pthread_cond_broadcast(&w.cv);
     pthread_mutex_unlock(&w.mu);
     wait_done(&w, 2); /* a, d */
-    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_OK);
     submit(s, rc, &c);
     wait_done(&w, 4);
     eng_sched_free(s);
@@ -822,7 +823,8 @@ Test(sched, deadline_fake_clock) {
     eng_answers_t *ref = NULL;
     fake_reads = 0;
     eng_answer_set_clock(fake_clock);
-    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ref, errstr, sizeof errstr), SVC_OK);
+    cr_assert_eq(eng_answer_request(l.pkg, l.model, req, &ref, NULL, errstr, sizeof errstr),
+                 SVC_OK);
     cr_assert_eq(fake_reads, 3);
     eng_sched_t     *s = NULL;
     eng_sched_conf_t conf = {.n_workers = 1, .max_group = 1};
@@ -949,7 +951,7 @@ Test(sched, media_refused_without_done) {
     waiter_t w;
     slot_t   sl = {.w = &w};
     waiter_init(&w);
-    cr_assert_eq(eng_sched_submit(s, req, on_done, &sl), SVC_ERR_UNSUPPORTED);
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &sl, NULL), SVC_ERR_UNSUPPORTED);
     eng_sched_free(s);
     cr_assert_eq(sl.calls, 0);
     sch_request_free(req);
@@ -973,7 +975,7 @@ Test(sched, nothing_to_run_completes_at_once) {
     waiter_t w;
     slot_t   sl = {.w = &w};
     waiter_init(&w);
-    cr_assert_eq(eng_sched_submit(s, req, on_done, &sl), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &sl, NULL), SVC_OK);
     cr_assert_eq(sl.calls, 1);
     cr_assert_eq(sl.err, SVC_OK);
     cr_assert_eq(eng_answers_input_tokens(sl.ans)[0], 0);

@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
     double t0 = now_ms(), c0 = cpu_ms();
     size_t tokens = 0, questions = 0;
     for (size_t k = 0; k < n_req; k++) {
-        if (eng_answer_request(pkg, m, jobs[k].req, &jobs[k].ref, errstr, sizeof errstr)) {
+        if (eng_answer_request(pkg, m, jobs[k].req, &jobs[k].ref, NULL, errstr, sizeof errstr)) {
             fprintf(stderr, "bench_sched: reference %zu: %s\n", k, errstr);
             return 1;
         }
@@ -164,7 +164,8 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < n_req; k++) {
         jobs[k].t_submit = now_ms();
         svc_err_t err;
-        while ((err = eng_sched_submit(s, jobs[k].req, on_done, &jobs[k])) == SVC_ERR_RETRIABLE) {
+        while ((err = eng_sched_submit(s, jobs[k].req, on_done, &jobs[k], NULL)) ==
+               SVC_ERR_RETRIABLE) {
             pthread_mutex_lock(&mu); /* wait for a completion */
             size_t seen = n_done;
             while (n_done == seen)

@@ -1,0 +1,508 @@
+/*
+ * test_vision.c -- the vision tower and image prompts (issue 6) against the
+ * transformers goldens of tests/tools/gen_vision_golden.py (layout in its
+ * docstring): the tiny VL package tests/fixtures/tiny-vl, five images
+ * (PNG, JPEG, WebP; upscaled, downscaled, wide), and System One requests
+ * with one and two images in both attention modes.
+ *
+ * Bounds (issue 6): pixels within 1/255 of the reference processor's, the
+ * tower's output within 1e-4 relative (max-norm), probabilities within
+ * 1e-4. The tower is checked twice: from the reference's own resized
+ * pixels (the tower alone) and from the image file (decode + resize +
+ * tower, the product's path).
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_answer_int.h"
+#include "eng_fwd_int.h"
+#include "eng_image_int.h"
+#include "eng_vision_int.h"
+#include "engine.h"
+#include "npu.h"
+#include "test_rng.h"
+#include "test_util.h"
+
+#define PKG  D3_SOURCE_DIR "/tests/fixtures/tiny-vl"
+#define GOLD D3_SOURCE_DIR "/tests/golden/vision"
+
+#define TOWER_TOL 1e-4
+#define PROB_TOL  1e-4
+
+/* ------------------------------------------------------------ golden files */
+
+static json_t *g_index;
+
+static json_t *index_json(void) {
+    if (!g_index) {
+        json_error_t e;
+        g_index = json_load_file(GOLD "/index.json", 0, &e);
+        cr_assert(g_index, "index.json: %s", e.text);
+    }
+    return g_index;
+}
+
+static void *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(len > 0 ? (size_t)len : 1);
+    cr_assert(p);
+    cr_assert_eq(fread(p, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return p;
+}
+
+/* Array `name` of index.json: its bytes and element count. */
+static void *array(const char *name, size_t elem, size_t *count) {
+    const json_t *arrs = json_object_get(index_json(), "arrays");
+    for (size_t i = 0; i < json_array_size(arrs); i++) {
+        const json_t *a = json_array_get(arrs, i);
+        if (strcmp(json_string_value(json_object_get(a, "name")), name) != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, GOLD "/%s", json_string_value(json_object_get(a, "file")));
+        size_t n;
+        void  *p = read_file(path, &n);
+        cr_assert_eq(n % elem, 0);
+        *count = n / elem;
+        return p;
+    }
+    cr_assert_fail("no array %s", name);
+    return NULL;
+}
+
+static const json_t *image_case(const char *name) {
+    const json_t *imgs = json_object_get(index_json(), "images");
+    for (size_t i = 0; i < json_array_size(imgs); i++)
+        if (strcmp(json_string_value(json_object_get(json_array_get(imgs, i), "name")), name) == 0)
+            return json_array_get(imgs, i);
+    cr_assert_fail("no image %s", name);
+    return NULL;
+}
+
+static size_t jint(const json_t *o, const char *k, size_t i) {
+    return (size_t)json_integer_value(json_array_get(json_object_get(o, k), i));
+}
+
+static const char *role(const json_t *c, const char *r) {
+    return json_string_value(json_object_get(json_object_get(c, "arrays"), r));
+}
+
+/* The image file of a case as sch_image validated it. */
+static void image_bytes(const json_t *c, sch_image_t *img, unsigned char **owned) {
+    char path[512];
+    snprintf(path, sizeof path, GOLD "/%s", json_string_value(json_object_get(c, "file")));
+    size_t n;
+    *owned = read_file(path, &n);
+    const char *fmt = json_string_value(json_object_get(c, "format"));
+    img->bytes = *owned;
+    img->len = n;
+    img->format = strcmp(fmt, "PNG") == 0 ? "png" : strcmp(fmt, "JPEG") == 0 ? "jpeg" : "webp";
+    img->height = (uint32_t)jint(c, "source_size", 0);
+    img->width = (uint32_t)jint(c, "source_size", 1);
+}
+
+static loaded_t g_l;
+
+static void setup(void) {
+    load(PKG, &g_l);
+}
+
+static void teardown(void) {
+    unload(&g_l);
+    json_decref(g_index);
+    g_index = NULL;
+}
+
+TestSuite(vision, .init = setup, .fini = teardown, .timeout = 600);
+
+/* ------------------------------------------------------------ package */
+
+Test(vision, package_has_a_tower) {
+    cr_assert(eng_model_has_vision(g_l.model));
+    cr_assert_eq(eng_model_image_token_id(g_l.model), 4041);
+    char errstr[512] = "";
+    cr_assert_eq(eng_model_check_parameters(g_l.model, PKG, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+}
+
+/* ------------------------------------------------------------ tower */
+
+/* The tower on the reference's resized pixels: the patch rows (sampled)
+ * and the merged tokens. */
+static void tower_from_pixels(const char *name) {
+    const json_t *c = image_case(name);
+    size_t        H = jint(c, "resized", 0), W = jint(c, "resized", 1), n;
+    eng_rgb_t     rgb = {(uint32_t)W, (uint32_t)H, array(role(c, "resized_u8"), 1, &n)};
+    cr_assert_eq(n, H * W * 3);
+    const eng_vision_t *v = g_l.model->vision;
+    float              *rows = NULL;
+    size_t              gh, gw;
+    cr_assert_eq(eng_image_patches(&rgb, v->proc, &rows, &gh, &gw), SVC_OK);
+    cr_assert_eq(gh, jint(c, "grid", 1));
+    cr_assert_eq(gw, jint(c, "grid", 2));
+    size_t        E = eng_vis_patch_elems(&v->cfg), R;
+    float        *ref_rows = array(role(c, "pixel_rows"), 4, &R);
+    const json_t *idx = json_object_get(c, "pixel_rows");
+    R /= E;
+    cr_assert_eq(R, json_array_size(idx));
+    for (size_t k = 0; k < R; k++) {
+        size_t r = (size_t)json_integer_value(json_array_get(idx, k));
+        double e = rel_err(rows + r * E, ref_rows + k * E, E);
+        cr_expect(e <= 1e-6, "%s: patch row %zu: %.3g", name, r, e);
+    }
+    size_t T = gh * gw / 4, m;
+    float *out = nans(T * v->cfg.out_hidden);
+    float *ref = array(role(c, "tower"), 4, &m);
+    cr_assert_eq(m, T * v->cfg.out_hidden);
+    char errstr[512] = "";
+    cr_assert_eq(eng_vision_forward(v, rows, gh, gw, out, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    double e = rel_err(out, ref, m);
+    cr_log_info("%s: tower from the reference pixels: %.3g", name, e);
+    cr_expect(e <= TOWER_TOL, "%s: tower %.3g", name, e);
+    free(out);
+    free(ref);
+    free(ref_rows);
+    free(rows);
+    free(rgb.px);
+}
+
+Test(vision, tower_png_64x48) {
+    tower_from_pixels("png_64x48");
+}
+Test(vision, tower_jpeg_300x200) {
+    tower_from_pixels("jpeg_300x200");
+}
+Test(vision, tower_webp_200x300) {
+    tower_from_pixels("webp_200x300");
+}
+Test(vision, tower_png_900x96) {
+    tower_from_pixels("png_900x96");
+}
+
+/* The product's path from the file: prepare (decode, smart resize,
+ * resize) and encode, against the reference's pixels and tower. */
+static void tower_from_file(const char *name) {
+    const json_t     *c = image_case(name);
+    sch_image_t       img;
+    unsigned char    *bytes;
+    eng_image_prep_t *prep = NULL;
+    char              errstr[512] = "";
+    image_bytes(c, &img, &bytes);
+    cr_assert_eq(eng_image_prepare(g_l.model, &img, &prep, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    cr_assert_eq(eng_image_prep_tokens(prep),
+                 (size_t)json_integer_value(json_object_get(c, "tokens")));
+    eng_image_emb_t emb;
+    cr_assert_eq(eng_image_encode(g_l.model, prep, &emb, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    size_t m;
+    float *ref = array(role(c, "tower"), 4, &m);
+    cr_assert_eq(m, emb.gh * emb.gw * emb.hidden);
+    cr_assert_eq(emb.gh * 2, jint(c, "grid", 1));
+    double e = rel_err(emb.rows, ref, m);
+    cr_log_info("%s: tower from the file: %.3g", name, e);
+    cr_expect(e <= TOWER_TOL, "%s: tower from the file %.3g", name, e);
+    free(ref);
+    eng_image_emb_fini(&emb);
+    eng_image_prep_free(prep);
+    free(bytes);
+}
+
+Test(vision, file_png_64x48) {
+    tower_from_file("png_64x48");
+}
+Test(vision, file_jpeg_300x200) {
+    tower_from_file("jpeg_300x200");
+}
+Test(vision, file_webp_200x300) {
+    tower_from_file("webp_200x300");
+}
+Test(vision, file_png_900x96) {
+    tower_from_file("png_900x96");
+}
+Test(vision, file_jpeg_1400x1300_downscaled) {
+    tower_from_file("jpeg_1400x1300");
+}
+
+/* ------------------------------------------------------------ full model */
+
+/* The golden's expanded ids with each image's run of pads as image k's
+ * ids (slot k), the images encoded from their files. */
+typedef struct rec_in {
+    int32_t               *ids;
+    size_t                 T;
+    eng_image_emb_t        embs[4];
+    const eng_image_emb_t *ptrs[4];
+    eng_media_t            media;
+} rec_in_t;
+
+static const json_t *request_case(const char *name) {
+    const json_t *rs = json_object_get(index_json(), "requests");
+    for (size_t i = 0; i < json_array_size(rs); i++)
+        if (strcmp(json_string_value(json_object_get(json_array_get(rs, i), "name")), name) == 0)
+            return json_array_get(rs, i);
+    cr_assert_fail("no request %s", name);
+    return NULL;
+}
+
+static void rec_in(const json_t *rec, rec_in_t *in) {
+    memset(in, 0, sizeof *in);
+    const json_t *rq = request_case(json_string_value(json_object_get(rec, "request")));
+    const json_t *names = json_object_get(rq, "images");
+    char          errstr[512] = "";
+    for (size_t k = 0; k < json_array_size(names); k++) {
+        const json_t     *c = image_case(json_string_value(json_array_get(names, k)));
+        sch_image_t       img;
+        unsigned char    *bytes;
+        eng_image_prep_t *prep = NULL;
+        image_bytes(c, &img, &bytes);
+        cr_assert_eq(eng_image_prepare(g_l.model, &img, &prep, errstr, sizeof errstr), SVC_OK);
+        cr_assert_eq(eng_image_encode(g_l.model, prep, &in->embs[k], errstr, sizeof errstr), SVC_OK,
+                     "%s", errstr);
+        in->ptrs[k] = &in->embs[k];
+        eng_image_prep_free(prep);
+        free(bytes);
+    }
+    in->media.slots = in->ptrs;
+    in->media.n_slots = json_array_size(names);
+    in->ids = array(role(rec, "input_ids"), 4, &in->T);
+    const json_t *spans = json_object_get(rec, "image_token_spans");
+    for (size_t k = 0; k < json_array_size(spans); k++) {
+        const json_t *sp = json_array_get(spans, k);
+        size_t        at = (size_t)json_integer_value(json_array_get(sp, 0));
+        size_t        n = (size_t)json_integer_value(json_array_get(sp, 1));
+        cr_assert_eq(n, in->embs[k].gh * in->embs[k].gw);
+        for (size_t j = 0; j < n; j++) {
+            cr_assert_eq(in->ids[at + j], 4041);
+            in->ids[at + j] = ENG_IMAGE_ID(k, j);
+        }
+    }
+}
+
+static void rec_fini(rec_in_t *in) {
+    for (size_t k = 0; k < 4; k++)
+        eng_image_emb_fini(&in->embs[k]);
+    free(in->ids);
+}
+
+/* One record: the forward over its ids (its attention mode) against the
+ * final hidden state and the probabilities. */
+static void record_forward(const json_t *rec) {
+    const char *name = json_string_value(json_object_get(rec, "name"));
+    bool     noncausal = strcmp(json_string_value(json_object_get(rec, "mode")), "noncausal") == 0;
+    rec_in_t in;
+    rec_in(rec, &in);
+    size_t H = eng_model_hidden_size(g_l.model), m;
+    float *h = nans(H);
+    char   errstr[512] = "";
+    cr_assert_eq(eng_model_forward_media(g_l.model, NULL, false, in.ids, in.T, &in.media, noncausal,
+                                         h, NULL, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s: %s", name, errstr);
+    float *ref = array(role(rec, "final_last"), 4, &m);
+    double e = rel_err(h, ref, H);
+    cr_expect(e <= TOWER_TOL, "%s: final hidden %.3g", name, e);
+    size_t        n = (size_t)json_integer_value(json_object_get(rec, "n_options"));
+    double        probs[8];
+    const json_t *pf = json_object_get(rec, "probs_f64");
+    cr_assert_eq(eng_readout_probs(g_l.model, h, n, eng_package_temperature(g_l.pkg), probs),
+                 SVC_OK);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(probs[i] - json_number_value(json_array_get(pf, i)));
+        worst = d > worst ? d : worst;
+    }
+    cr_log_info("%s: final hidden %.3g, probabilities %.3g", name, e, worst);
+    cr_expect(worst <= PROB_TOL, "%s: probabilities off by %.3g", name, worst);
+    free(ref);
+    free(h);
+    rec_fini(&in);
+}
+
+Test(vision, records_forward) {
+    const json_t *recs = json_object_get(index_json(), "records");
+    cr_assert(json_array_size(recs) >= 8);
+    for (size_t i = 0; i < json_array_size(recs); i++)
+        record_forward(json_array_get(recs, i));
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* A request of the golden set, decoded for the VL package. */
+static sch_request_t *golden_request(const char *name) {
+    const json_t *rq = request_case(name);
+    char         *body = json_dumps(json_object_get(rq, "request"), JSON_COMPACT);
+    cr_assert(body);
+    const char      *names[2] = {eng_package_model_id(g_l.pkg), PKG};
+    sch_model_info_t info = {
+        .names = names, .n_names = 2, .label = eng_package_model_id(g_l.pkg), .has_vision = true};
+    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req = NULL;
+    sch_error_t    e;
+    sch_error_init(&e);
+    cr_assert_eq(sch_request_decode(body, strlen(body), &limits, &info, &req, &e), SVC_OK, "%s: %s",
+                 name, e.message ? e.message : "?");
+    sch_error_fini(&e);
+    free(body);
+    return req;
+}
+
+/* The golden record of request rq, question q, in the package's mode. */
+static const json_t *record_of(const char *rq, const char *q) {
+    const json_t *recs = json_object_get(index_json(), "records");
+    const char   *mode = eng_package_noncausal(g_l.pkg) ? "noncausal" : "causal";
+    for (size_t i = 0; i < json_array_size(recs); i++) {
+        const json_t *r = json_array_get(recs, i);
+        if (!strcmp(json_string_value(json_object_get(r, "request")), rq) &&
+            !strcmp(json_string_value(json_object_get(r, "question")), q) &&
+            !strcmp(json_string_value(json_object_get(r, "mode")), mode))
+            return r;
+    }
+    cr_assert_fail("no record %s/%s/%s", rq, q, mode);
+    return NULL;
+}
+
+static void expect_golden_probs(const char *rq, const sch_request_t *req,
+                                const eng_answers_t *ans) {
+    const sch_part_t          *part = sch_request_part(req, 0);
+    const sch_result_t *const *res = eng_answers_results(ans);
+    for (size_t i = 0; i < part->n_questions; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "%.*s", (int)part->questions[i].id_len, part->questions[i].id);
+        const json_t *pf = json_object_get(record_of(rq, id), "probs_f64");
+        cr_assert(res[0][i].probs, "%s/%s: no probabilities (%s)", rq, id,
+                  res[0][i].error_code ? res[0][i].error_code : "-");
+        for (size_t k = 0; k < json_array_size(pf); k++) {
+            double d = fabs(res[0][i].probs[k] - json_number_value(json_array_get(pf, k)));
+            cr_expect(d <= PROB_TOL, "%s/%s: option %zu off by %.3g", rq, id, k, d);
+        }
+    }
+}
+
+/* eng_answer_request: the request's images decoded and encoded once each,
+ * its prompts expanded, the package's mode; probabilities and usage. */
+Test(vision, answer_request_matches_golden) {
+    static const char *const names[] = {"one_image", "two_images", "wide_image"};
+    for (size_t n = 0; n < 3; n++) {
+        sch_request_t *req = golden_request(names[n]);
+        eng_answers_t *ans = NULL;
+        char           errstr[512] = "";
+        cr_assert_eq(eng_answer_request(g_l.pkg, g_l.model, req, &ans, NULL, errstr, sizeof errstr),
+                     SVC_OK, "%s: %s", names[n], errstr);
+        expect_golden_probs(names[n], req, ans);
+        const json_t *rq = request_case(names[n]);
+        cr_expect_eq(eng_answers_stats(ans)->images_encoded,
+                     json_array_size(json_object_get(rq, "images")));
+        /* usage counts the expanded prompts (SPEC b.5, c.7) */
+        const sch_part_t *part = sch_request_part(req, 0);
+        size_t            want = 0;
+        for (size_t i = 0; i < part->n_questions; i++) {
+            char id[64];
+            snprintf(id, sizeof id, "%.*s", (int)part->questions[i].id_len, part->questions[i].id);
+            want +=
+                (size_t)json_integer_value(json_object_get(record_of(names[n], id), "n_tokens"));
+        }
+        cr_expect_eq(eng_answers_input_tokens(ans)[0], want, "%s: usage", names[n]);
+        eng_answers_free(ans);
+        sch_request_free(req);
+    }
+}
+
+typedef struct done_slot {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             n;
+    eng_answers_t  *ans[4];
+    svc_err_t       err;
+} done_slot_t;
+
+typedef struct done_ref {
+    done_slot_t *d;
+    int          i;
+} done_ref_t;
+
+static void on_done(void *user, eng_answers_t *ans, svc_err_t err, const char *errstr) {
+    done_ref_t *r = user;
+    pthread_mutex_lock(&r->d->mu);
+    r->d->ans[r->i] = ans;
+    if (err) {
+        r->d->err = err;
+        cr_log_error("request %d failed: %s", r->i, errstr ? errstr : "?");
+    }
+    r->d->n++;
+    pthread_cond_broadcast(&r->d->cv);
+    pthread_mutex_unlock(&r->d->mu);
+}
+
+/* The scheduler: one_image twice (two requests, the same image bytes) and
+ * two_images: every answer as the golden's, and the vision tower ran once
+ * per distinct image (3: the PNG, the JPEG, the WebP), not per question. */
+Test(vision, scheduler_encodes_each_image_once) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 2};
+    char             errstr[512] = "";
+    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    static const char *const names[] = {"one_image", "one_image", "two_images"};
+    sch_request_t           *reqs[3];
+    done_slot_t              d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    done_ref_t               refs[3];
+    for (int i = 0; i < 3; i++) {
+        reqs[i] = golden_request(names[i]);
+        refs[i] = (done_ref_t){&d, i};
+        cr_assert_eq(eng_sched_submit(s, reqs[i], on_done, &refs[i], NULL), SVC_OK);
+    }
+    pthread_mutex_lock(&d.mu);
+    while (d.n < 3)
+        pthread_cond_wait(&d.cv, &d.mu);
+    pthread_mutex_unlock(&d.mu);
+    cr_assert_eq(d.err, SVC_OK);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    cr_expect_leq(st.images_encoded, 3, "%llu encodings for 3 distinct images",
+                  (unsigned long long)st.images_encoded);
+    cr_expect_geq(st.images_encoded, 2);
+    for (int i = 0; i < 3; i++) {
+        expect_golden_probs(names[i], reqs[i], d.ans[i]);
+        eng_answers_free(d.ans[i]);
+        sch_request_free(reqs[i]);
+    }
+    eng_sched_free(s);
+}
+
+/* A request whose image the contract refuses gets its 400 at submit. */
+Test(vision, scheduler_rejects_bad_image_data) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1};
+    char             errstr[512] = "";
+    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    sch_request_t *req = golden_request("one_image");
+    /* the PNG's pixel data cut short after its header: the decoder sees it */
+    sch_part_t  *part = (sch_part_t *)sch_request_part(req, 0);
+    sch_image_t *img = (sch_image_t *)&part->images[0];
+    img->len = img->len / 2;
+    sch_error_t reject;
+    sch_error_init(&reject);
+    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    done_ref_t  ref = {&d, 0};
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
+    cr_assert_eq(reject.status, 400);
+    cr_assert_str_eq(reject.code, "invalid_request");
+    cr_assert_str_eq(reject.message, "images[0]: invalid image data (OSError)");
+    sch_error_fini(&reject);
+    sch_request_free(req);
+    eng_sched_free(s);
+    cr_assert_eq(d.n, 0, "done ran for a refused request");
+}
