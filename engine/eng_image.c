@@ -230,6 +230,30 @@ static void png_pixel(const png_dec_t *d, const uint8_t *row, size_t x, uint8_t 
     }
 }
 
+/* A row's cols pixels to RGB at o, o + 3 dx, ...: the common 8-bit
+ * layouts directly, the rest through png_pixel. */
+static void png_row_out(const png_dec_t *d, const uint8_t *row, size_t cols, uint8_t *o,
+                        size_t dx) {
+    const png_info_t *pi = d->pi;
+    size_t            step = 3 * dx;
+    if (pi->depth != 8 || pi->ct == 4) {
+        for (size_t x = 0; x < cols; x++, o += step)
+            png_pixel(d, row, x, o);
+    } else if (pi->ct == 2 && dx == 1) {
+        memcpy(o, row, cols * 3);
+    } else if (pi->ct == 2 || pi->ct == 6) {
+        size_t in = pi->ct == 2 ? 3 : 4;
+        for (size_t x = 0; x < cols; x++, o += step, row += in)
+            memcpy(o, row, 3);
+    } else if (pi->ct == 0) {
+        for (size_t x = 0; x < cols; x++, o += step)
+            o[0] = o[1] = o[2] = row[x];
+    } else {
+        for (size_t x = 0; x < cols; x++, o += step)
+            memcpy(o, pi->pal[row[x]], 3);
+    }
+}
+
 static uint8_t paeth(int a, int b, int c) {
     int pa = abs(b - c), pb = abs(a - c), pc = abs(a + b - 2 * c);
     return (uint8_t)(pa <= pb && pa <= pc ? a : pb <= pc ? b : c);
@@ -292,10 +316,8 @@ static const char *png_feed(png_dec_t *d, const uint8_t *in, size_t n) {
             return OS_ERROR;
         uint8_t *orow = d->px + (size_t)d->y * pi->w * 3;
         if (pi->interlaced) {
-            size_t col = (size_t)ADAM7_COL[d->pass], dx = (size_t)ADAM7_DX[d->pass];
-            size_t cols = png_cols(d);
-            for (size_t x = 0; x < cols; x++, col += dx)
-                png_pixel(d, d->buf + 1, x, orow + col * 3);
+            png_row_out(d, d->buf + 1, png_cols(d), orow + (size_t)ADAM7_COL[d->pass] * 3,
+                        (size_t)ADAM7_DX[d->pass]);
             d->y += (uint32_t)ADAM7_DY[d->pass];
             while (d->y >= pi->h || row_len == 0) {
                 if (++d->pass == 7) {
@@ -307,8 +329,7 @@ static const char *png_feed(png_dec_t *d, const uint8_t *in, size_t n) {
                 memset(d->buf, 0, d->bytes + 1); /* a pass's first row has black above */
             }
         } else {
-            for (size_t x = 0; x < pi->w; x++)
-                png_pixel(d, d->buf + 1, x, orow + x * 3);
+            png_row_out(d, d->buf + 1, pi->w, orow, 1);
             d->y++;
         }
         d->last = 0;

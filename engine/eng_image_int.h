@@ -9,7 +9,7 @@
  * then the patch rows in merge-block order with the frame repeated over the
  * temporal patch. This header is that pipeline in C:
  *
- *     eng_image_decode     bytes -> RGB (eng_image.c; libpng, libjpeg, libwebp)
+ *     eng_image_decode     bytes -> RGB (eng_image.c; zlib, libjpeg, libwebp)
  *     eng_smart_resize     the target size (eng_vis_pre.c)
  *     eng_image_resize     RGB -> RGB, torch's integer-weight bicubic
  *     eng_image_patches    RGB -> fp32 rows

@@ -87,11 +87,12 @@ static void check_case(const icase_t *c, const rec_t *r) {
             const json_t *a = json_object_get(ans, k);
             bool          failed = json_object_get(v, "error") != NULL;
             cr_expect(a, "%s: no answer for %s: %.300s", c->name, k, (const char *)r->value);
-            if (a && !failed)
-                cr_expect(json_object_get(a, "probabilities") || json_object_get(a, "value") ||
-                              json_object_get(a, "score") || json_object_get(a, "choice"),
-                          "%s: %s has no probabilities: %.300s", c->name, k,
-                          (const char *)r->value);
+            if (!a)
+                continue;
+            cr_expect_eq(json_object_get(a, "error") != NULL, failed, "%s: %s: %.300s", c->name,
+                         k, (const char *)r->value);
+            cr_expect(json_equal(json_object_get(a, "type"), json_object_get(v, "type")) || failed,
+                      "%s: %s: type: %.300s", c->name, k, (const char *)r->value);
         }
     }
     json_decref(got);
