@@ -89,8 +89,8 @@ static void check_case(const icase_t *c, const rec_t *r) {
             cr_expect(a, "%s: no answer for %s: %.300s", c->name, k, (const char *)r->value);
             if (!a)
                 continue;
-            cr_expect_eq(json_object_get(a, "error") != NULL, failed, "%s: %s: %.300s", c->name,
-                         k, (const char *)r->value);
+            cr_expect_eq(json_object_get(a, "error") != NULL, failed, "%s: %s: %.300s", c->name, k,
+                         (const char *)r->value);
             cr_expect(json_equal(json_object_get(a, "type"), json_object_get(v, "type")) || failed,
                       "%s: %s: type: %.300s", c->name, k, (const char *)r->value);
         }
