@@ -135,7 +135,11 @@ void              eng_req_images_fini(eng_req_images_t *ri);
 
 typedef struct eng_imgreg eng_imgreg_t;
 
-/* max_slots distinct images in flight at most; NULL when out of memory. */
+/* Slots of the table, the most one request can hold. */
+#define ENG_IMGREG_CAP 4096u
+
+/* Requests together hold max_slots distinct images at most (one request
+ * alone may hold up to ENG_IMGREG_CAP); NULL when out of memory. */
 eng_imgreg_t *eng_imgreg_new(const eng_model_t *m, size_t max_slots);
 /* Frees every slot. No other call may be running. NULL is a no-op. */
 void eng_imgreg_free(eng_imgreg_t *g);
@@ -143,11 +147,14 @@ void eng_imgreg_free(eng_imgreg_t *g);
  * @brief A reference on the slot of prep's image (by the SHA-256 of its
  *        bytes): an existing one, or a free one that takes prep.
  *        Ownership of prep passes to the registry either way.
- * @returns SVC_OK with *slot and its *tokens; SVC_ERR_RETRIABLE when every
- *          slot is held (backpressure: retry after a completion).
+ * @param mine distinct slots the calling request holds already.
+ * @returns SVC_OK with *slot and its *tokens; SVC_ERR_RETRIABLE when the
+ *          slots others hold leave no room (backpressure: retry after a
+ *          completion); SVC_ERR_TOO_LARGE when the request alone needs more
+ *          than ENG_IMGREG_CAP distinct images.
  */
-SVC_WUR svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t *slot,
-                                     size_t *tokens);
+SVC_WUR svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t mine,
+                                     size_t *slot, size_t *tokens);
 /* Drops a reference; the last one frees the slot. */
 void eng_imgreg_release(eng_imgreg_t *g, size_t slot);
 /**

@@ -154,6 +154,7 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
     r->img_first = calloc(np + 1, sizeof *r->img_first);
     if (!r->img_slot || !r->img_tok || !r->img_first)
         return SVC_ERR_NOMEM;
+    size_t distinct = 0;
     for (size_t p = 0; p < np; p++) {
         const sch_part_t *part = sch_request_part(req, p);
         r->img_first[p] = r->n_img;
@@ -166,10 +167,19 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
             else if (err)
                 svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
             if (!err)
-                err =
-                    eng_imgreg_acquire(s->reg, prep, &r->img_slot[r->n_img], &r->img_tok[r->n_img]);
+                err = eng_imgreg_acquire(s->reg, prep, distinct, &r->img_slot[r->n_img],
+                                         &r->img_tok[r->n_img]);
+            if (err == SVC_ERR_TOO_LARGE)
+                svc_errf(errstr, errstr_size,
+                         "the request shows more than %u distinct images, more than the "
+                         "scheduler holds at once",
+                         ENG_IMGREG_CAP);
             if (err)
                 return err;
+            bool seen = false; /* a slot this request holds already */
+            for (size_t o = 0; o < r->n_img && !seen; o++)
+                seen = r->img_slot[o] == r->img_slot[r->n_img];
+            distinct += !seen;
             r->n_img++;
         }
     }

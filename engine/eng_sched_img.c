@@ -9,9 +9,14 @@
  * A slot's life: acquire (at submit, with the prepared pixels; further
  * requests with the same bytes take a reference and drop their copy) ->
  * ready (the first worker that needs it runs the tower, others wait) ->
- * release by every request -> free (its pixels and tokens go). The number
- * of slots bounds the memory: at most max_slots x (1,638,400 x 3 bytes of
- * pixels, or the tokens: 1,600 x hidden floats for the real package).
+ * release by every request -> free (its pixels and tokens go).
+ *
+ * Memory: requests together hold at most `soft` slots (the scheduler's
+ * max_images), each at most 1,638,400 x 3 bytes of pixels or, encoded,
+ * 1,600 x hidden floats for the real package. One request may hold more
+ * when no other holds any (as the question bound lets a large request in
+ * when the queue is empty), up to the table's ENG_IMGREG_CAP: its images
+ * came in one body of at most 8 MB.
  */
 #include "eng_answer_int.h"
 
@@ -38,7 +43,9 @@ typedef struct slot {
 
 struct eng_imgreg {
     const eng_model_t      *model;
-    size_t                  n;
+    size_t                  n;     /* the table: ENG_IMGREG_CAP slots */
+    size_t                  soft;  /* slots requests together hold at most */
+    size_t                  held;  /* slots not free */
     slot_t                 *slots; /* (n) */
     const eng_image_emb_t **ptrs;  /* (n): &slots[i].emb once ready, else NULL */
     eng_media_t             media;
@@ -52,7 +59,8 @@ eng_imgreg_t *eng_imgreg_new(const eng_model_t *m, size_t max_slots) {
     if (!g)
         return NULL;
     g->model = m;
-    g->n = max_slots < ENG_IMAGE_MAX_SLOTS ? max_slots : ENG_IMAGE_MAX_SLOTS;
+    g->n = ENG_IMGREG_CAP;
+    g->soft = max_slots < ENG_IMGREG_CAP ? max_slots : ENG_IMGREG_CAP;
     g->slots = calloc(g->n, sizeof *g->slots);
     g->ptrs = calloc(g->n, sizeof *g->ptrs);
     if (!g->slots || !g->ptrs) {
@@ -70,6 +78,8 @@ eng_imgreg_t *eng_imgreg_new(const eng_model_t *m, size_t max_slots) {
 
 static void slot_clear(eng_imgreg_t *g, size_t i) {
     slot_t *sl = &g->slots[i];
+    if (sl->state != SLOT_FREE)
+        g->held--;
     eng_image_prep_free(sl->prep);
     eng_image_emb_fini(&sl->emb);
     memset(sl, 0, sizeof *sl);
@@ -88,7 +98,7 @@ void eng_imgreg_free(eng_imgreg_t *g) {
     free(g);
 }
 
-svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t *slot,
+svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t mine, size_t *slot,
                              size_t *tokens) {
     const unsigned char *sha = eng_image_prep_digest(prep);
     size_t               free_at = g->n;
@@ -108,12 +118,14 @@ svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t *sl
             return SVC_OK;
         }
     }
-    if (free_at == g->n) {
+    bool others = g->held > mine; /* slots of other requests are held */
+    if (free_at == g->n || (g->held >= g->soft && others)) {
         pthread_mutex_unlock(&g->mu);
         eng_image_prep_free(prep);
-        return SVC_ERR_RETRIABLE;
+        return others ? SVC_ERR_RETRIABLE : SVC_ERR_TOO_LARGE;
     }
     slot_t *sl = &g->slots[free_at];
+    g->held++;
     sl->state = SLOT_PREPARED;
     memcpy(sl->sha, sha, 32);
     sl->refs = 1;

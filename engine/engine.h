@@ -479,9 +479,11 @@ typedef struct eng_sched_conf {
                              A request larger than the bound is admitted when
                              nothing else is, so it never waits forever. */
     size_t max_group;     /* questions a worker takes at once to group; 0: 32 */
-    size_t max_images;    /* distinct images in flight (each holds its pixels,
-                             then its tokens); 0: 32. A submit past it is
-                             SVC_ERR_RETRIABLE, like a full queue. */
+    size_t max_images;    /* distinct images requests hold at once (each its
+                             pixels, then its tokens); 0: 32. A submit past
+                             it is SVC_ERR_RETRIABLE, like a full queue; a
+                             request with more is admitted when no other
+                             holds images (up to 4,096). */
 } eng_sched_conf_t;
 
 /* The outcome of one submitted request, exactly once, on a worker thread.

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "eng_answer_int.h"
 #include "eng_fwd_int.h"
@@ -26,6 +27,7 @@
 #include "eng_vision_int.h"
 #include "engine.h"
 #include "npu.h"
+#include "test_cmd.h"
 #include "test_rng.h"
 #include "test_util.h"
 
@@ -525,13 +527,13 @@ Test(vision, image_slots_share_by_content) {
         cr_assert_eq(eng_image_prepare(g_l.model, k == 2 ? &ib : &ia, &p[k], errstr, sizeof errstr),
                      SVC_OK, "%s", errstr);
     size_t s0, s1, s2, t;
-    cr_assert_eq(eng_imgreg_acquire(g, p[0], &s0, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[0], 0, &s0, &t), SVC_OK);
     cr_assert_eq(t, 70);
-    cr_assert_eq(eng_imgreg_acquire(g, p[1], &s1, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[1], 1, &s1, &t), SVC_OK);
     cr_assert_eq(s1, s0, "the same bytes share a slot");
-    cr_assert_eq(eng_imgreg_acquire(g, p[2], &s2, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[2], 1, &s2, &t), SVC_OK);
     cr_assert_neq(s2, s0);
-    cr_assert_eq(eng_imgreg_acquire(g, p[3], &t, &t), SVC_OK); /* shares s0 again */
+    cr_assert_eq(eng_imgreg_acquire(g, p[3], 2, &t, &t), SVC_OK); /* shares s0 again */
     bool enc = false;
     cr_assert_eq(eng_imgreg_ready(g, s0, &enc, errstr, sizeof errstr), SVC_OK, "%s", errstr);
     cr_assert(enc);
@@ -541,7 +543,8 @@ Test(vision, image_slots_share_by_content) {
     const eng_media_t *md = eng_imgreg_media(g);
     cr_assert(md->slots[s0] && md->slots[s0]->gh * md->slots[s0]->gw == 70);
     cr_assert_null(md->slots[s2], "not encoded until a worker needs it");
-    /* both slots held: a third image waits (backpressure) */
+    /* both slots held by "another request" (mine = 0): a third image
+     * waits (backpressure); the request holding them alone may go past */
     eng_image_prep_t *p4 = NULL;
     const json_t     *c = image_case("webp_200x300");
     sch_image_t       ic;
@@ -549,12 +552,14 @@ Test(vision, image_slots_share_by_content) {
     image_bytes(c, &ic, &bc);
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
     size_t s4;
-    cr_assert_eq(eng_imgreg_acquire(g, p4, &s4, &t), SVC_ERR_RETRIABLE);
+    cr_assert_eq(eng_imgreg_acquire(g, p4, 0, &s4, &t), SVC_ERR_RETRIABLE);
+    cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p4, 2, &s4, &t), SVC_OK, "alone: past the soft bound");
+    eng_imgreg_release(g, s4);
     /* three references on s0, one on s2: releasing s2 frees its slot */
     eng_imgreg_release(g, s2);
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
-    cr_assert_eq(eng_imgreg_acquire(g, p4, &s4, &t), SVC_OK);
-    cr_assert_eq(s4, s2, "the freed slot is reused");
+    cr_assert_eq(eng_imgreg_acquire(g, p4, 1, &s4, &t), SVC_OK);
     for (int k = 0; k < 3; k++)
         eng_imgreg_release(g, s0);
     cr_assert_null(md->slots[s0], "the last reference frees the tokens");
@@ -563,4 +568,54 @@ Test(vision, image_slots_share_by_content) {
     free(ba);
     free(bb);
     free(bc);
+}
+
+/* ------------------------------------------------------------ q4nx */
+
+/* make-package's D3-Nano-NPU2 layout (vision_weight.q4nx: BF16, the
+ * matmul weights in Q4NX.md §5 tiles, FastFlowLM's vision_config) and its
+ * safetensors twin: the same tower, so the same tokens for an image, and
+ * answers that agree. */
+Test(vision, q4nx_vision_weight_equals_its_twin) {
+    char dir[] = "/tmp/d3vision-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "'%s' make-package --size tiny --format q4nx --seed 5 --out '%s/q' --twin '%s/t' "
+             ">/dev/null 2>&1",
+             binary(), dir, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char q[64], t[64];
+    snprintf(q, sizeof q, "%s/q", dir);
+    snprintf(t, sizeof t, "%s/t", dir);
+    loaded_t          lq, lt;
+    const json_t     *c = image_case("webp_200x300");
+    sch_image_t       img;
+    unsigned char    *bytes;
+    char              errstr[512] = "";
+    eng_image_prep_t *prep = NULL;
+    load(q, &lq);
+    load(t, &lt);
+    cr_assert(eng_model_has_vision(lq.model) && eng_model_has_vision(lt.model));
+    image_bytes(c, &img, &bytes);
+    cr_assert_eq(eng_image_prepare(lq.model, &img, &prep, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    eng_image_emb_t eq, et;
+    cr_assert_eq(eng_image_encode(lq.model, prep, &eq, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    cr_assert_eq(eng_image_encode(lt.model, prep, &et, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    cr_assert_eq(eq.gh * eq.gw, 70);
+    cr_assert_eq(memcmp(eq.rows, et.rows, eq.gh * eq.gw * eq.hidden * sizeof *eq.rows), 0,
+                 "q4nx and twin towers differ");
+    cr_assert_eq(eng_model_check_parameters(lt.model, t, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    eng_image_emb_fini(&eq);
+    eng_image_emb_fini(&et);
+    eng_image_prep_free(prep);
+    free(bytes);
+    unload(&lq);
+    unload(&lt);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
 }
