@@ -612,14 +612,22 @@ static svc_err_t mf_compare(const json_t *p, const char *path, uint64_t our_text
         return mf_params_fail(path, errstr, n,
                               "parameters.vision: expected %llu, the loaded vision tower has %llu",
                               (unsigned long long)vision, (unsigned long long)our_vision);
-    if (loaded < vision || loaded - vision != our_text + our_readout)
+    if (loaded < vision || loaded - vision != our_text + our_readout) {
+        if (!our_vision)
+            return mf_params_fail(path, errstr, n,
+                                  "parameters.loaded: expected %llu (vision %llu not loaded), "
+                                  "loaded %llu (text %llu + readout %llu)",
+                                  (unsigned long long)loaded, (unsigned long long)vision,
+                                  (unsigned long long)(our_text + our_readout),
+                                  (unsigned long long)our_text, (unsigned long long)our_readout);
         return mf_params_fail(path, errstr, n,
-                              "parameters.loaded: expected %llu (vision %llu), "
-                              "loaded %llu (text %llu + readout %llu) + vision %llu",
-                              (unsigned long long)loaded, (unsigned long long)vision,
+                              "parameters.loaded: expected %llu, loaded %llu (text %llu + "
+                              "readout %llu + vision %llu)",
+                              (unsigned long long)loaded,
                               (unsigned long long)(our_text + our_readout + our_vision),
                               (unsigned long long)our_text, (unsigned long long)our_readout,
                               (unsigned long long)our_vision);
+    }
     return SVC_OK;
 }
 

@@ -94,6 +94,10 @@ void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
     ops_prom_metric(p, "d3stream_engine_token_layers_total", "counter",
                     "Tokens times layers run through the text tower (the work done).", "",
                     (double)es.token_layers);
+    ops_prom_metric(p, "d3stream_engine_images_encoded_total", "counter",
+                    "Vision tower runs (one per distinct image in flight: equal images of any "
+                    "requests share one).",
+                    "", (double)es.images_encoded);
     /* Batch sizes: questions a worker took from the queue at once. */
     ops_prom_addf(p, "# HELP d3stream_engine_batch_questions Questions a worker took from the "
                      "queue at once (what it could group).\n"
