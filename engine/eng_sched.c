@@ -650,8 +650,31 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     return SVC_OK;
 }
 
+/* A request with images that the queue or the image slots would turn away
+ * is turned away before its images are decoded, since every retry would
+ * decode them again. The questions counted are all the valid ones (the
+ * exact check below counts those that reach the model), so this may wait
+ * a little earlier than needed, never forever: an empty queue admits. */
+static bool images_would_wait(eng_sched_t *s, const sch_request_t *req) {
+    size_t n_img = 0, n_valid = 0;
+    for (size_t p = 0; p < sch_request_n_parts(req); p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        n_img += part->n_images;
+        for (size_t i = 0; i < part->n_questions; i++)
+            n_valid += !part->questions[i].error_code;
+    }
+    if (!n_img || !s->reg)
+        return false;
+    pthread_mutex_lock(&s->mu);
+    bool full = s->stats.queued > 0 && s->stats.queued + n_valid > s->max_questions;
+    pthread_mutex_unlock(&s->mu);
+    return full || eng_imgreg_would_wait(s->reg);
+}
+
 svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
                            void *user, sch_error_t *reject) {
+    if (images_would_wait(s, req))
+        return SVC_ERR_RETRIABLE;
     char      errstr[512] = "";
     double    submit_ms = eng_now_ms();
     sreq_t   *r = calloc(1, sizeof *r);

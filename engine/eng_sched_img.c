@@ -187,6 +187,14 @@ svc_err_t eng_imgreg_ready(eng_imgreg_t *g, size_t slot, bool *encoded_here, cha
     return err;
 }
 
+bool eng_imgreg_would_wait(const eng_imgreg_t *g) {
+    eng_imgreg_t *m = (eng_imgreg_t *)g; /* the lock is not part of the value */
+    pthread_mutex_lock(&m->mu);
+    bool full = g->held >= g->soft;
+    pthread_mutex_unlock(&m->mu);
+    return full;
+}
+
 const eng_media_t *eng_imgreg_media(const eng_imgreg_t *g) {
     return &g->media;
 }

@@ -552,6 +552,7 @@ Test(vision, image_slots_share_by_content) {
     image_bytes(c, &ic, &bc);
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
     size_t s4;
+    cr_assert(eng_imgreg_would_wait(g), "the submit waits before decoding");
     cr_assert_eq(eng_imgreg_acquire(g, p4, 0, &s4, &t), SVC_ERR_RETRIABLE);
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
     cr_assert_eq(eng_imgreg_acquire(g, p4, 2, &s4, &t), SVC_OK, "alone: past the soft bound");
@@ -564,6 +565,7 @@ Test(vision, image_slots_share_by_content) {
         eng_imgreg_release(g, s0);
     cr_assert_null(md->slots[s0], "the last reference frees the tokens");
     eng_imgreg_release(g, s4);
+    cr_assert(!eng_imgreg_would_wait(g));
     eng_imgreg_free(g);
     free(ba);
     free(bb);
