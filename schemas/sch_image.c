@@ -161,8 +161,66 @@ static bool jpeg_is_sof(uint32_t m) {
 
 /* PIL's JpegImageFile._open: walk the markers to SOS. A marker or length
  * cut short is unidentified; a segment cut short is an OSError. */
-static const char *probe_jpeg(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h) {
-    size_t pos = 2;
+/* Pillow's jpeg_factory: a JPEG whose APP2 "MPF" segment (the last one,
+ * as JpegImagePlugin keeps it) is a TIFF directory with NumberOfImages
+ * (tag 0xB001) above 1 opens as MPO -- a format the contract refuses --
+ * unless an APP1 segment marks it Ultra HDR (" hdrgm:Version="). A
+ * directory Pillow cannot read (its SyntaxError) leaves it a JPEG. */
+typedef struct jpeg_mp {
+    const unsigned char *mpf; /* APP2 payload after "MPF\0", or NULL */
+    size_t               mpf_len;
+    bool                 ultra_hdr;
+} jpeg_mp_t;
+
+static uint32_t rd16(const unsigned char *p, bool be) {
+    return be ? be16(p) : le16(p);
+}
+
+static uint32_t rd32(const unsigned char *p, bool be) {
+    return be ? be32(p) : le32(p);
+}
+
+static bool jpeg_is_mpo(const jpeg_mp_t *mp) {
+    const unsigned char *d = mp->mpf;
+    size_t               n = mp->mpf_len;
+    if (!d || mp->ultra_hdr || n < 8)
+        return false;
+    bool be = memcmp(d, "MM\0*", 4) == 0;
+    if (!be && memcmp(d, "II*\0", 4) != 0)
+        return false;
+    uint32_t ifd = rd32(d + 4, be);
+    if (ifd > n || n - ifd < 2)
+        return false;
+    uint32_t count = rd16(d + ifd, be);
+    for (uint32_t i = 0; i < count; i++) {
+        size_t e = ifd + 2 + (size_t)i * 12;
+        if (e + 12 > n)
+            return false;
+        uint32_t tag = rd16(d + e, be), type = rd16(d + e + 2, be);
+        if (tag != 0xB001)
+            continue;
+        /* LONG (4) or SHORT (3), one value, stored in the entry */
+        uint32_t v = type == 3 ? rd16(d + e + 8, be) : type == 4 ? rd32(d + e + 8, be) : 0;
+        return rd32(d + e + 4, be) == 1 && v > 1;
+    }
+    return false;
+}
+
+static void jpeg_app(uint32_t m, const unsigned char *s, size_t len, jpeg_mp_t *mp) {
+    static const char hdr[] = " hdrgm:Version=";
+    if (m == 0xFFE2 && len >= 4 && memcmp(s, "MPF\0", 4) == 0) {
+        mp->mpf = s + 4;
+        mp->mpf_len = len - 4;
+    }
+    if (m == 0xFFE1 && len >= sizeof hdr - 1 && memmem(s, len, hdr, sizeof hdr - 1))
+        mp->ultra_hdr = true;
+}
+
+static const char *probe_jpeg(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h,
+                              bool *mpo) {
+    size_t    pos = 2;
+    jpeg_mp_t mp = {NULL, 0, false};
+    *mpo = false;
     while (pos < n) {
         if (p[pos] != 0xFF) {
             pos++; /* PIL skips junk between markers */
@@ -178,8 +236,12 @@ static const char *probe_jpeg(const unsigned char *p, size_t n, uint32_t *w, uin
         if (m < 0xFFC0)
             return UNIDENTIFIED; /* "no marker found" */
         pos += 2;
-        if (m == 0xFFDA) /* Skip() reads SOS's length: struct.error when cut */
-            return n - pos < 2 ? UNIDENTIFIED : NULL; /* the size is checked by the caller */
+        if (m == 0xFFDA) { /* Skip() reads SOS's length: struct.error when cut */
+            if (n - pos < 2)
+                return UNIDENTIFIED;
+            *mpo = jpeg_is_mpo(&mp);
+            return NULL; /* the size is checked by the caller */
+        }
         if (m >= 0xFFD0 && m <= 0xFFD9)
             continue; /* RSTn, SOI, EOI: no length */
         if (n - pos < 2 || be16(p + pos) < 2)
@@ -187,6 +249,8 @@ static const char *probe_jpeg(const unsigned char *p, size_t n, uint32_t *w, uin
         uint32_t len = be16(p + pos);
         if (len > n - pos)
             return OS_ERROR;
+        if (m >= 0xFFE0 && m <= 0xFFEF)
+            jpeg_app(m, p + pos + 2, len - 2, &mp);
         if (jpeg_is_sof(m)) {
             const unsigned char *s = p + pos + 2;
             if (len < 8 || s[0] != 8 || (s[5] != 1 && s[5] != 3 && s[5] != 4))
@@ -245,7 +309,10 @@ const char *sch_image_probe(const unsigned char *p, size_t n, uint32_t *w, uint3
         *fail = probe_png(p, n, w, h);
     } else if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) {
         format = "jpeg";
-        *fail = probe_jpeg(p, n, w, h);
+        bool mpo = false;
+        *fail = probe_jpeg(p, n, w, h, &mpo);
+        if (!*fail && mpo && *w && *h)
+            return "other"; /* Pillow's MPO: refused by name, like GIF */
     } else if (n >= 12 && memcmp(p, "RIFF", 4) == 0 && memcmp(p + 8, "WEBP", 4) == 0) {
         format = "webp";
         *fail = probe_webp(p, n, w, h);
