@@ -97,6 +97,12 @@ typedef struct pw_ctx {
     size_t                 errstr_size;
 } pw_ctx_t;
 
+struct eng_q4nx_writer;
+/* Generates every tensor of l (pw_gen_f32) into w and writes w to
+ * out_dir/file; progress: report through opts->progress every 5%. */
+SVC_WUR svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, struct eng_q4nx_writer *w,
+                                     const pw_list_t *l, const char *file, bool progress);
+
 /* mkdir -p dir. */
 SVC_WUR svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n);
 /* Writes n bytes to dir/name (replacing it). */

@@ -39,18 +39,14 @@ static const char *const Q4NX_FILES[] = {
     "vision_weight.q4nx",
 };
 
-/* model.q4nx, tensor by tensor. */
-static svc_err_t write_q4nx(const pw_ctx_t *c) {
-    pw_list_t          l = {0};
-    eng_q4nx_writer_t *w = NULL;
-    svc_err_t          err = pw_tensors(c->shape, c->vocab, &l);
-    if (!err)
-        err = eng_q4nx_writer_new(c->shape->head_dim, &w);
-    uint64_t total = 0, done = 0;
-    for (size_t i = 0; !err && i < l.n; i++)
-        total += pw_numel(&l.v[i]);
-    for (size_t i = 0; !err && i < l.n; i++) {
-        const pw_tensor_t *t = &l.v[i];
+svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_list_t *l,
+                             const char *file, bool progress) {
+    uint64_t  total = 0, done = 0;
+    svc_err_t err = SVC_OK;
+    for (size_t i = 0; i < l->n; i++)
+        total += pw_numel(&l->v[i]);
+    for (size_t i = 0; !err && i < l->n; i++) {
+        const pw_tensor_t *t = &l->v[i];
         float             *x = malloc((size_t)pw_numel(t) * sizeof *x);
         if (!x) {
             err = SVC_ERR_NOMEM;
@@ -63,15 +59,28 @@ static svc_err_t write_q4nx(const pw_ctx_t *c) {
         /* in BF16 bytes, as the safetensors writer reports, every 5% */
         uint64_t before = done * 20 / (total ? total : 1);
         done += pw_numel(t);
-        if (c->opts->progress && (done * 20 / (total ? total : 1) != before || done == total))
+        if (progress && c->opts->progress &&
+            (done * 20 / (total ? total : 1) != before || done == total))
             c->opts->progress(2 * done, 2 * total, c->opts->progress_user);
     }
-    char *path = err ? NULL : eng_path_join(c->opts->out_dir, "model.q4nx");
+    char *path = err ? NULL : eng_path_join(c->opts->out_dir, file);
     if (!err && !path)
         err = SVC_ERR_NOMEM;
     if (!err)
         err = eng_q4nx_writer_finish(w, path, c->errstr, c->errstr_size);
     free(path);
+    return err;
+}
+
+/* model.q4nx, tensor by tensor. */
+static svc_err_t write_q4nx(const pw_ctx_t *c) {
+    pw_list_t          l = {0};
+    eng_q4nx_writer_t *w = NULL;
+    svc_err_t          err = pw_tensors(c->shape, c->vocab, &l);
+    if (!err)
+        err = eng_q4nx_writer_new(c->shape->head_dim, &w);
+    if (!err)
+        err = pw_q4nx_write_list(c, w, &l, "model.q4nx", true);
     eng_q4nx_writer_free(w);
     free(l.v);
     return err;

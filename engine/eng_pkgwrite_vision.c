@@ -229,24 +229,8 @@ svc_err_t pw_vision_q4nx(const pw_ctx_t *c) {
         err = eng_q4nx_writer_new(c->shape->head_dim, &w);
     if (!err)
         err = eng_q4nx_writer_set_vision_tiles(w, v->mm_n, v->mm_k);
-    for (size_t i = 0; !err && i < l.n; i++) {
-        const pw_tensor_t *t = &l.v[i];
-        float             *x = malloc((size_t)pw_numel(t) * sizeof *x);
-        if (!x) {
-            err = SVC_ERR_NOMEM;
-            break;
-        }
-        pw_gen_f32(c, t, x);
-        err = eng_q4nx_writer_add(w, t->name, t->rank, t->dims, x, ENG_Q4NX_AUTO, c->errstr,
-                                  c->errstr_size);
-        free(x);
-    }
-    char *path = err ? NULL : eng_path_join(c->opts->out_dir, "vision_weight.q4nx");
-    if (!err && !path)
-        err = SVC_ERR_NOMEM;
     if (!err)
-        err = eng_q4nx_writer_finish(w, path, c->errstr, c->errstr_size);
-    free(path);
+        err = pw_q4nx_write_list(c, w, &l, "vision_weight.q4nx", false);
     eng_q4nx_writer_free(w);
     free(l.v);
     return err;
