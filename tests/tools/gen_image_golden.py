@@ -38,6 +38,8 @@ import sys
 import zlib
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -205,20 +207,9 @@ def upstream_decode(payload: bytes):
 # ---- smart_resize and the torch preprocessing, as images.py has them --------------------------
 
 def smart_resize(height: int, width: int, factor: int, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS):
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(
-            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    """gen_prompt_golden's (the one copy), with this tool's pixel budget defaults."""
+    from gen_prompt_golden import smart_resize as shared
+    return shared(height, width, factor, min_pixels, max_pixels)
 
 
 def torch_resize(rgb: np.ndarray, oh: int, ow: int) -> np.ndarray:

@@ -223,9 +223,11 @@ def question_options(q: Any) -> tuple[Any, list[str]]:
 
 def smart_resize(height: int, width: int, factor: int = 32, min_pixels: int = 65536,
                  max_pixels: int = 1638400) -> tuple[int, int]:
-    """Qwen2-VL smart_resize (Python round(): halves to even)."""
+    """Qwen2-VL smart_resize as the runtime's images.py has it (Python round(): halves to even;
+    past the aspect limit its exact message). The one copy the golden tools share."""
     if max(height, width) / min(height, width) > 200:
-        raise ValueError("aspect ratio")
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:

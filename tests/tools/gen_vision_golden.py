@@ -335,20 +335,6 @@ def encode_image(name, width, height, fmt, kw, seed) -> bytes:
     return buf.getvalue()
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError("aspect ratio")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def decode_rgb(payload: bytes):
@@ -388,8 +374,7 @@ def preprocess(torch, rgb):
     pixels = torch.as_tensor(arr).view(rgb.size[1], rgb.size[0], 3).permute(2, 0, 1)
     stacked = torch.stack([pixels])
     _, _, old_h, old_w = stacked.shape
-    height, width = smart_resize(old_h, old_w, PATCH * MERGE, MIN_PIXELS, MAX_PIXELS)
-    assert (height, width) == PG.smart_resize(old_h, old_w)
+    height, width = PG.smart_resize(old_h, old_w, PATCH * MERGE, MIN_PIXELS, MAX_PIXELS)
     resized = uint8_resize(torch, stacked, height, width)
     assert resized.dtype == torch.uint8
     # informative: the float path of the same resize
