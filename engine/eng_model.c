@@ -146,28 +146,30 @@ static svc_err_t ld_lvec(const eng_ld_t *ld, size_t i, const char *rest, size_t 
     return err ? err : eng_ld_vec(ld, s, n, dst);
 }
 
-static svc_err_t ld_lmat(const eng_ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
-                         float **dst) {
-    char      s[200];
-    svc_err_t err = ld_layer_name(s, sizeof s, i, rest);
-    return err ? err : eng_ld_mat(ld, s, r, c, dst);
-}
-
-/* A projection "layers.<i>.<rest>" (r, c), packed for npu_matmul_packed:
- * the fp32 copy goes to the pack (kept or freed there), so the weight is
- * held once at rest. */
-static svc_err_t ld_lproj(const eng_ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
-                          npu_wpack_t **dst) {
+svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
+                      npu_wpack_t **dst) {
     float    *w = NULL;
-    svc_err_t err = ld_lmat(ld, i, rest, r, c, &w);
+    svc_err_t err = eng_ld_take(ld, suffix, rank, dims, &w);
     if (err)
         return err;
-    err = npu_wpack_new(w, r, c, dst);
+    uint64_t k = 1;
+    for (size_t i = 1; i < rank; i++)
+        k *= dims[i];
+    err = npu_wpack_new(w, (size_t)dims[0], (size_t)k, dst);
     if (err) {
         free(w);
-        return eng_ld_fail(ld, err, "out of memory packing tensor \"layers.%zu.%s\"", i, rest);
+        return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);
     }
     return SVC_OK;
+}
+
+/* A projection "layers.<i>.<rest>" (r, c), packed (eng_ld_pack). */
+static svc_err_t ld_lproj(const eng_ld_t *ld, size_t i, const char *rest, size_t r, size_t c,
+                          npu_wpack_t **dst) {
+    char      s[200];
+    uint64_t  d[2] = {r, c};
+    svc_err_t err = ld_layer_name(s, sizeof s, i, rest);
+    return err ? err : eng_ld_pack(ld, s, 2, d, dst);
 }
 
 static svc_err_t ld_linear(const eng_ld_t *ld, const eng_model_cfg_t *c, size_t i, eng_layer_t *l) {

@@ -137,6 +137,12 @@ SVC_WUR svc_err_t eng_ld_vec(const eng_ld_t *ld, const char *suffix, size_t n, f
 SVC_WUR svc_err_t eng_ld_mat(const eng_ld_t *ld, const char *suffix, size_t r, size_t c,
                              float **dst);
 
+/* As eng_ld_take, then packed for npu_matmul_packed as a (dims[0], the
+ * product of the rest) matrix: the fp32 copy goes to the pack (kept or
+ * freed there), so a weight is held once at rest. */
+SVC_WUR svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank,
+                              const uint64_t *dims, npu_wpack_t **dst);
+
 /* Row id of the embedding (embed or embed16) as fp32 into out (H). */
 void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out);
 

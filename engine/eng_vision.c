@@ -31,16 +31,8 @@
 
 static svc_err_t vl_proj(const eng_ld_t *ld, const char *name, size_t r, size_t c,
                          npu_wpack_t **dst) {
-    float    *w = NULL;
-    svc_err_t err = eng_ld_mat(ld, name, r, c, &w);
-    if (err)
-        return err;
-    err = npu_wpack_new(w, r, c, dst);
-    if (err) {
-        free(w);
-        return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, name);
-    }
-    return SVC_OK;
+    uint64_t d[2] = {r, c};
+    return eng_ld_pack(ld, name, 2, d, dst);
 }
 
 static svc_err_t vl_name(char *buf, size_t n, size_t i, const char *rest) {
@@ -84,16 +76,8 @@ static svc_err_t vl_block(const eng_ld_t *ld, const eng_vis_cfg_t *c, size_t i,
  * flattened, it is the matrix over the processor's (c, t, y, x) rows. */
 static svc_err_t vl_patch(const eng_ld_t *ld, const eng_vis_cfg_t *c, eng_vision_t *v) {
     uint64_t  d[5] = {c->hidden, c->in_ch, c->temporal, c->patch, c->patch};
-    float    *w = NULL;
-    svc_err_t err = eng_ld_take(ld, "patch_embed.proj.weight", 5, d, &w);
-    if (err)
-        return err;
-    err = npu_wpack_new(w, c->hidden, eng_vis_patch_elems(c), &v->patch);
-    if (err) {
-        free(w);
-        return eng_ld_fail(ld, err, "out of memory packing the patch embedding");
-    }
-    return eng_ld_vec(ld, "patch_embed.proj.bias", c->hidden, &v->patch_b);
+    svc_err_t err = eng_ld_pack(ld, "patch_embed.proj.weight", 5, d, &v->patch);
+    return err ? err : eng_ld_vec(ld, "patch_embed.proj.bias", c->hidden, &v->patch_b);
 }
 
 svc_err_t eng_vision_load(const eng_ld_t *ld_in, const eng_vis_cfg_t *c, eng_vision_t **out) {
