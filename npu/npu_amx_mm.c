@@ -11,20 +11,28 @@
  * The activations are rounded to bf16 (nearest even), or split into a bf16
  * hi and a bf16 lo = bf16(x - hi) that both multiply the same B tiles
  * (npu.h: why), and the products accumulate in fp32 inside the tiles.
- * Blocking, from the inside out (why: the 2x2 tile kernel loads 4 KiB per
- * 4 tile products, so its operands must come from L1 and L2 for the
- * products to be the limit):
+ * Blocking, from the inside out (why: the 2x2 tile kernel loads 4 tiles
+ * per 4 products, 6 per 8 when split, so its operands must come from L1
+ * and L2 for the products to be the limit; measured with random data, the
+ * split micro-kernel keeps ~90% of the tile peak with A and B in L2, ~45%
+ * with B streamed from memory):
  *  - micro-kernel: 32 rows x 32 columns = 4 accumulator tiles, 2 A tiles,
- *    2 B tiles (all 8 tile registers), over KC = 512 of K: A 32 KiB (L1,
- *    reused by the item's panels), B 32 KiB per panel (L2);
- *  - a row chunk of MC = 512 rows is converted to bf16 once (in parallel,
- *    rows padded by 64 bytes so that an A tile's 16 rows do not share one
- *    L1 set), then its items -- column blocks of NPB = 8 panels (256
- *    columns) -- go to the pool; an item keeps its fp32 partial sums in a
- *    buffer of its own (512 x 256) and copies the valid part to out at the
- *    end, so a row or column past T or N is computed on zeros and never
- *    stored;
- *  - so one pass uses every core and a weight is read ceil(T / 512) times.
+ *    2 B tiles (all 8 tile registers), over KC = 512 of K;
+ *  - a row chunk of MC = 512 rows is converted to bf16 once, in parallel,
+ *    into tile order (each 16 x 32 tile 1 KiB contiguous, a_at);
+ *  - its items -- column blocks of NPB = 8 panels (256 columns) -- go to
+ *    the pool; an item loops k block > row block > panel, so its B slices
+ *    (8 x 32 KiB) stay in L2 across the row blocks and the A block (32 x
+ *    KC, 64 KiB split) across the panels;
+ *  - a 32 x 32 block of C sits in the item's fp32 buffer between K blocks
+ *    and the last K block writes it straight to out (a block that sticks
+ *    out past T or N goes through the buffer: rows and columns past them
+ *    are computed on zeros and never stored);
+ *  - the traffic that remains is A, read once per item (T x K x 4 bytes
+ *    per 256 columns), and B, once per chunk.
+ * Measured against the row-major A, KC = 512 layout before it (bench in
+ * one process, alternating, best of 9 on one thread): 1.05-1.3x at
+ * 1024 x 2048 -> 6144, 1.02-1.09x at 1024 x 6144 -> 2048, bit-identical.
  * Each output element is the same sum in the same order whatever T and
  * the chunking are: a row's result does not depend on the other rows.
  *
@@ -120,97 +128,113 @@ static float pack_at(const uint16_t *pk, size_t n_kb, size_t n, size_t k) {
     return npu_bf16_to_f32(pk[((p * n_kb + kb) * 2 + h) * AMX_TILE + r * 32 + c * 2 + j]);
 }
 
-/* c (32 x 32 fp32, rows ldc floats apart) (+)= a (32 x kc bf16, rows lda
- * bf16 apart) times the panel slice b (kc / 32 blocks of 2 tiles); and,
- * when lo is not NULL, + lo (the rounding remainders of a, same layout)
- * times b. */
-static void micro_2x2(const uint16_t *a, const uint16_t *lo, size_t lda, const uint16_t *b,
-                      size_t kc, float *c, size_t ldc, bool first) {
-    size_t sa = lda * sizeof *a, sc = ldc * sizeof *c;
-    if (first) {
+/* A 32 x 32 fp32 block of C: where it is read from (NULL: it starts at
+ * zero) and where it is written, each with its row stride in floats. */
+typedef struct c_blk {
+    const float *in;
+    size_t       ld_in;
+    float       *out;
+    size_t       ld_out;
+} c_blk_t;
+
+/* c.out = c.in (or 0) + a (two 16-row tile rows of kc / 32 tiles, the
+ * second a_next elements after the first) times the panel slice b (kc / 32
+ * blocks of 2 tiles); and, when lo is not NULL, + lo (the rounding
+ * remainders of a, same layout) times b. */
+static void micro_2x2(const uint16_t *a, const uint16_t *lo, size_t a_next, const uint16_t *b,
+                      size_t kc, c_blk_t c) {
+    if (!c.in) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
     } else {
-        _tile_loadd(0, c, sc);
-        _tile_loadd(1, c + 16, sc);
-        _tile_loadd(2, c + 16 * ldc, sc);
-        _tile_loadd(3, c + 16 * ldc + 16, sc);
+        size_t si = c.ld_in * sizeof *c.in;
+        _tile_loadd(0, c.in, si);
+        _tile_loadd(1, c.in + 16, si);
+        _tile_loadd(2, c.in + 16 * c.ld_in, si);
+        _tile_loadd(3, c.in + 16 * c.ld_in + 16, si);
     }
     /* Each load is placed right after the last product that reads the
      * register's old value, and before the first that needs the new one:
      * tile registers are not renamed, so a load waits for the products
      * still reading it, and this order overlaps it with the others. */
     for (size_t kb = 0; kb < kc / AMX_KB; kb++) {
-        const uint16_t *ak = a + kb * AMX_KB, *bk = b + kb * 2 * AMX_TILE;
-        _tile_loadd(4, ak, sa);
+        const uint16_t *ak = a + kb * AMX_TILE, *bk = b + kb * 2 * AMX_TILE;
+        _tile_loadd(4, ak, 64);
         _tile_loadd(6, bk, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_loadd(7, bk + AMX_TILE, 64);
         _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, ak + 16 * lda, sa);
+        _tile_loadd(5, ak + a_next, 64);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
         if (lo) {
-            const uint16_t *lk = lo + kb * AMX_KB;
-            _tile_loadd(4, lk, sa);
+            const uint16_t *lk = lo + kb * AMX_TILE;
+            _tile_loadd(4, lk, 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
-            _tile_loadd(5, lk + 16 * lda, sa);
+            _tile_loadd(5, lk + a_next, 64);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
     }
-    _tile_stored(0, c, sc);
-    _tile_stored(1, c + 16, sc);
-    _tile_stored(2, c + 16 * ldc, sc);
-    _tile_stored(3, c + 16 * ldc + 16, sc);
+    size_t so = c.ld_out * sizeof *c.out;
+    _tile_stored(0, c.out, so);
+    _tile_stored(1, c.out + 16, so);
+    _tile_stored(2, c.out + 16 * c.ld_out, so);
+    _tile_stored(3, c.out + 16 * c.ld_out + 16, so);
 }
 
 typedef struct mm_job {
     const float    *x;
     const uint16_t *pk;
     size_t          T, K, N, Kp, n_kb, n_nblk;
-    size_t          lda; /* row stride of a: Kp + 32, so that the 16 rows of an A tile
-                          * do not all fall in one L1 set (Kp * 2 is often a
-                          * multiple of 4 KiB) */
-    float *out;
-    /* the row chunk in flight: rows [t0, t0 + mc), a = bf16 (mcp x lda),
-     * lo = the remainders x - a in bf16 (split) or NULL */
+    float          *out;
+    /* the row chunk in flight: rows [t0, t0 + mc), mcp = mc rounded up to
+     * 32; a = its bf16 in tile order (a_at), lo = the remainders x - a in
+     * bf16 (split) in the same order, or NULL */
     size_t    t0, mc, mcp;
     uint16_t *a, *lo;
     bool      split;
 } mm_job_t;
 
-/* Rows [32 i, 32 i + 32) of the chunk: a = bf16 of x, zero past T and K. */
+/* Where row r, K block kb of a chunk starts: the chunk is stored as tiles,
+ * 16 rows x 32 bf16 (1 KiB, contiguous), K blocks of one 16-row group next
+ * to each other. Why: a tile load from contiguous memory is one 1 KiB
+ * stream; from rows Kp apart it touches 16 lines that compete for L1 sets,
+ * which measured ~15% slower on the L1-resident micro-kernel. */
+static size_t a_at(const mm_job_t *j, size_t r, size_t kb) {
+    return ((r / 16) * j->n_kb + kb) * AMX_TILE + (r % 16) * AMX_KB;
+}
+
+/* Rows [32 i, 32 i + 32) of the chunk: a = bf16 of x, zero past T and K;
+ * written tile by tile, so that each 1 KiB tile is filled at once. */
 static void convert_rows(void *ctx, size_t i) {
     const mm_job_t *j = ctx;
-    for (size_t r = 32 * i; r < 32 * i + 32; r++) {
-        uint16_t *ar = j->a + r * j->lda;
-        if (r >= j->mc) {
-            memset(ar, 0, j->lda * sizeof *ar);
-            if (j->lo)
-                memset(j->lo + r * j->lda, 0, j->lda * sizeof *ar);
-            continue;
+    for (size_t r0 = 32 * i; r0 < 32 * i + 32; r0 += 16)
+        for (size_t kb = 0; kb < j->n_kb; kb++) {
+            size_t at = a_at(j, r0, kb);
+            for (size_t r = r0; r < r0 + 16; r++)
+                for (size_t k = kb * AMX_KB; k < kb * AMX_KB + AMX_KB; k += 16) {
+                    const float *xr = r < j->mc ? j->x + (j->t0 + r) * j->K : NULL;
+                    size_t       left = xr && k < j->K ? j->K - k : 0;
+                    __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+                    /* A masked load reads nothing past the mask: no access
+                     * past K or past the chunk's last row. */
+                    __m512  v = _mm512_maskz_loadu_ps(m, left ? xr + k : j->x);
+                    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+                    size_t  o = at + (r - r0) * AMX_KB + k % AMX_KB;
+                    _mm256_storeu_si256((__m256i *)(j->a + o), h);
+                    if (j->lo) {
+                        /* v - hi is exact in fp32; its bf16 leaves ~2^-17 of v. */
+                        __m512 hf =
+                            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                        _mm256_storeu_si256((__m256i *)(j->lo + o),
+                                            (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hf)));
+                    }
+                }
         }
-        const float *xr = j->x + (j->t0 + r) * j->K;
-        uint16_t    *lr = j->lo ? j->lo + r * j->lda : NULL;
-        for (size_t k = 0; k < j->Kp; k += 16) {
-            size_t    left = k < j->K ? j->K - k : 0;
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-            /* A masked load reads nothing past the mask: no access past K. */
-            __m512  v = _mm512_maskz_loadu_ps(m, left ? xr + k : xr);
-            __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-            _mm256_storeu_si256((__m256i *)(ar + k), h);
-            if (lr) {
-                /* v - hi is exact in fp32; its bf16 leaves ~2^-17 of v. */
-                __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-                _mm256_storeu_si256((__m256i *)(lr + k),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hf)));
-            }
-        }
-    }
 }
 
 /* Without scratch (an allocation failed): the same products, one at a
@@ -227,16 +251,15 @@ static void rows_scalar(const mm_job_t *j, size_t t0, size_t mc, size_t n0, size
         }
 }
 
-/* Item i: the chunk's rows times column block i (AMX_NPB panels). Loop
- * order k block > row block > panel: the A block (32 x KC, 32 KiB) stays
- * in L1 across the panels, the panels' B slices (AMX_NPB x 32 KiB) in L2
- * across the row blocks; C lives in the item's buffer. */
+/* Item i: the chunk's rows times column block i (AMX_NPB panels), in the
+ * order the header explains; ldc pads the buffer's rows so that the 16
+ * rows of a C tile do not share L1 sets. */
 static void mm_item(void *ctx, size_t i) {
     const mm_job_t *j = ctx;
     size_t          p0 = i * AMX_NPB, n_pan = round_up(j->N, 32) / 32;
     size_t          np = n_pan - p0 < AMX_NPB ? n_pan - p0 : AMX_NPB;
     size_t          n0 = p0 * 32, nc = j->N - n0 < np * 32 ? j->N - n0 : np * 32;
-    size_t          ldc = AMX_NPB * 32;
+    size_t          ldc = AMX_NPB * 32 + 16, a_next = j->n_kb * AMX_TILE;
     float          *c = npu_scratch(NPU_SCRATCH_MM_C, j->mcp * ldc * sizeof *c);
     if (!c) {
         rows_scalar(j, j->t0, j->mc, n0, nc);
@@ -245,16 +268,30 @@ static void mm_item(void *ctx, size_t i) {
     npu_tiles_16x64();
     for (size_t k0 = 0; k0 < j->Kp; k0 += AMX_KC) {
         size_t kc = j->Kp - k0 < AMX_KC ? j->Kp - k0 : AMX_KC;
-        for (size_t tb = 0; tb < j->mcp; tb += 32)
+        bool   last = k0 + kc == j->Kp;
+        for (size_t tb = 0; tb < j->mcp; tb += 32) {
+            size_t at = a_at(j, tb, k0 / AMX_KB);
             for (size_t p = 0; p < np; p++) {
                 const uint16_t *b = j->pk + (((p0 + p) * j->n_kb + k0 / AMX_KB) * 2) * AMX_TILE;
-                micro_2x2(j->a + tb * j->lda + k0, j->lo ? j->lo + tb * j->lda + k0 : NULL, j->lda,
-                          b, kc, c + tb * ldc + p * 32, ldc, k0 == 0);
+                float          *cb = c + tb * ldc + p * 32;
+                c_blk_t         cc = {k0 ? cb : NULL, ldc, cb, ldc};
+                if (last && tb + 32 <= j->mc && p * 32 + 32 <= nc)
+                    cc.out = j->out + (j->t0 + tb) * j->N + n0 + p * 32, cc.ld_out = j->N;
+                micro_2x2(j->a + at, j->lo ? j->lo + at : NULL, a_next, b, kc, cc);
             }
+        }
     }
     _tile_release();
-    for (size_t r = 0; r < j->mc; r++)
-        memcpy(j->out + (j->t0 + r) * j->N + n0, c + r * ldc, nc * sizeof *c);
+    /* the blocks that stick out past T or N: their valid part */
+    for (size_t tb = 0; tb < j->mcp; tb += 32)
+        for (size_t p = 0; p < np; p++) {
+            if (tb + 32 <= j->mc && p * 32 + 32 <= nc)
+                continue;
+            size_t cols = nc - p * 32 < 32 ? nc - p * 32 : 32;
+            for (size_t r = tb; r < tb + 32 && r < j->mc; r++)
+                memcpy(j->out + (j->t0 + r) * j->N + n0 + p * 32, c + r * ldc + p * 32,
+                       cols * sizeof *c);
+        }
 }
 
 void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N, bool split,
@@ -272,18 +309,17 @@ void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size
                   .K = K,
                   .N = N,
                   .Kp = Kp,
-                  .lda = Kp + 32,
                   .n_kb = Kp / AMX_KB,
                   .n_nblk = (n_pan + AMX_NPB - 1) / AMX_NPB,
                   .out = out,
                   .split = split};
     size_t   chunk = round_up(T < AMX_MC ? T : AMX_MC, 32);
-    j.a = npu_scratch(NPU_SCRATCH_MM_A, (split ? 2 : 1) * chunk * j.lda * sizeof *j.a);
+    j.a = npu_scratch(NPU_SCRATCH_MM_A, (split ? 2 : 1) * chunk * Kp * sizeof *j.a);
     if (!j.a) {
         rows_scalar(&j, 0, T, 0, N);
         return;
     }
-    j.lo = split ? j.a + chunk * j.lda : NULL;
+    j.lo = split ? j.a + chunk * Kp : NULL;
     /* Below ~2 M multiply-adds the pool's wake-up costs more than it gains. */
     bool par = (double)T * (double)N * (double)K >= 2e6;
     for (j.t0 = 0; j.t0 < T; j.t0 += AMX_MC) {
