@@ -1,8 +1,7 @@
 /*
  * bench_matmul.c -- the projection matmuls at d3-nano's shapes: AMX-BF16
- * (npu_matmul_amx_bf16, and the default split npu_matmul_amx) against the fp32 AVX-512 panels, on one thread
- * (D3_NPU_THREADS=1 in the environment) or the whole pool. Built, never run
- * by ctest.
+ * (npu_matmul_amx_bf16, and the default split npu_matmul_amx) against the fp32 AVX-512 panels, on
+ * one thread (D3_NPU_THREADS=1 in the environment) or the whole pool. Built, never run by ctest.
  *
  *   bench_matmul [T ...]   token counts (default 128 1024 4096)
  *   bench_matmul --json    one JSON object per line
