@@ -64,10 +64,11 @@ void npu_parallel_for(size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
  * until it asks for the same slot again: a kernel holds a slot only within
  * one call, and nested callers use different slots. NULL when out of
  * memory. Slots: */
-#define NPU_SCRATCH_MM_A    0 /* npu_matmul_amx: the row chunk in bf16 */
-#define NPU_SCRATCH_MM_C    1 /* npu_matmul_amx: an item's fp32 sums */
-#define NPU_SCRATCH_ATTN_KV 2 /* npu_attention_tiled: K and V in tile order */
-#define NPU_SCRATCH_SLOTS   3
+#define NPU_SCRATCH_MM_A      0 /* npu_matmul_amx: the row chunk in bf16 */
+#define NPU_SCRATCH_MM_C      1 /* npu_matmul_amx: an item's fp32 sums */
+#define NPU_SCRATCH_ATTN_KV   2 /* npu_attention_tiled: K and V in tile order */
+#define NPU_SCRATCH_ATTN_ITEM 3 /* npu_attention_tiled: one item's Q, S, P, acc */
+#define NPU_SCRATCH_SLOTS     4
 void *npu_scratch(int slot, size_t bytes);
 
 /* ------------------------------------------------------------------------

@@ -53,9 +53,13 @@
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 #endif
 
-/* Query rows (token, head pairs) per item: 4 tiles of 16. 64 rows share
- * each key block, so K and V stream from L3 once per 64 rows. */
-#define AT_QR 64
+/* Query rows (token, head pairs) per item: 16 tiles of 16. The rows of
+ * an item share each key block, so K and V (1 MiB per 1,024 keys of a
+ * head of 256, split) stream from memory once per AT_QR rows: at 64 rows
+ * the products waited on that stream (~20 GB/s per core at the tile
+ * peak); at 256 they need a quarter of it, and the item's Q, S, P and
+ * acc (~650 KiB) still fit in L2. */
+#define AT_QR 256
 /* Keys per block: 4 score tiles of 16 keys, 2 P V steps of 32. */
 #define AT_KB 64
 /* bf16 elements in one 16 x 64-byte tile. */
@@ -394,7 +398,7 @@ static void at_item_f32(void *ctx, size_t it) {
     size_t nr = at_rows(c, kvh, qb, jend, qoff), nr8 = (nr + 7) / 8 * 8, D = c->D, ld = c->D16;
     /* Q (AT_QR, D) scaled, S and P (AT_QR, AT_KB), acc (AT_QR, D16), m, l, corr. */
     size_t nf = AT_QR * D + 2 * AT_QR * AT_KB + AT_QR * ld + 3 * AT_QR;
-    float *buf = aligned_alloc(64, (nf * sizeof(float) + 63) / 64 * 64);
+    float *buf = npu_scratch(NPU_SCRATCH_ATTN_ITEM, nf * sizeof(float));
     if (!buf) {
         atomic_store(&c->nomem, true);
         return;
@@ -431,7 +435,6 @@ static void at_item_f32(void *ctx, size_t it) {
                 at_f32_pv8(acc, ld, corr, P, vb, ldv, nk, r0, d0, D);
     }
     at_store(c, acc, ld, l, nr, qoff);
-    free(buf);
 }
 
 /* ---- AMX-BF16 engine ------------------------------------------------------ */
@@ -514,7 +517,7 @@ static void at_item_amx(void *ctx, size_t it) {
     size_t Dq = c->Dq, ld = c->D16, ns = c->nsplit, nterm = ns == 2 ? 3 : 1;
     /* bf16: Q planes (AT_QR, Dq), P planes (AT_QR, AT_KB); fp32: S, acc, m, l, corr. */
     size_t nh = ns * AT_QR * (Dq + AT_KB), nf = AT_QR * AT_KB + AT_QR * ld + 3 * AT_QR;
-    char  *buf = aligned_alloc(64, (nh * 2 + nf * 4 + 63) / 64 * 64);
+    char  *buf = npu_scratch(NPU_SCRATCH_ATTN_ITEM, nh * 2 + nf * 4);
     if (!buf) {
         atomic_store(&c->nomem, true);
         return;
@@ -572,7 +575,6 @@ static void at_item_amx(void *ctx, size_t it) {
     }
     _tile_release(); /* lets the core drop the tile state between calls */
     at_store(c, acc, ld, l, nr, qoff);
-    free(buf);
 }
 
 /* ---- entry points --------------------------------------------------------- */
