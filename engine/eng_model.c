@@ -155,7 +155,14 @@ svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const
     uint64_t k = 1;
     for (size_t i = 1; i < rank; i++)
         k *= dims[i];
-    err = npu_wpack_new(w, (size_t)dims[0], (size_t)k, dst);
+    /* A weight the package stored in 4- or 8-bit groups may go to the int8
+     * tiles (npu_wpack_new_quantised: why); the others stay as they are. */
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
+    const eng_q4nx_info_t *qi = ld->q ? eng_q4nx_find_hf(ld->q, name) : NULL;
+    err = qi && eng_q4nx_kind_packed(qi->kind)
+              ? npu_wpack_new_quantised(w, (size_t)dims[0], (size_t)k, dst)
+              : npu_wpack_new(w, (size_t)dims[0], (size_t)k, dst);
     if (err) {
         free(w);
         return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);

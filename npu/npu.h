@@ -304,8 +304,14 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    past issue 7's 1e-2 cap; with the split it moves it by 3e-5.
  *    D3_NPU_MATMUL=bf16 (read once) keeps one product ("amx-bf16"), about
  *    twice as fast, for packages where that accuracy is enough. Weights of
- *    a BF16 package are exact; others (Q4/Q8 dequantised, F32) are rounded
- *    once to bf16 (2^-9 relative per weight);
+ *    a BF16 package are exact; others (F32, and Q4/Q8 ones where there is
+ *    no AMX-INT8) are rounded once to bf16 (2^-9 relative per weight);
+ *  - AMX-INT8 for weights the package stored as 4- or 8-bit groups
+ *    (npu_wpack_new_quantised, where npu_probe() also reports amx_int8):
+ *    weights per output column and activations per row as 16-bit
+ *    integers, each two int8 planes, three int8 products ("amx-int8x3",
+ *    npu_amx_i8.c): ~1e-4 relative, where the bf16-rounded weights of a
+ *    Q4 package moved the synthetic nano's hidden state to cosine 0.998;
  *  - with the AVX-512 fp32 kernels (no AMX, or D3_NPU_KERNELS=avx512):
  *    K-major panels of NPU_WPACK_NR output
  *    columns, panel p holding w[p * 32 + c][k] at [k][c] (columns past N
@@ -340,6 +346,21 @@ typedef struct npu_wpack npu_wpack_t;
  */
 SVC_WUR svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out);
 
+/**
+ * @brief As npu_wpack_new, for a weight the package stored quantised (4-
+ *   or 8-bit groups, dequantised to w by the loader): where the CPU has
+ *   AMX-INT8 (and D3_NPU_MATMUL does not start with "bf16") it is packed
+ *   as 16-bit integers with one scale per output column, two int8 planes,
+ *   and multiplied on int8 tiles ("amx-int8x3", npu_amx_i8.c: three int8
+ *   products where the bf16 split does four bf16 ones, and the weights
+ *   kept to 2^-16 of a column's range instead of bf16's 2^-9 of each);
+ *   elsewhere exactly npu_wpack_new. Same ownership.
+ */
+SVC_WUR svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out);
+
+/* Whether the pack took the AMX-INT8 layout (npu_wpack_new_quantised). */
+bool npu_wpack_is_int8(const npu_wpack_t *wp);
+
 /* Frees a pack and its weight; NULL is a no-op. */
 void npu_wpack_free(npu_wpack_t *wp);
 
@@ -352,9 +373,27 @@ size_t npu_wpack_bytes(const npu_wpack_t *wp);
 
 /* out = x w^T as npu_matmul_ref (x (T, K), out (T, N), with N and K those
  * of the pack), fp32 accumulation in K blocks of 256 (partial sums added
- * into out between blocks), in bf16 products with the AMX layout (above).
- * out must not alias x. */
+ * into out between blocks), in bf16 products with the AMX layout, int32
+ * ones with the AMX-INT8 layout (above). out must not alias x. */
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out);
+
+/* The AMX-INT8 layout's pieces (npu_amx_i8.c), used by
+ * npu_wpack_new_quantised where the CPU has amx_int8: weights per column
+ * and activations per row as 16-bit integers in two int8 planes, three
+ * int8 products ("amx-int8x3"; the file's header has the scheme and its
+ * error).
+ * npu_amx_i8_pack_bytes: bytes of a packed (N, K) weight (tiles, then the
+ * N column scales); npu_amx_i8_pack writes them into dst (64-byte
+ * aligned). npu_matmul_amx_i8: out (T, N) = x (T, K) times the packed w^T,
+ * for K <= NPU_AMX_I8_MAX_K (the int32 sums cannot overflow below it);
+ * calling it without usable AMX-INT8 is a bug. npu_matmul_i8_ref: the
+ * same scheme element by element in double (the tests' reference; needs
+ * AVX-512F). */
+#define NPU_AMX_I8_MAX_K 65536
+size_t npu_amx_i8_pack_bytes(size_t N, size_t K);
+void   npu_amx_i8_pack(const float *w, size_t N, size_t K, void *dst);
+void   npu_matmul_amx_i8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+void   npu_matmul_i8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 
 /* Whether the fast kernels use AMX tiles in this process: the CPU has
  * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512
@@ -364,6 +403,10 @@ bool npu_amx_enabled(void);
 /* "amx-bf16x2", "amx-bf16", "avx512-f32" or "ref-f32": the packed matmul's
  * layout and precision (above). */
 const char *npu_matmul_name(void);
+
+/* The layout of quantised packs (npu_wpack_new_quantised): "amx-int8x3",
+ * or npu_matmul_name() where they take the same layout as the others. */
+const char *npu_matmul_quantised_name(void);
 
 /* The AMX-BF16 layout's pieces (npu_amx_mm.c), for the pack, tests and
  * benchmarks. Calling the matmul on a CPU or process without usable AMX

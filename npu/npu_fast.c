@@ -150,6 +150,7 @@ typedef enum wpack_layout {
     WPACK_PLAIN = 0,  /* w as given, the reference matmul */
     WPACK_PANELS = 1, /* fp32 K-major panels, npu_matmul_panels_avx512 */
     WPACK_AMX = 2,    /* bf16 tiles, npu_matmul_amx_bf16 */
+    WPACK_AMX_I8 = 3, /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
 } wpack_layout_t;
 
 struct npu_wpack {
@@ -161,6 +162,7 @@ struct npu_wpack {
 
 static wpack_layout_t g_layout;
 static bool           g_split; /* AMX: activations as bf16 hi + lo (two products) */
+static bool           g_i8;    /* quantised packs on AMX-INT8 (npu_wpack_new_quantised) */
 static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
@@ -179,6 +181,9 @@ static void layout_pick(void) {
     else
         g_layout = WPACK_PANELS;
     g_split = !(mm && strcmp(mm, "bf16") == 0);
+    /* D3_NPU_MATMUL=bf16x2 or bf16 keeps quantised packs on the bf16 tiles
+     * too (the accuracy comparisons' and the benchmarks' switch). */
+    g_i8 = g_layout == WPACK_AMX && f->amx_int8 && !(mm && strncmp(mm, "bf16", 4) == 0);
 }
 
 static wpack_layout_t layout(void) {
@@ -195,6 +200,10 @@ bool npu_amx_enabled(void) {
 const char *npu_matmul_name(void) {
     static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16"};
     return layout() == WPACK_AMX && g_split ? "amx-bf16x2" : names[layout()];
+}
+
+const char *npu_matmul_quantised_name(void) {
+    return layout() == WPACK_AMX && g_i8 ? "amx-int8x3" : npu_matmul_name();
 }
 
 /* panels[p][k][c] = w[p * NR + c][k], 0 past N. */
@@ -217,13 +226,14 @@ static void wpack_panels(const float *w, size_t N, size_t K, float *panels) {
 /* Bytes of the packed copy in layout l (a multiple of 64, as aligned_alloc
  * wants; at least 64 when N or K is 0). */
 static size_t wpack_size(wpack_layout_t l, size_t N, size_t K) {
-    size_t b = l == WPACK_AMX
+    size_t b = l == WPACK_AMX_I8 ? npu_amx_i8_pack_bytes(N, K)
+               : l == WPACK_AMX
                    ? npu_amx_pack_elems(N, K) * sizeof(uint16_t)
                    : (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR * NPU_WPACK_NR * K * sizeof(float);
-    return b ? b : 64;
+    return (b + 63) / 64 * 64 + (b ? 0 : 64);
 }
 
-svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
+static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wpack_t **out) {
     *out = NULL;
     npu_wpack_t *wp = calloc(1, sizeof *wp);
     if (!wp)
@@ -231,6 +241,8 @@ svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
     wp->N = N;
     wp->K = K;
     wp->layout = layout();
+    if (quantised && wp->layout == WPACK_AMX && g_i8 && K <= NPU_AMX_I8_MAX_K)
+        wp->layout = WPACK_AMX_I8;
     if (wp->layout == WPACK_PLAIN) {
         wp->data = w;
         wp->bytes = N * K * sizeof *w;
@@ -243,13 +255,27 @@ svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
         free(wp);
         return SVC_ERR_NOMEM;
     }
-    if (wp->layout == WPACK_AMX)
+    if (wp->layout == WPACK_AMX_I8)
+        npu_amx_i8_pack(w, N, K, wp->data);
+    else if (wp->layout == WPACK_AMX)
         npu_amx_pack_bf16(w, N, K, wp->data);
     else
         wpack_panels(w, N, K, wp->data);
     free(w);
     *out = wp;
     return SVC_OK;
+}
+
+svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
+    return wpack_make(w, N, K, false, out);
+}
+
+svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out) {
+    return wpack_make(w, N, K, true, out);
+}
+
+bool npu_wpack_is_int8(const npu_wpack_t *wp) {
+    return wp->layout == WPACK_AMX_I8;
 }
 
 void npu_wpack_free(npu_wpack_t *wp) {
@@ -275,6 +301,9 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
     switch (w->layout) {
     case WPACK_AMX:
         npu_matmul_amx(x, w->data, T, w->K, w->N, g_split, out);
+        break;
+    case WPACK_AMX_I8:
+        npu_matmul_amx_i8(x, w->data, T, w->K, w->N, out);
         break;
     case WPACK_PANELS:
         npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);

@@ -45,6 +45,9 @@ static const char BENCH_HELP[] =
     "                     each prompt 4,000 tokens long, through the scheduler: the\n"
     "                     state runs once (prefix sharing); the row also reports the\n"
     "                     tokens the scheduler computed against the prompt tokens\n"
+    "                     and the work (tokens x layers run) against none shared\n"
+    "                     (non-causal packages share only the layers before the\n"
+    "                     first full-attention layer)\n"
     "\n"
     "Prompts: real System One requests rendered by the prompt path (the same bytes\n"
     "and token ids `d3stream prompt` prints), whose state is made of ordinary words,\n"
@@ -133,7 +136,8 @@ typedef struct bench_result {
     size_t   tokens;
     double   median_s, tokens_per_s, rss_mib;
     uint64_t sched_tokens, sched_computed; /* scheduler rows: deltas of eng_sched_stats */
-    uint64_t images_encoded;               /* image rows: vision tower runs per run */
+    double   sched_work; /* token_layers delta / (tokens x layers): the work against none shared */
+    uint64_t images_encoded; /* image rows: vision tower runs per run */
 } bench_result_t;
 
 static double now_s(void) {
@@ -423,6 +427,12 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
     }
     res->sched_tokens = st1.tokens - st0.tokens;
     res->sched_computed = st1.tokens_computed - st0.tokens_computed;
+    eng_model_info_t mi;
+    eng_model_get_info(bn->model, &mi);
+    res->sched_work = res->sched_tokens && mi.n_layers
+                          ? (double)(st1.token_layers - st0.token_layers) /
+                                ((double)res->sched_tokens * (double)mi.n_layers)
+                          : 0.0;
     res->images_encoded = st1.images_encoded - st0.images_encoded;
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
@@ -544,14 +554,16 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
     else
         snprintf(workers, sizeof workers, "default (%ld online CPUs)",
                  sysconf(_SC_NPROCESSORS_ONLN));
+    char mm[128];
+    ops_matmul_desc(mm, sizeof mm);
     if (o->json) {
-        print_json(json_pack("{s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine",
-                             machine, "kernels", npu_kernels_name(), "matmul", npu_matmul_name(),
-                             "threads", (json_int_t)npu_threads(), "model_id",
-                             eng_package_model_id(bn->pkg), "format", eng_model_format(bn->model),
-                             "max_length", (json_int_t)eng_package_max_length(bn->pkg), "workers",
-                             workers, "runs", (json_int_t)o->runs, "prompts",
-                             "rendered System One requests", "load_s", load_s));
+        print_json(json_pack(
+            "{s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine", machine,
+            "kernels", npu_kernels_name(), "matmul", npu_matmul_name(), "matmul_quantised",
+            npu_matmul_quantised_name(), "threads", (json_int_t)npu_threads(), "model_id",
+            eng_package_model_id(bn->pkg), "format", eng_model_format(bn->model), "max_length",
+            (json_int_t)eng_package_max_length(bn->pkg), "workers", workers, "runs",
+            (json_int_t)o->runs, "prompts", "rendered System One requests", "load_s", load_s));
         return;
     }
     printf("d3stream bench: %s (%s, %s), max length %zu, loaded in %.1f s\n",
@@ -559,7 +571,7 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
            eng_package_max_length(bn->pkg), load_s);
     printf("machine: %s\nkernels: %s, matmul %s, %zu threads; scheduler workers: %s; median of "
            "%zu run%s\n",
-           machine, npu_kernels_name(), npu_matmul_name(), npu_threads(), workers, o->runs,
+           machine, npu_kernels_name(), mm, npu_threads(), workers, o->runs,
            o->runs == 1 ? "" : "s");
     printf("\n%-20s %9s %8s %10s %11s %13s\n", "row", "questions", "tokens", "median s", "tokens/s",
            "peak RSS MiB");
@@ -591,6 +603,7 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
                 json_object_set_new(o, "sched_tokens", json_integer((json_int_t)res->sched_tokens));
                 json_object_set_new(o, "sched_tokens_computed",
                                     json_integer((json_int_t)res->sched_computed));
+                json_object_set_new(o, "sched_work", json_real(res->sched_work));
             }
         }
         print_json(o);
@@ -607,9 +620,9 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
             printf("  %zu image(s), %llu encoding(s)", row->n_img,
                    (unsigned long long)res->images_encoded);
         if (row->kind == BENCH_SHARED && res->sched_tokens)
-            printf("  computed %llu of %llu tokens (%.2f)", (unsigned long long)res->sched_computed,
-                   (unsigned long long)res->sched_tokens,
-                   (double)res->sched_computed / (double)res->sched_tokens);
+            printf("  computed %llu of %llu tokens (%.2f), work %.2f of unshared",
+                   (unsigned long long)res->sched_computed, (unsigned long long)res->sched_tokens,
+                   (double)res->sched_computed / (double)res->sched_tokens, res->sched_work);
         putchar('\n');
     }
     fflush(stdout);

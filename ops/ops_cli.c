@@ -278,6 +278,14 @@ bool ops_is_file(const char *dir, const char *name) {
     return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+void ops_matmul_desc(char *buf, size_t n) {
+    const char *mm = npu_matmul_name(), *q = npu_matmul_quantised_name();
+    if (strcmp(mm, q) == 0)
+        snprintf(buf, n, "%s", mm);
+    else
+        snprintf(buf, n, "%s (q4/q8 weights %s)", mm, q);
+}
+
 int ops_opt_common(int c, const char *help, const char **dir) {
     if (c == 'm') {
         *dir = optarg;
@@ -354,8 +362,10 @@ int ops_cmd_version(int argc, char **argv) {
         return OPS_EXIT_FAILURE;
     /* What a pass will run on (the dispatch decisions, npu.h), so that an
      * operator sees e.g. that AMX is not in use without reading a profile. */
+    char mm[128];
+    ops_matmul_desc(mm, sizeof mm);
     printf("d3stream %s\ncpus: %d\nfeatures: %s\nkernels: %s, matmul %s, threads %zu\nnpu: %s\n",
-           D3_VERSION, f->n_cpus, feats.data, npu_kernels_name(), npu_matmul_name(), npu_threads(),
+           D3_VERSION, f->n_cpus, feats.data, npu_kernels_name(), mm, npu_threads(),
            f->xdna_device ? "an XDNA device node is present (no XDNA dispatch yet)"
                           : "none found (/dev/accel)");
     svc_buf_fini(&feats);

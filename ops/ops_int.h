@@ -20,6 +20,11 @@ bool ops_emit(const svc_buf_t *b);
 /* A regular file name in dir. */
 bool ops_is_file(const char *dir, const char *name);
 
+/* The projection matmul a pass runs, for `version` and `bench`:
+ * npu_matmul_name(), then " (q4/q8 weights <layout>)" when quantised packs
+ * take another layout (npu_matmul_quantised_name). */
+void ops_matmul_desc(char *buf, size_t n);
+
 /* The --model DIR and --help cases (and any unknown option) of a getopt
  * loop over a command's options: -1 to go on (*dir set for 'm'), else the
  * exit status with the help printed (stdout for --help, stderr else). */

@@ -354,14 +354,17 @@ static float *rand_vec(size_t n) {
     return p;
 }
 
-/* FLOP/s of npu_matmul_packed (packed = true) or npu_matmul, best of runs
+/* FLOP/s of npu_matmul_packed (packed = true; quantised: the pack of a
+ * 4/8-bit weight, npu_wpack_new_quantised) or npu_matmul, best of runs
  * within about `seconds`: per wall second, and per process CPU second times
  * `threads` (the threads that run it: as if each held a core; time a pool
  * thread spends waiting for work counts against the kernel). */
-static rate_t time_ours(bool packed, size_t T, size_t K, size_t N, int threads, double seconds) {
+static rate_t time_ours(bool packed, bool quantised, size_t T, size_t K, size_t N, int threads,
+                        double seconds) {
     float       *x = rand_vec(T * K), *o = rand_vec(T * N), *w = rand_vec(N * K);
     npu_wpack_t *wp = NULL;
-    if (packed && npu_wpack_new(w, N, K, &wp) != SVC_OK) {
+    if (packed && (quantised ? npu_wpack_new_quantised(w, N, K, &wp)
+                             : npu_wpack_new(w, N, K, &wp)) != SVC_OK) {
         fprintf(stderr, "bench_amx_peak: npu_wpack_new failed\n");
         exit(1);
     }
@@ -533,39 +536,53 @@ int main(int argc, char **argv) {
     }
 
     /* Ours: the FFN's gate/up shape (K 2048 -> N 6144) at two prompt sizes. */
-    ours_t ours[3];
+    ours_t ours[5];
     int    nours = 0;
     if (matmul) {
         int         pool = (int)npu_threads();
         bool        amx = strncmp(npu_matmul_name(), "amx-", 4) == 0;
+        bool        i8 = strcmp(npu_matmul_quantised_name(), "amx-int8x3") == 0;
         const char *pk = amx ? "amx-bf16" : "avx512-fp32";
         size_t      Ts[2] = {330, 1024};
         for (int i = 0; i < 2; i++)
             ours[nours++] = (ours_t){"npu_matmul_packed",
                                      Ts[i],
                                      pool,
-                                     time_ours(true, Ts[i], 2048, 6144, pool, 2.0),
+                                     time_ours(true, false, Ts[i], 2048, 6144, pool, 2.0),
                                      find_row(rows, nrows, pk, pool),
                                      pk};
+        for (int i = 0; i < 2 && i8; i++)
+            ours[nours++] = (ours_t){"packed, q4/q8",
+                                     Ts[i],
+                                     pool,
+                                     time_ours(true, true, Ts[i], 2048, 6144, pool, 2.0),
+                                     find_row(rows, nrows, "amx-int8", pool),
+                                     "amx-int8"};
         ours[nours++] = (ours_t){"npu_matmul",
                                  330,
                                  1,
-                                 time_ours(false, 330, 2048, 6144, 1, 2.0),
+                                 time_ours(false, false, 330, 2048, 6144, 1, 2.0),
                                  find_row(rows, nrows, "avx512-fp32", 1),
                                  "avx512-fp32"};
         if (!json) {
-            printf("  our kernels (T x 2048 -> 6144; packed layout %s):\n", npu_matmul_name());
+            printf("  our kernels (T x 2048 -> 6144; packed layout %s, q4/q8 weights %s):\n",
+                   npu_matmul_name(), npu_matmul_quantised_name());
             for (int i = 0; i < nours; i++) {
                 printf("  %-17s T=%-4zu %2d thread%s %7.1f / %7.1f GFLOP/s", ours[i].name,
                        ours[i].T, ours[i].threads, ours[i].threads == 1 ? " " : "s",
                        ours[i].r.wall * 1e-9, ours[i].r.cpu * 1e-9);
-                /* amx-bf16x2 runs two tile products per product (npu.h): the
-                 * tiles themselves are that much busier than the FLOPs say. */
-                bool x2 = i < 2 && strcmp(npu_matmul_name(), "amx-bf16x2") == 0;
-                if (ours[i].peak && x2)
+                /* amx-bf16x2 runs two tile products per product and amx-int8x3
+                 * three where one would do (npu.h): the tiles are that much
+                 * busier than the FLOPs say. */
+                double busy = strcmp(ours[i].peak_name, "amx-int8") == 0 ? 3
+                              : strcmp(ours[i].peak_name, "amx-bf16") == 0 &&
+                                      strcmp(npu_matmul_name(), "amx-bf16x2") == 0
+                                  ? 2
+                                  : 1;
+                if (ours[i].peak && busy > 1)
                     printf("  %5.1f%% of the %s peak (%.1f%% in tile products)\n",
                            100 * ours[i].r.cpu / ours[i].peak->r.cpu, ours[i].peak_name,
-                           200 * ours[i].r.cpu / ours[i].peak->r.cpu);
+                           100 * busy * ours[i].r.cpu / ours[i].peak->r.cpu);
                 else if (ours[i].peak)
                     printf("  %5.1f%% of the %s peak\n", 100 * ours[i].r.cpu / ours[i].peak->r.cpu,
                            ours[i].peak_name);
