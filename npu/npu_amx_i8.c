@@ -357,15 +357,8 @@ void npu_matmul_amx_i8(const float *x, const void *pk, size_t T, size_t K, size_
     for (j.t0 = 0; j.t0 < T; j.t0 += I8_MC) {
         j.mc = T - j.t0 < I8_MC ? T - j.t0 : I8_MC;
         j.mcp = round_up(j.mc, 16);
-        if (par) {
-            npu_parallel_for(j.mcp / 16, quant_rows, &j);
-            npu_parallel_for(j.n_nblk, i8_item, &j);
-        } else {
-            for (size_t r = 0; r < j.mcp / 16; r++)
-                quant_rows(&j, r);
-            for (size_t r = 0; r < j.n_nblk; r++)
-                i8_item(&j, r);
-        }
+        npu_run_items(par, j.mcp / 16, quant_rows, &j);
+        npu_run_items(par, j.n_nblk, i8_item, &j);
     }
 }
 

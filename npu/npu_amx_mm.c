@@ -325,15 +325,8 @@ void npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size
     for (j.t0 = 0; j.t0 < T; j.t0 += AMX_MC) {
         j.mc = T - j.t0 < AMX_MC ? T - j.t0 : AMX_MC;
         j.mcp = round_up(j.mc, 32);
-        if (par) {
-            npu_parallel_for(j.mcp / 32, convert_rows, &j);
-            npu_parallel_for(j.n_nblk, mm_item, &j);
-        } else {
-            for (size_t i = 0; i < j.mcp / 32; i++)
-                convert_rows(&j, i);
-            for (size_t i = 0; i < j.n_nblk; i++)
-                mm_item(&j, i);
-        }
+        npu_run_items(par, j.mcp / 32, convert_rows, &j);
+        npu_run_items(par, j.n_nblk, mm_item, &j);
     }
 }
 
