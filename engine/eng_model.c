@@ -266,16 +266,72 @@ static svc_err_t ld_prefix(eng_ld_t *ld, const char **vprefix) {
     return SVC_OK;
 }
 
+/* Whether w (32 values) is exactly q[i] * s for int8 codes q (the product
+ * the lookup computes); fills q. */
+static bool block_is(const float *w, float s, int8_t *q) {
+    for (int i = 0; i < 32; i++) {
+        float c = s > 0.0f ? nearbyintf(w[i] / s) : 0.0f;
+        if (!(fabsf(c) <= 127.0f) || c * s != w[i] || signbit(c * s) != signbit(w[i]))
+            return false;
+        q[i] = (int8_t)c;
+    }
+    return true;
+}
+
+/* A block of 32 values of w as int8 codes q and a scale s with q[i] * s ==
+ * w[i] exactly: a Q8 block dequantised as d * c comes back as its own
+ * codes and d. Its largest code is 127 or, with d rounded up to bf16 as
+ * Q4NX.md §4.3 writes it, a little less: s = max |w| / cmax for cmax from
+ * 127 down, the first that fits (mx = cmax d exactly, so mx / cmax = d).
+ * False when none does. */
+static bool block_q8(const float *w, int8_t *q, float *s) {
+    float mx = 0.0f;
+    for (int i = 0; i < 32; i++)
+        mx = fmaxf(mx, fabsf(w[i]));
+    for (int cmax = 127; cmax >= (mx > 0.0f ? 96 : 127); cmax--) {
+        *s = mx / (float)cmax;
+        if (block_is(w, *s, q))
+            return true;
+    }
+    return false;
+}
+
+/* The embedding as int8 codes and a scale per 32 when every block is
+ * exactly that (a Q8 package: 0.56 GB instead of 2 for nano, the same
+ * rows); true when it took. */
+static bool embed_q8(eng_model_t *m) {
+    size_t n = m->cfg.vocab * m->cfg.hidden;
+    if (m->cfg.hidden % 32 || n == 0)
+        return false;
+    int8_t *q = malloc(n);
+    float  *s = malloc(n / 32 * sizeof *s);
+    bool    ok = q && s;
+    for (size_t b = 0; ok && b < n / 32; b++)
+        ok = block_q8(m->embed + 32 * b, q + 32 * b, s + b);
+    if (!ok) {
+        free(q), free(s);
+        return false;
+    }
+    free(m->embed);
+    m->embed = NULL;
+    m->embed8 = q;
+    m->embed8_s = s;
+    return true;
+}
+
 /* The embedding as bf16 when every value is one exactly (a BF16 package:
- * 1 GB instead of 2 for nano, and the same rows); else it stays fp32
- * (Q8 or F32 sources, whose values bf16 would round). */
+ * 1 GB instead of 2 for nano, and the same rows), else as int8 codes when
+ * it is a Q8 one (embed_q8); else it stays fp32 (F32 sources). Narrowing
+ * is no error when memory for it is short: the fp32 copy stays. */
 static svc_err_t embed_narrow(eng_model_t *m) {
     size_t n = m->cfg.vocab * m->cfg.hidden;
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &m->embed[i], sizeof u);
-        if (u & 0xffffu)
+        if (u & 0xffffu) {
+            embed_q8(m);
             return SVC_OK;
+        }
     }
     uint16_t *e = malloc((n ? n : 1) * sizeof *e);
     if (!e)
@@ -299,6 +355,11 @@ void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out) {
             uint32_t u = (uint32_t)r[i] << 16;
             memcpy(&out[i], &u, sizeof u);
         }
+    } else if (m->embed8) {
+        const int8_t *r = m->embed8 + (size_t)id * H;
+        const float  *s = m->embed8_s + (size_t)id * (H / 32);
+        for (size_t i = 0; i < H; i++)
+            out[i] = (float)r[i] * s[i / 32];
     } else
         memcpy(out, m->embed + (size_t)id * H, H * sizeof *out);
 }
@@ -496,6 +557,8 @@ void eng_model_free(eng_model_t *m) {
     free(m->cfg.kinds);
     free(m->embed);
     free(m->embed16);
+    free(m->embed8);
+    free(m->embed8_s);
     free(m->final_norm);
     free(m->readout);
     eng_vision_free(m->vision);

@@ -96,6 +96,8 @@ struct eng_model {
     eng_model_fmt_t    format;
     float             *embed;      /* (vocab, H), or NULL when embed16 holds it */
     uint16_t          *embed16;    /* (vocab, H) bf16 bits when every value is a bf16, else NULL */
+    int8_t            *embed8;     /* (vocab, H) codes when every block of 32 is codes x a scale */
+    float             *embed8_s;   /* (vocab, H / 32) those scales (embed8 only) */
     float             *final_norm; /* (H), (1 + w) */
     eng_layer_t       *layers;     /* (L) */
     float             *readout;    /* (255, H) */

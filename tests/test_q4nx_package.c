@@ -14,6 +14,7 @@
  */
 #include "engine.h"
 #include "eng_manifest_int.h"
+#include "eng_model_int.h"
 #include "eng_pkgwrite_int.h"
 #include "eng_q4nx_int.h"
 #include "eng_st_int.h"
@@ -157,6 +158,13 @@ Test(q4nx_package, twin_matches_and_quantisation_error_is_reported, .timeout = 1
     load(p.st, &s);
     cr_expect_str_eq(eng_model_format(q.model), "q4nx-gen-b");
     cr_expect_str_eq(eng_model_format(t.model), "safetensors");
+    /* the Q8 embedding is kept as its codes and scales (a quarter of the
+     * fp32 bytes); the twin's F32 values are those same products, so it
+     * finds the same codes; a BF16 package keeps bf16 (the layers below
+     * compare their outputs bit for bit) */
+    cr_expect(q.model->embed8 && q.model->embed8_s && !q.model->embed, "q4nx: Q8 embedding");
+    cr_expect(t.model->embed8 && !t.model->embed, "twin: the same codes");
+    cr_expect(s.model->embed16 && !s.model->embed8, "BF16 package: bf16 embedding");
     eng_model_info_t qi, ti;
     eng_model_get_info(q.model, &qi);
     eng_model_get_info(t.model, &ti);
