@@ -96,23 +96,54 @@ size_t npu_amx_i8_pack_bytes(size_t N, size_t K) {
     return tile_bytes(N, K) + round_up(N, 32) * sizeof(float);
 }
 
+/* Row scale of x (T, K) row t: sx and 1 / sx (0, 0 for a zero row). */
+static void row_scale(const float *xr, size_t K, float *sx, float *inv) {
+    __m512 m = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xr + k)));
+    if (k < K)
+        m = _mm512_max_ps(
+            m, _mm512_abs_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << (K - k)) - 1u), xr + k)));
+    float mx = _mm512_reduce_max_ps(m);
+    *sx = mx / (float)I8_QMAX;
+    *inv = mx > 0.0f ? (float)I8_QMAX / mx : 0.0f;
+}
+
+/* 16 values v (already times 1 / scale) as split16 does them, vectorised:
+ * the high and the low bytes. */
+static void split16_x16(__m512 v, __m128i *hi, __m128i *lo) {
+    const __m512i lim = _mm512_set1_epi32(I8_QMAX), nlim = _mm512_set1_epi32(-I8_QMAX);
+    /* nearest even, as nearbyintf in split16 */
+    __m512i q = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(v), lim), nlim);
+    __m512i h = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(128)), 8);
+    *hi = _mm512_cvtepi32_epi8(h);
+    *lo = _mm512_cvtepi32_epi8(_mm512_sub_epi32(q, _mm512_slli_epi32(h, 8)));
+}
+
 void npu_amx_i8_pack(const float *w, size_t N, size_t K, void *dst) {
-    size_t  n_kb = round_up(K, I8_KB) / I8_KB;
+    size_t  n_kb = round_up(K, I8_KB) / I8_KB, Kp = n_kb * I8_KB;
     int8_t *t = dst;
     float  *sw = (float *)(void *)((char *)dst + tile_bytes(N, K));
     memset(dst, 0, npu_amx_i8_pack_bytes(N, K));
     for (size_t n = 0; n < N; n++) {
         const float *wr = w + n * K;
-        float        mx = 0.0f;
-        for (size_t k = 0; k < K; k++)
-            mx = fmaxf(mx, fabsf(wr[k]));
-        sw[n] = mx / (float)I8_QMAX;
-        float inv = mx > 0.0f ? (float)I8_QMAX / mx : 0.0f;
-        for (size_t k = 0; k < K; k++) {
-            int hi, lo;
-            split16(wr[k] * inv, &hi, &lo);
-            t[w_at(n_kb, n, k, 0)] = (int8_t)hi;
-            t[w_at(n_kb, n, k, 1)] = (int8_t)lo;
+        float        inv;
+        row_scale(wr, K, &sw[n], &inv);
+        __m512 vi = _mm512_set1_ps(inv);
+        for (size_t k = 0; k < Kp; k += 16) {
+            size_t    left = k < K ? K - k : 0;
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __m128i   h, l;
+            split16_x16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, left ? wr + k : wr), vi), &h, &l);
+            /* 4 bytes (k .. k + 3) per tile row: 4 rows of the tile */
+            uint32_t hb[4], lb[4];
+            _mm_storeu_si128((__m128i *)(void *)hb, h);
+            _mm_storeu_si128((__m128i *)(void *)lb, l);
+            for (size_t g = 0; g < 4; g++) {
+                memcpy(t + w_at(n_kb, n, k + 4 * g, 0), &hb[g], 4);
+                memcpy(t + w_at(n_kb, n, k + 4 * g, 1), &lb[g], 4);
+            }
         }
     }
 }
@@ -130,20 +161,6 @@ static double ref_elem(const float *xr, const int8_t *t, const float *sw, size_t
         m += (double)xh * wl + (double)xl * wh;
     }
     return (256.0 * hh + m) * 256.0 * sx * sw[n];
-}
-
-/* Row scale of x (T, K) row t: sx and 1 / sx (0, 0 for a zero row). */
-static void row_scale(const float *xr, size_t K, float *sx, float *inv) {
-    __m512 m = _mm512_setzero_ps();
-    size_t k = 0;
-    for (; k + 16 <= K; k += 16)
-        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xr + k)));
-    if (k < K)
-        m = _mm512_max_ps(
-            m, _mm512_abs_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << (K - k)) - 1u), xr + k)));
-    float mx = _mm512_reduce_max_ps(m);
-    *sx = mx / (float)I8_QMAX;
-    *inv = mx > 0.0f ? (float)I8_QMAX / mx : 0.0f;
 }
 
 void npu_matmul_i8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
@@ -181,7 +198,6 @@ static size_t a_at(const i8_job_t *j, size_t r, size_t kb) {
  * T and K), as split16 does it. */
 static void quant_rows(void *ctx, size_t i) {
     const i8_job_t *j = ctx;
-    const __m512i   lim = _mm512_set1_epi32(I8_QMAX), nlim = _mm512_set1_epi32(-I8_QMAX);
     for (size_t r = 16 * i; r < 16 * i + 16; r++) {
         const float *xr = r < j->mc ? j->x + (j->t0 + r) * j->K : NULL;
         float        sx = 0.0f, inv = 0.0f;
@@ -192,15 +208,11 @@ static void quant_rows(void *ctx, size_t i) {
         for (size_t k = 0; k < j->Kp; k += 16) {
             size_t    left = xr && k < j->K ? j->K - k : 0;
             __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-            __m512    v = _mm512_maskz_loadu_ps(m, left ? xr + k : j->x);
-            /* nearest even, as nearbyintf in split16 */
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, vi));
-            q = _mm512_max_epi32(_mm512_min_epi32(q, lim), nlim);
-            __m512i h = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(128)), 8);
-            __m512i l = _mm512_sub_epi32(q, _mm512_slli_epi32(h, 8));
-            size_t  at = a_at(j, r, k / I8_KB) + k % I8_KB;
-            _mm_storeu_si128((__m128i *)(void *)(j->hi + at), _mm512_cvtepi32_epi8(h));
-            _mm_storeu_si128((__m128i *)(void *)(j->lo + at), _mm512_cvtepi32_epi8(l));
+            __m128i   h, l;
+            split16_x16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, left ? xr + k : j->x), vi), &h, &l);
+            size_t at = a_at(j, r, k / I8_KB) + k % I8_KB;
+            _mm_storeu_si128((__m128i *)(void *)(j->hi + at), h);
+            _mm_storeu_si128((__m128i *)(void *)(j->lo + at), l);
         }
     }
 }
