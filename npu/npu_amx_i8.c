@@ -60,6 +60,7 @@
 #endif
 
 #include "npu_amx_int.h"
+#include "npu_vec_int.h"
 
 #define I8_KB   64    /* K per tile product */
 #define I8_TILE 1024  /* bytes per tile: 16 rows x 64 */
@@ -103,8 +104,7 @@ static void row_scale(const float *xr, size_t K, float *sx, float *inv) {
     for (; k + 16 <= K; k += 16)
         m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xr + k)));
     if (k < K)
-        m = _mm512_max_ps(
-            m, _mm512_abs_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << (K - k)) - 1u), xr + k)));
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(npu_mask16(K - k), xr + k)));
     float mx = _mm512_reduce_max_ps(m);
     *sx = mx / (float)I8_QMAX;
     *inv = mx > 0.0f ? (float)I8_QMAX / mx : 0.0f;
@@ -132,10 +132,11 @@ void npu_amx_i8_pack(const float *w, size_t N, size_t K, void *dst) {
         row_scale(wr, K, &sw[n], &inv);
         __m512 vi = _mm512_set1_ps(inv);
         for (size_t k = 0; k < Kp; k += 16) {
-            size_t    left = k < K ? K - k : 0;
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-            __m128i   h, l;
-            split16_x16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, left ? wr + k : wr), vi), &h, &l);
+            size_t  left = k < K ? K - k : 0;
+            __m128i h, l;
+            split16_x16(
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? wr + k : wr), vi), &h,
+                &l);
             /* 4 bytes (k .. k + 3) per tile row: 4 rows of the tile */
             uint32_t hb[4], lb[4];
             _mm_storeu_si128((__m128i *)(void *)hb, h);
@@ -206,10 +207,11 @@ static void quant_rows(void *ctx, size_t i) {
         j->sx[r] = sx;
         __m512 vi = _mm512_set1_ps(inv);
         for (size_t k = 0; k < j->Kp; k += 16) {
-            size_t    left = xr && k < j->K ? j->K - k : 0;
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-            __m128i   h, l;
-            split16_x16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, left ? xr + k : j->x), vi), &h, &l);
+            size_t  left = xr && k < j->K ? j->K - k : 0;
+            __m128i h, l;
+            split16_x16(
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? xr + k : j->x), vi),
+                &h, &l);
             size_t at = a_at(j, r, k / I8_KB) + k % I8_KB;
             _mm_storeu_si128((__m128i *)(void *)(j->hi + at), h);
             _mm_storeu_si128((__m128i *)(void *)(j->lo + at), l);
@@ -217,9 +219,8 @@ static void quant_rows(void *ctx, size_t i) {
     }
 }
 
-/* Where a 16 x 32 block's sums come from and go: acc (hi sums, then lo
- * sums 16 further ints per row; NULL = start at zero) and, on the last K
- * block, out (fp32) instead of acc. */
+/* Where a 16 x 32 block's int32 sums come from (in; NULL = start at zero)
+ * and go (acc): per row the 32 columns' Chh, then their Cm. */
 typedef struct i8_blk {
     const int32_t *in;
     int32_t       *acc;
@@ -267,7 +268,7 @@ static void micro_1x2(const int8_t *hi, const int8_t *lo, const int8_t *b, size_
 }
 
 /* out rows [r0, r0 + rows) x columns [n0, n0 + cols) (cols <= 32) from
- * the block's int32 sums (row stride ld: hi at 0..31, lo at 32..63). */
+ * the block's int32 sums (row stride ld: Chh at 0..31, Cm at 32..63). */
 static void finish(const i8_job_t *j, const int32_t *acc, size_t ld, size_t r0, size_t rows,
                    size_t n0, size_t cols) {
     for (size_t r = 0; r < rows; r++) {
@@ -275,7 +276,7 @@ static void finish(const i8_job_t *j, const int32_t *acc, size_t ld, size_t r0, 
         float         *o = j->out + (j->t0 + r0 + r) * j->N + n0;
         __m512         sx = _mm512_set1_ps(j->sx[r0 + r] * 256.0f); /* 256 (256 Chh + Cm) */
         for (size_t h = 0; h < 32 && h < cols; h += 16) {
-            __mmask16 m = cols - h >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - h)) - 1u);
+            __mmask16 m = npu_mask16(cols - h);
             __m512    v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(a + h)),
                                           _mm512_set1_ps(256.0f),
                                           _mm512_cvtepi32_ps(_mm512_loadu_si512(a + 32 + h)));
@@ -325,12 +326,9 @@ static void i8_item(void *ctx, size_t i) {
                 int32_t      *kp = keep + (tb / 16 * np + p) * 16 * ld;
                 i8_blk_t      c = {k0 ? kp : NULL, last ? fin : kp, ld};
                 micro_1x2(j->hi + at, j->lo + at, b, kc, c);
-                if (last) {
-                    size_t rows = j->mc - tb < 16 ? j->mc - tb : 16;
-                    size_t cols = nc - p * 32 < 32 ? nc - p * 32 : 32;
-                    if (tb < j->mc)
-                        finish(j, fin, ld, tb, rows, n0 + p * 32, cols);
-                }
+                if (last) /* tb < mc: mcp is mc rounded up to 16 */
+                    finish(j, fin, ld, tb, j->mc - tb < 16 ? j->mc - tb : 16, n0 + p * 32,
+                           nc - p * 32 < 32 ? nc - p * 32 : 32);
             }
         }
     }

@@ -56,6 +56,7 @@
 #endif
 
 #include "npu_amx_int.h"
+#include "npu_vec_int.h"
 
 _Static_assert(NPU_WPACK_NR == 32, "a panel is two 16-column tiles");
 
@@ -86,7 +87,7 @@ static void panel_rows(const float *w, size_t N, size_t K, size_t Kp, size_t n0,
         const float *wr = w + (n0 + c) * K;
         for (size_t k = 0; k < Kp; k += 16) {
             size_t    left = k < K ? K - k : 0;
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __mmask16 m = npu_mask16(left);
             __m512    v = _mm512_maskz_loadu_ps(m, left ? wr + k : wr);
             _mm256_storeu_si256((__m256i *)(r + k), (__m256i)_mm512_cvtneps_pbh(v));
         }
@@ -219,7 +220,7 @@ static void convert_rows(void *ctx, size_t i) {
                 for (size_t k = kb * AMX_KB; k < kb * AMX_KB + AMX_KB; k += 16) {
                     const float *xr = r < j->mc ? j->x + (j->t0 + r) * j->K : NULL;
                     size_t       left = xr && k < j->K ? j->K - k : 0;
-                    __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+                    __mmask16    m = npu_mask16(left);
                     /* A masked load reads nothing past the mask: no access
                      * past K or past the chunk's last row. */
                     __m512  v = _mm512_maskz_loadu_ps(m, left ? xr + k : j->x);

@@ -84,11 +84,6 @@ static inline __m512 at_exp2(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* Lanes [0, n) of a 16-lane vector, n <= 16. */
-static inline __mmask16 at_mask16(size_t n) {
-    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
-
 /* Bits [0, n) of a 64-bit mask (n may exceed 64). */
 static inline uint64_t at_below64(size_t n) {
     return n >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1u;
@@ -106,6 +101,7 @@ static inline __m512 at_bf16_back(__m256i h) {
 /* Tiles (npu_tiles_16x64): 0-3 accumulate (fp32 16 x 16), 4-5 hold A
  * (16 rows x 32 bf16), 6-7 hold B (16 pairs of rows x 16 columns x 2 bf16). */
 #include "npu_amx_int.h"
+#include "npu_vec_int.h"
 _Static_assert(sizeof(npu_tilecfg_t) == 64, "LDTILECFG reads 64 bytes");
 
 /* ---- shared state of one call ------------------------------------------------ */
@@ -224,7 +220,7 @@ static void at_store(const at_ctx_t *c, const float *acc, size_t ld, const float
         __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
         float *o = c->out + qoff[r];
         for (size_t d = 0; d < c->D; d += 16)
-            _mm512_mask_storeu_ps(o + d, at_mask16(c->D - d),
+            _mm512_mask_storeu_ps(o + d, npu_mask16(c->D - d),
                                   _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld + d), inv));
     }
 }
@@ -246,7 +242,7 @@ static void at_pack_f32(void *ctx, size_t it) {
     for (size_t jb = 0; jb < nk; jb++) {
         const float *kj = c->k + ((b * AT_KB + jb) * c->Hkv + kvh) * D;
         for (size_t d = 0; d < D; d += 16) {
-            __mmask16 dm = at_mask16(D - d);
+            __mmask16 dm = npu_mask16(D - d);
             _mm512_mask_i32scatter_ps(dst + d * AT_KB + jb, dm, idx,
                                       _mm512_maskz_loadu_ps(dm, kj + d), 4);
         }
@@ -294,8 +290,8 @@ static void at_pack_bf16(void *ctx, size_t it) {
         size_t       t = jb / 16, n = jb % 16;
         for (size_t ch = 0; ch < nck; ch++) {
             size_t    d = ch * 32;
-            __mmask16 m0 = at_mask16(D > d ? D - d : 0),
-                      m1 = at_mask16(D > d + 16 ? D - d - 16 : 0);
+            __mmask16 m0 = npu_mask16(D > d ? D - d : 0),
+                      m1 = npu_mask16(D > d + 16 ? D - d - 16 : 0);
             __m256i h0, h1, l0, l1;
             at_split(_mm512_maskz_loadu_ps(m0, kj + d), &h0, two ? &l0 : NULL);
             at_split(_mm512_maskz_loadu_ps(m1, kj + d + 16), &h1, two ? &l1 : NULL);
@@ -314,7 +310,7 @@ static void at_pack_bf16(void *ctx, size_t it) {
         size_t       hf = jb / 32, rr = (jb % 32) / 2;
         for (size_t dc = 0; dc < ncv; dc++) {
             size_t    d = dc * 16;
-            __mmask16 dm = at_mask16(D - d);
+            __mmask16 dm = npu_mask16(D - d);
             __m256i   h0, h1 = _mm256_setzero_si256(), l0, l1 = _mm256_setzero_si256();
             at_split(_mm512_maskz_loadu_ps(dm, v0 + d), &h0, two ? &l0 : NULL);
             if (v1)
@@ -363,7 +359,7 @@ static inline void at_f32_scores8(const float *Q, size_t D, const float *kt, flo
 static inline void at_f32_pv8(float *acc, size_t ld, const float *corr, const float *P,
                               const float *vb, size_t ldv, size_t nk, size_t r0, size_t d0,
                               size_t D) {
-    __mmask16 m0 = at_mask16(D - d0), m1 = at_mask16(D > d0 + 16 ? D - d0 - 16 : 0);
+    __mmask16 m0 = npu_mask16(D - d0), m1 = npu_mask16(D > d0 + 16 ? D - d0 - 16 : 0);
     __m512    a[8][2];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
@@ -535,7 +531,7 @@ static void at_item_amx(void *ctx, size_t it) {
     const __m512 qs = _mm512_set1_ps(c->qscale);
     for (size_t r = 0; r < nr; r++)
         for (size_t d = 0; d < D; d += 16) {
-            __mmask16 dm = at_mask16(D - d);
+            __mmask16 dm = npu_mask16(D - d);
             __m256i   h, lo;
             at_split(_mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c->q + qoff[r] + d), qs), &h,
                      ns == 2 ? &lo : NULL);

@@ -1,6 +1,7 @@
 /*
  * npu_vec_int.h -- private to npu/: the AVX-512 helpers more than one
- * kernel file needs (npu_avx512.c, npu_delta_fast.c), written once.
+ * kernel file needs (npu_avx512.c, npu_delta_fast.c, the AMX kernels),
+ * written once.
  *
  * Include it after the file's target pragma (avx512f at least): the
  * functions below are compiled with the including file's ISA.
