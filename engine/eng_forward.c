@@ -48,28 +48,63 @@ struct eng_fwd_state {
     int64_t            base;      /* the first position of the image a run of image tokens is in */
 };
 
-/* Tokens per chunk of a layer (a multiple of the delta rule's chunk of 64,
- * so that a pass's delta-rule chunks fall where one call's would). */
-#define FWD_CHUNK 512
+#define FWD_CHUNK ENG_FWD_CHUNK
 
-/* Per-call activations; every buffer is owned by the call. A layer runs
- * over the T rows in chunks of at most FWD_CHUNK tokens, so that only the
- * residual stream (and a full-attention layer's keys and values) grow with
- * T: the per-token work (norms, projections, MLP) needs no more, the
- * Gated DeltaNet carries its conv and recurrent states from chunk to chunk,
- * and a full-attention layer computes every key and value first, then the
- * queries and outputs chunk by chunk. A 32,768-token nano pass then holds
- * ~0.5 GB of activations instead of ~3.7 GB. */
+/* One sequence of a pass: its rows x[off .. off + T) continue st's P
+ * positions. */
+typedef struct fwd_seq {
+    eng_fwd_state_t *st;   /* NULL: an empty state */
+    const int32_t   *ids;  /* (T) */
+    size_t           off;  /* its first row in the pass */
+    size_t           T;    /* its rows */
+    size_t           P;    /* positions before them (st's length) */
+    float           *conv; /* (K - 1, conv channels) its running conv state in a linear layer */
+    float           *rec;  /* (nv, dk, dv) its running recurrent state */
+    int64_t          next; /* after its rows: the next text position (get_rope_index) */
+    int64_t          base; /* and the current image's first position */
+} fwd_seq_t;
+
+/* A run of one sequence's rows inside a chunk: rows [r, r + n) of the
+ * pass are its rows [t, t + n). A sequence is cut only where its own rows
+ * reach a multiple of FWD_CHUNK, so each sequence of a batched pass sees
+ * the chunk boundaries (delta-rule chunks, conv carries) a pass of its own
+ * would, and gives the same bits. */
+typedef struct fwd_piece {
+    size_t s, t, r, n;
+} fwd_piece_t;
+
+/* Rows [r, r + n) of the pass, pieces [p0, p0 + np): what one step of a
+ * layer (norm, projections, MLP) runs over at once, n <= FWD_CHUNK. */
+typedef struct fwd_chunk {
+    size_t r, n, p0, np;
+} fwd_chunk_t;
+
+/* Per-call activations; every buffer is owned by the call. A pass runs
+ * S >= 1 sequences (several: a batch, every state read-only), their rows
+ * one after the other in one residual stream, so that the projections and
+ * the MLP read each weight once per chunk for all of them; only the
+ * mixers (conv, delta rule, attention) run sequence by sequence. A layer
+ * runs over the rows in chunks of at most FWD_CHUNK tokens, so that only
+ * the residual stream (and a full-attention layer's keys and values) grow
+ * with T: the per-token work (norms, projections, MLP) needs no more, the
+ * Gated DeltaNet carries its conv and recurrent states from chunk to
+ * chunk, and a full-attention layer computes every key and value first,
+ * then the queries and outputs chunk by chunk. A 32,768-token nano pass
+ * then holds ~0.5 GB of activations instead of ~3.7 GB. */
 typedef struct fwd {
     const eng_model_t *m;
-    size_t             T;
-    size_t             P;      /* positions before these T (the state's length) */
+    size_t             T;     /* rows, all sequences */
+    size_t             S;     /* sequences */
+    fwd_seq_t         *seq;   /* (S) */
+    fwd_piece_t       *piece; /* (n_piece) in row order */
+    fwd_chunk_t       *chunk; /* (n_chunk) in row order */
+    size_t             n_piece, n_chunk;
     const eng_media_t *media;  /* the images negative ids refer to, or NULL */
     size_t             C;      /* rows of the chunk buffers: min(T, FWD_CHUNK) */
-    eng_fwd_state_t   *st;     /* NULL: an empty state, nothing kept */
-    bool               update; /* st takes in the T positions */
-    float             *kall;   /* (P + T, n_kv * hd) prefix + new keys when !update, P > 0 */
+    bool               update; /* S == 1 and seq[0].st takes in its T positions */
+    float             *kall;   /* (P + T, n_kv * hd) one read-only state's prefix + new keys */
     float             *vall;   /* likewise for values */
+    size_t             kv_of;  /* the sequence kall/vall hold now (SIZE_MAX: none) */
     float             *x;      /* (T, H) residual stream */
     float             *kn;     /* (T, n_kv * hd) new keys of a full-attention layer */
     float             *vn;     /* (T, n_kv * hd) new values */
@@ -80,11 +115,9 @@ typedef struct fwd {
     float             *d;      /* (C, W) */
     float             *s1;     /* (C, nv) beta */
     float             *s2;     /* (C, nv) g */
-    float             *conv;   /* (K - 1, conv channels) a linear layer's running conv state */
-    float             *rec;    /* (nv, dk, dv) its running recurrent state */
+    float             *conv;   /* (S, K - 1, conv channels) the sequences' running conv states */
+    float             *rec;    /* (S, nv, dk, dv) their running recurrent states */
     int32_t           *pos3;   /* (T, 3) mrope positions (t, h, w) */
-    int64_t            next;   /* after the T rows: the next text position (get_rope_index) */
-    int64_t            base;   /* and the current image's first position */
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -100,6 +133,9 @@ static size_t scratch_width(const eng_model_cfg_t *c) {
 }
 
 static void fwd_free(fwd_t *f) {
+    free(f->seq);
+    free(f->piece);
+    free(f->chunk);
     free(f->x);
     free(f->kn);
     free(f->vn);
@@ -134,19 +170,19 @@ static const eng_image_emb_t *media_image(const eng_media_t *md, int32_t id, siz
     return md->slots[slot];
 }
 
-/* get_rope_index: a text token takes (next, next, next) and advances next
- * by one; image token j of a gh x gw merged grid takes (base, base + j / gw,
- * base + j % gw), base = next at its first token, and after its last one
- * the text goes on at base + max(gh, gw). */
-static void positions(fwd_t *f, const int32_t *ids, int64_t next, int64_t base) {
-    for (size_t t = 0; t < f->T; t++) {
-        int32_t *p = f->pos3 + 3 * t;
-        if (ids[t] >= 0) {
+/* get_rope_index for sequence q: a text token takes (next, next, next) and
+ * advances next by one; image token j of a gh x gw merged grid takes
+ * (base, base + j / gw, base + j % gw), base = next at its first token,
+ * and after its last one the text goes on at base + max(gh, gw). */
+static void positions(fwd_t *f, fwd_seq_t *q, int64_t next, int64_t base) {
+    for (size_t t = 0; t < q->T; t++) {
+        int32_t *p = f->pos3 + 3 * (q->off + t);
+        if (q->ids[t] >= 0) {
             p[0] = p[1] = p[2] = (int32_t)next++;
             continue;
         }
         size_t                 j;
-        const eng_image_emb_t *im = media_image(f->media, ids[t], &j);
+        const eng_image_emb_t *im = media_image(f->media, q->ids[t], &j);
         if (j == 0)
             base = next;
         p[0] = (int32_t)base;
@@ -155,37 +191,90 @@ static void positions(fwd_t *f, const int32_t *ids, int64_t next, int64_t base) 
         if (j + 1 == im->gh * im->gw)
             next = base + (int64_t)(im->gh > im->gw ? im->gh : im->gw);
     }
-    f->next = next;
-    f->base = base;
+    q->next = next;
+    q->base = base;
 }
 
-/* Row t of the input: the token's embedding, or the image token's row. */
-static void embed_rows(fwd_t *f, const int32_t *ids) {
+/* Positions and input rows of every sequence from its ids: the token's
+ * embedding, or the image token's row; each continues its state's
+ * positions. */
+static void embed_all(fwd_t *f, const eng_media_t *md) {
     size_t H = f->m->cfg.hidden;
-    for (size_t t = 0; t < f->T; t++) {
-        if (ids[t] >= 0) {
-            eng_model_embed_row(f->m, ids[t], f->x + t * H);
-            continue;
+    f->media = md;
+    for (size_t s = 0; s < f->S; s++) {
+        fwd_seq_t *q = &f->seq[s];
+        positions(f, q, q->st ? q->st->next : 0, q->st ? q->st->base : 0);
+        for (size_t t = 0; t < q->T; t++) {
+            float *row = f->x + (q->off + t) * H;
+            if (q->ids[t] >= 0) {
+                eng_model_embed_row(f->m, q->ids[t], row);
+                continue;
+            }
+            size_t                 j;
+            const eng_image_emb_t *im = media_image(md, q->ids[t], &j);
+            memcpy(row, im->rows + j * H, H * sizeof *row);
         }
-        size_t                 j;
-        const eng_image_emb_t *im = media_image(f->media, ids[t], &j);
-        memcpy(f->x + t * H, im->rows + j * H, H * sizeof *f->x);
     }
 }
 
-static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_state_t *st,
+/* The pieces and chunks of the pass (fwd_piece_t: why a sequence is cut
+ * only at its own multiples of FWD_CHUNK). Pieces fill a chunk in order
+ * while they fit. */
+static svc_err_t fwd_plan(fwd_t *f) {
+    size_t np = 0;
+    for (size_t s = 0; s < f->S; s++)
+        np += (f->seq[s].T + FWD_CHUNK - 1) / FWD_CHUNK;
+    f->piece = malloc(np * sizeof *f->piece);
+    f->chunk = malloc(np * sizeof *f->chunk);
+    if (!f->piece || !f->chunk)
+        return SVC_ERR_NOMEM;
+    for (size_t s = 0; s < f->S; s++)
+        for (size_t t = 0; t < f->seq[s].T; t += FWD_CHUNK) {
+            size_t n = f->seq[s].T - t < FWD_CHUNK ? f->seq[s].T - t : FWD_CHUNK;
+            f->piece[f->n_piece++] = (fwd_piece_t){s, t, f->seq[s].off + t, n};
+        }
+    for (size_t p = 0; p < f->n_piece;) {
+        fwd_chunk_t *ch = &f->chunk[f->n_chunk++];
+        *ch = (fwd_chunk_t){f->piece[p].r, 0, p, 0};
+        while (p < f->n_piece && ch->n + f->piece[p].n <= FWD_CHUNK) {
+            ch->n += f->piece[p++].n;
+            ch->np++;
+        }
+    }
+    return SVC_OK;
+}
+
+/* Sets up a pass over the S sequences of in (their st, ids and T; in is
+ * copied): rows, plan, buffers. update needs S == 1. */
+static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, const fwd_seq_t *in, size_t S,
                            bool update) {
     memset(f, 0, sizeof *f);
     f->m = m;
-    f->T = T;
-    f->C = T < FWD_CHUNK ? T : FWD_CHUNK;
-    f->st = st;
-    f->update = st && update;
-    f->P = st ? st->len : 0;
-    const eng_model_cfg_t *c = &m->cfg;
-    size_t                 W = scratch_width(c), kvd = c->n_kv * c->head_dim, C = f->C;
-    if (T > SIZE_MAX / sizeof(float) / max_z(c->hidden, kvd) / 4)
+    f->S = S;
+    f->kv_of = SIZE_MAX;
+    f->seq = calloc(S, sizeof *f->seq);
+    if (!f->seq)
         return SVC_ERR_NOMEM;
+    const eng_model_cfg_t *c = &m->cfg;
+    size_t                 W = scratch_width(c), kvd = c->n_kv * c->head_dim, kv_rows = 0, lim;
+    lim = SIZE_MAX / sizeof(float) / max_z(c->hidden, kvd) / 4;
+    for (size_t s = 0; s < S; s++) {
+        fwd_seq_t *q = &f->seq[s];
+        *q = in[s];
+        q->off = f->T;
+        q->P = q->st ? q->st->len : 0;
+        if (q->T > lim - f->T || q->P > lim - q->T)
+            return SVC_ERR_NOMEM;
+        f->T += q->T;
+        if (q->P > 0 && !update && !q->st->noncausal) /* read only: prefix and new rows joined */
+            kv_rows = max_z(kv_rows, q->P + q->T);
+    }
+    SVC_ASSERT(S == 1 || !update);
+    f->update = update && f->seq[0].st;
+    f->C = f->T < FWD_CHUNK ? f->T : FWD_CHUNK;
+    size_t T = f->T, C = f->C;
+    size_t conv_n = (c->conv_k - 1) * eng_lin_conv_dim(c),
+           rec_n = c->lin_nv * c->lin_dk * c->lin_dv;
     f->x = malloc(T * c->hidden * sizeof *f->x);
     f->h = malloc(C * c->hidden * sizeof *f->h);
     f->a = malloc(C * W * sizeof *f->a);
@@ -194,32 +283,29 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, size_t T, eng_fwd_sta
     f->d = malloc(C * W * sizeof *f->d);
     f->s1 = malloc(C * c->lin_nv * sizeof *f->s1);
     f->s2 = malloc(C * c->lin_nv * sizeof *f->s2);
-    f->conv = malloc(((c->conv_k - 1) * eng_lin_conv_dim(c) + 1) * sizeof *f->conv);
-    f->rec = malloc((c->lin_nv * c->lin_dk * c->lin_dv + 1) * sizeof *f->rec);
+    f->conv = malloc((S * conv_n + 1) * sizeof *f->conv);
+    f->rec = malloc((S * rec_n + 1) * sizeof *f->rec);
     f->pos3 = malloc(T * 3 * sizeof *f->pos3);
     if (!f->x || !f->h || !f->a || !f->b || !f->c || !f->d || !f->s1 || !f->s2 || !f->conv ||
         !f->rec || !f->pos3)
         return SVC_ERR_NOMEM;
+    for (size_t s = 0; s < S; s++) {
+        f->seq[s].conv = f->conv + s * conv_n;
+        f->seq[s].rec = f->rec + s * rec_n;
+    }
     if (has_full_layer(c)) {
         f->kn = malloc(T * kvd * sizeof *f->kn);
         f->vn = malloc(T * kvd * sizeof *f->vn);
         if (!f->kn || !f->vn)
             return SVC_ERR_NOMEM;
     }
-    if (f->P > 0 && !f->update && !st->noncausal) { /* read only: join prefix and new rows */
-        if (f->P + T > SIZE_MAX / sizeof(float) / kvd)
-            return SVC_ERR_NOMEM;
-        f->kall = malloc((f->P + T) * kvd * sizeof *f->kall);
-        f->vall = malloc((f->P + T) * kvd * sizeof *f->vall);
+    if (kv_rows) {
+        f->kall = malloc(kv_rows * kvd * sizeof *f->kall);
+        f->vall = malloc(kv_rows * kvd * sizeof *f->vall);
         if (!f->kall || !f->vall)
             return SVC_ERR_NOMEM;
     }
-    /* Text only: plain positions P..P+T-1 on all three mrope axes (SPEC
-     * d.2); the caller recomputes them when there are images. */
-    for (size_t t = 0; t < T; t++)
-        f->pos3[3 * t] = f->pos3[3 * t + 1] = f->pos3[3 * t + 2] = (int32_t)(f->P + t);
-    f->next = (int64_t)(f->P + T);
-    return SVC_OK;
+    return fwd_plan(f); /* positions: embed_all, or the caller's copy */
 }
 
 static void add_into(float *x, const float *y, size_t n) {
@@ -260,18 +346,38 @@ static void mlp_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
     add_into(f->x + t0 * H, f->c, n * H);
 }
 
+/* A piece's linear states in layer li: before its first row (the state's
+ * at the sequence's start, NULL for zeros; else the running ones) and
+ * where they go after its last (the state's own with update). */
+static void lin_states(fwd_t *f, const fwd_piece_t *pc, size_t li, const float **conv_in,
+                       float **conv_out, const float **rec_in, float **rec_out) {
+    fwd_seq_t *q = &f->seq[pc->s];
+    bool       first = pc->t == 0, prefix = q->P > 0;
+    *conv_out = f->update ? q->st->conv[li] : q->conv;
+    *rec_out = f->update ? q->st->rec[li] : q->rec;
+    *conv_in = !first ? *conv_out : prefix ? q->st->conv[li] : NULL;
+    *rec_in = !first ? *rec_out : prefix ? q->st->rec[li] : NULL;
+}
+
 /* Gated DeltaNet (Qwen3_5GatedDeltaNet.forward, with the cache of layer li
- * in f->st) on rows [t0, t0 + n); conv_in / rec_in are the states before
- * row t0 (NULL: zeros), conv_out / rec_out receive them after the last row
- * (they may be the same buffers). The mixer output lands in f->b (n, H). */
-static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t n, const float *conv_in,
-                              float *conv_out, const float *rec_in, float *rec_out) {
+ * in the sequences' states) on chunk ch; the conv and the delta rule run
+ * piece by piece on each sequence's states (lin_states). The mixer output
+ * lands in f->b (n, H). */
+static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_chunk_t *ch) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 T = n, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
+    size_t                 T = ch->n, kd = eng_lin_key_dim(c), vd = eng_lin_value_dim(c);
     size_t                 C = eng_lin_conv_dim(c), nv = c->lin_nv;
+    const float           *conv_in, *rec_in;
+    float                 *conv_out, *rec_out;
     /* mixed qkv (T, C) -> causal depthwise conv + silu -> f->b (T, C) */
     npu_matmul_packed(f->h, l->in_qkv, T, f->a);
-    npu_conv1d_causal_silu(f->a, l->conv, T, C, c->conv_k, conv_in, conv_out, f->b);
+    for (size_t p = ch->p0; p < ch->p0 + ch->np; p++) {
+        const fwd_piece_t *pc = &f->piece[p];
+        size_t             r = pc->r - ch->r;
+        lin_states(f, pc, li, &conv_in, &conv_out, &rec_in, &rec_out);
+        npu_conv1d_causal_silu(f->a + r * C, l->conv, pc->n, C, c->conv_k, conv_in, conv_out,
+                               f->b + r * C);
+    }
     /* split into contiguous q (T, nk, dk), k (T, nk, dk), v (T, nv, dv) in f->a */
     float *q = f->a, *k = f->a + T * kd, *v = f->a + 2 * T * kd;
     for (size_t t = 0; t < T; t++) {
@@ -293,11 +399,17 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t n, const fl
             f->s2[t * nv + j] = decay * softplusf_(f->s2[t * nv + j] + l->dt_bias[j]);
         }
     }
-    /* core (T, nv, dv) in f->d */
-    svc_err_t err = npu_delta_rule(q, k, v, f->s2, f->s1, T, c->lin_nk, nv, c->lin_dk, c->lin_dv,
-                                   rec_in, rec_out, f->d);
-    if (err)
-        return err;
+    /* core (T, nv, dv) in f->d, each piece from its sequence's state */
+    for (size_t p = ch->p0; p < ch->p0 + ch->np; p++) {
+        const fwd_piece_t *pc = &f->piece[p];
+        size_t             r = pc->r - ch->r;
+        lin_states(f, pc, li, &conv_in, &conv_out, &rec_in, &rec_out);
+        svc_err_t err = npu_delta_rule(q + r * kd, k + r * kd, v + r * vd, f->s2 + r * nv,
+                                       f->s1 + r * nv, pc->n, c->lin_nk, nv, c->lin_dk, c->lin_dv,
+                                       rec_in, rec_out, f->d + r * vd);
+        if (err)
+            return err;
+    }
     /* gated norm per value head with z = in_proj_z(h) (T, nv, dv), then out_proj */
     npu_matmul_packed(f->h, l->in_z, T, f->c);
     npu_rmsnorm_gated(f->d, f->c, l->lin_norm, T * nv, c->lin_dv, c->eps, f->d);
@@ -305,51 +417,51 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t n, const fl
     return SVC_OK;
 }
 
-/* A Gated DeltaNet layer and its MLP over all T rows, chunk by chunk. The
- * running states start as the state's (P > 0) or zeros, and pass through
- * f->conv / f->rec (or the state's own buffers with update, which take in
- * the T positions). */
+/* A Gated DeltaNet layer and its MLP over every row, chunk by chunk; each
+ * sequence's running states start as its state's (P > 0) or zeros, and
+ * pass through its own buffers (or the state's with update, which take
+ * in the T positions). */
 static svc_err_t linear_layer(fwd_t *f, const eng_layer_t *l, size_t li) {
-    const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 H = c->hidden;
-    const float           *conv_in = f->P > 0 ? f->st->conv[li] : NULL;
-    const float           *rec_in = f->P > 0 ? f->st->rec[li] : NULL;
-    float                 *conv = f->update ? f->st->conv[li] : f->conv;
-    float                 *rec = f->update ? f->st->rec[li] : f->rec;
-    for (size_t t0 = 0; t0 < f->T; t0 += f->C) {
-        size_t n = f->T - t0 < f->C ? f->T - t0 : f->C;
-        norm_rows(f, l->in_norm, t0, n);
-        svc_err_t err = linear_chunk(f, l, n, conv_in, conv, rec_in, rec);
+    size_t H = f->m->cfg.hidden;
+    for (size_t i = 0; i < f->n_chunk; i++) {
+        const fwd_chunk_t *ch = &f->chunk[i];
+        norm_rows(f, l->in_norm, ch->r, ch->n);
+        svc_err_t err = linear_chunk(f, l, li, ch);
         if (err)
             return err;
-        conv_in = conv;
-        rec_in = rec;
-        add_into(f->x + t0 * H, f->b, n * H);
-        mlp_rows(f, l, t0, n);
+        add_into(f->x + ch->r * H, f->b, ch->n * H);
+        mlp_rows(f, l, ch->r, ch->n);
     }
     return SVC_OK;
 }
 
-/* Keys and values of layer li over all P + T positions: the new rows k, v
- * (T, kvd) appended to the state's (update), or joined with a read-only
- * state's in f->kall/vall, or k, v themselves for a fresh sequence. */
-static void kv_all(fwd_t *f, size_t li, float *k, float *v, float **K, float **V) {
-    size_t kvd = f->m->cfg.n_kv * f->m->cfg.head_dim, P = f->P, T = f->T;
+/* Keys and values of layer li over sequence s's P + T positions: the
+ * state's own after its new rows were appended (update), the state's
+ * prefix and the new rows joined in f->kall/vall (read-only; refilled only
+ * when another sequence's are asked for), or the new rows themselves for
+ * a fresh sequence. */
+static void kv_of(fwd_t *f, size_t li, size_t s, const float **K, const float **V) {
+    size_t     kvd = f->m->cfg.n_kv * f->m->cfg.head_dim;
+    fwd_seq_t *q = &f->seq[s];
     if (f->update) {
-        *K = f->st->k[li];
-        *V = f->st->v[li];
-    } else if (P > 0) {
-        *K = f->kall;
-        *V = f->vall;
-        memcpy(*K, f->st->k[li], P * kvd * sizeof **K);
-        memcpy(*V, f->st->v[li], P * kvd * sizeof **V);
-    } else {
-        *K = k;
-        *V = v;
+        *K = q->st->k[li];
+        *V = q->st->v[li];
         return;
     }
-    memcpy(*K + P * kvd, k, T * kvd * sizeof **K);
-    memcpy(*V + P * kvd, v, T * kvd * sizeof **V);
+    if (q->P == 0) {
+        *K = f->kn + q->off * kvd;
+        *V = f->vn + q->off * kvd;
+        return;
+    }
+    if (f->kv_of != s) {
+        memcpy(f->kall, q->st->k[li], q->P * kvd * sizeof *f->kall);
+        memcpy(f->vall, q->st->v[li], q->P * kvd * sizeof *f->vall);
+        memcpy(f->kall + q->P * kvd, f->kn + q->off * kvd, q->T * kvd * sizeof *f->kall);
+        memcpy(f->vall + q->P * kvd, f->vn + q->off * kvd, q->T * kvd * sizeof *f->vall);
+        f->kv_of = s;
+    }
+    *K = f->kall;
+    *V = f->vall;
 }
 
 /* Keys (after k_norm and rope) and values of rows [t0, t0 + n) into
@@ -366,16 +478,16 @@ static void kv_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
                   c->interleaved);
 }
 
-/* Gated softmax attention (Qwen3_5Attention.forward) of rows [t0, t0 + n)
- * against the keys K and values V of all P + T positions; the mixer output
- * lands in f->b (n, H). */
-static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, const float *K, const float *V,
-                           size_t t0, size_t n, bool noncausal) {
+/* Gated softmax attention (Qwen3_5Attention.forward) of chunk ch, each
+ * piece against the keys and values of its own sequence (kv_of); the
+ * mixer output lands in f->b (n, H). */
+static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_chunk_t *ch,
+                           bool noncausal) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    size_t                 hd = c->head_dim, nh = c->n_heads, qd = nh * hd, QR = eng_q_rows(c);
+    size_t hd = c->head_dim, nh = c->n_heads, qd = nh * hd, QR = eng_q_rows(c), n = ch->n;
     /* q_proj (n, nh, [2] hd): with the output gate, transformers views it as
      * (n, nh, 2 * hd) and chunks the last dim: query first, gate second. */
-    norm_rows(f, l->in_norm, t0, n);
+    norm_rows(f, l->in_norm, ch->r, n);
     npu_matmul_packed(f->h, l->q_proj, n, f->a);
     float *q = f->b, *gate = f->c;
     for (size_t t = 0; t < n; t++)
@@ -386,13 +498,22 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, const float *K, const
                 memcpy(gate + (t * nh + i) * hd, src + hd, hd * sizeof *gate);
         }
     npu_rmsnorm(q, l->q_norm, n * nh, hd, c->eps, q, true);
-    npu_mrope_ref(q, f->pos3 + 3 * t0, n, nh, hd, c->rot_dim, c->theta, c->section, c->interleaved);
-    /* Causal: the queries are positions P + t0 .. of the keys up to the
-     * chunk's end; SPEC d.3 noncausal: every key (never with a prefix). */
-    size_t    Tk = noncausal ? f->P + f->T : f->P + t0 + n;
-    svc_err_t err = npu_attention(q, K, V, n, Tk, nh, c->n_kv, hd, !noncausal, NULL, f->a);
-    if (err)
-        return err;
+    npu_mrope_ref(q, f->pos3 + 3 * ch->r, n, nh, hd, c->rot_dim, c->theta, c->section,
+                  c->interleaved);
+    for (size_t p = ch->p0; p < ch->p0 + ch->np; p++) {
+        const fwd_piece_t *pc = &f->piece[p];
+        const fwd_seq_t   *sq = &f->seq[pc->s];
+        size_t             r = pc->r - ch->r;
+        const float       *K, *V;
+        kv_of(f, li, pc->s, &K, &V);
+        /* Causal: the queries are positions P + t .. of the keys up to the
+         * piece's end; SPEC d.3 noncausal: every key (never with a prefix). */
+        size_t    Tk = noncausal ? sq->P + sq->T : sq->P + pc->t + pc->n;
+        svc_err_t err = npu_attention(q + r * qd, K, V, pc->n, Tk, nh, c->n_kv, hd, !noncausal,
+                                      NULL, f->a + r * qd);
+        if (err)
+            return err;
+    }
     if (c->attn_gate)
         npu_sigmoid_mul(gate, f->a, n * qd);
     npu_matmul_packed(f->a, l->o_proj, n, f->b);
@@ -404,18 +525,22 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, const float *K, const
  * chunk by chunk. A row of x changes only in its own chunk's second step,
  * so its input norm is the same both times. */
 static svc_err_t full_layer(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
-    size_t H = f->m->cfg.hidden;
-    for (size_t t0 = 0; t0 < f->T; t0 += f->C)
-        kv_rows(f, l, t0, f->T - t0 < f->C ? f->T - t0 : f->C);
-    float *K, *V;
-    kv_all(f, li, f->kn, f->vn, &K, &V);
-    for (size_t t0 = 0; t0 < f->T; t0 += f->C) {
-        size_t    n = f->T - t0 < f->C ? f->T - t0 : f->C;
-        svc_err_t err = attn_rows(f, l, K, V, t0, n, noncausal);
+    size_t H = f->m->cfg.hidden, kvd = f->m->cfg.n_kv * f->m->cfg.head_dim;
+    for (size_t i = 0; i < f->n_chunk; i++)
+        kv_rows(f, l, f->chunk[i].r, f->chunk[i].n);
+    if (f->update) { /* the state takes in the new rows (one sequence) */
+        fwd_seq_t *q = &f->seq[0];
+        memcpy(q->st->k[li] + q->P * kvd, f->kn, q->T * kvd * sizeof *f->kn);
+        memcpy(q->st->v[li] + q->P * kvd, f->vn, q->T * kvd * sizeof *f->vn);
+    }
+    f->kv_of = SIZE_MAX; /* kall holds another layer's */
+    for (size_t i = 0; i < f->n_chunk; i++) {
+        const fwd_chunk_t *ch = &f->chunk[i];
+        svc_err_t          err = attn_rows(f, l, li, ch, noncausal);
         if (err)
             return err;
-        add_into(f->x + t0 * H, f->b, n * H);
-        mlp_rows(f, l, t0, n);
+        add_into(f->x + ch->r * H, f->b, ch->n * H);
+        mlp_rows(f, l, ch->r, ch->n);
     }
     return SVC_OK;
 }
@@ -604,68 +729,151 @@ eng_fwd_state_t *eng_fwd_state_clone(const eng_fwd_state_t *src) {
  * The pass
  * --------------------------------------------------------------------- */
 
-/* A noncausal pass from st (eng_fwd_int.h): layers [0, F) on the T new
- * tokens continuing st's linear states (f), then layers [F, L) over the
- * P prefix rows of st->xs and the T new rows from scratch (g, positions
- * 0..P+T-1, attention over all of them). With update, st takes in the T
- * rows before layers [F, L) run, and those are skipped when nothing reads
- * their output (no final_last, no trace). */
-static svc_err_t forward_noncausal(const eng_model_t *m, eng_fwd_state_t *st, bool update,
-                                   const int32_t *ids, size_t T, const eng_media_t *md,
-                                   float *final_last, eng_trace_fn trace, void *user) {
+/* Each sequence's final-norm output at its last row, where asked for. */
+static void final_rows(const fwd_t *f, const eng_model_t *m, float *const *fin) {
+    size_t H = m->cfg.hidden;
+    for (size_t s = 0; s < f->S; s++)
+        if (fin[s])
+            npu_rmsnorm(f->x + (f->seq[s].off + f->seq[s].T - 1) * H, m->final_norm, 1, H,
+                        m->cfg.eps, fin[s], true);
+}
+
+/* After a pass with update: the state holds the sequence's rows too. */
+static void state_advance(eng_fwd_state_t *st, const fwd_seq_t *q) {
+    st->len += q->T;
+    st->next = q->next;
+    st->base = q->base;
+}
+
+/* A noncausal pass from the sequences' states (eng_fwd_int.h; a NULL
+ * state is an empty one): layers [0, F) on each sequence's T new tokens
+ * continuing its linear states (f), then layers [F, L) over its P prefix
+ * rows of st->xs and its T new rows from scratch (g, attention over all
+ * of them). With update (one sequence), st takes in the T rows before
+ * layers [F, L) run, and those are skipped when nothing reads their
+ * output (no final_last, no trace). trace: one sequence only. */
+static svc_err_t forward_noncausal(const eng_model_t *m, const fwd_seq_t *in, size_t S, bool update,
+                                   const eng_media_t *md, float *const *fin, eng_trace_fn trace,
+                                   void *user) {
     const eng_model_cfg_t *c = &m->cfg;
-    size_t                 H = c->hidden, F = st->n_pre, P = st->len;
-    bool                   tail = final_last || trace;
-    fwd_t                  f, g;
+    size_t                 H = c->hidden, F = eng_fwd_shared_layers(m, true);
+    eng_fwd_state_t       *st = in[0].st; /* the one updated */
+    bool                   tail = trace != NULL;
+    for (size_t s = 0; s < S; s++)
+        tail = tail || fin[s];
+    fwd_t f, g;
     memset(&g, 0, sizeof g);
-    svc_err_t err = fwd_alloc(&f, m, T, st, update);
+    fwd_seq_t *gin = calloc(S, sizeof *gin);
+    svc_err_t  err = gin ? fwd_alloc(&f, m, in, S, update) : SVC_ERR_NOMEM;
+    if (!gin)
+        memset(&f, 0, sizeof f);
     if (!err && f.update)
-        err = state_reserve(st, P + T);
+        err = state_reserve(st, st->len + in[0].T);
     bool touched = false; /* st changed: a failure from here on leaves it unusable */
-    if (!err) {
-        f.media = md;
-        positions(&f, ids, st->next, st->base);
-        embed_rows(&f, ids);
-    }
+    if (!err)
+        embed_all(&f, md);
     if (!err && trace)
-        trace(-1, f.x, T, H, user);
+        trace(-1, f.x, f.T, H, user);
     for (size_t i = 0; !err && i < F; i++) {
         touched = f.update;
         err = layer_forward(&f, i, true);
         if (!err && trace)
-            trace((int)i, f.x, T, H, user);
+            trace((int)i, f.x, f.T, H, user);
     }
+    for (size_t s = 0; !err && tail && s < S; s++)
+        gin[s].T = f.seq[s].P + f.seq[s].T;
     if (!err && tail)
-        err = fwd_alloc(&g, m, P + T, NULL, false);
-    if (!err && tail) {
-        /* layers [F, L) over every row, each at its own position */
-        if (P) {
-            memcpy(g.x, st->xs, P * H * sizeof *g.x);
-            memcpy(g.pos3, st->pos3, P * 3 * sizeof *g.pos3);
+        err = fwd_alloc(&g, m, gin, S, false);
+    for (size_t s = 0; !err && tail && s < S; s++) {
+        /* layers [F, L) over every row of each sequence, at its own position */
+        const fwd_seq_t *q = &f.seq[s];
+        size_t           o = g.seq[s].off;
+        if (q->P) {
+            memcpy(g.x + o * H, q->st->xs, q->P * H * sizeof *g.x);
+            memcpy(g.pos3 + o * 3, q->st->pos3, q->P * 3 * sizeof *g.pos3);
         }
-        memcpy(g.x + P * H, f.x, T * H * sizeof *g.x);
-        memcpy(g.pos3 + P * 3, f.pos3, T * 3 * sizeof *g.pos3);
+        memcpy(g.x + (o + q->P) * H, f.x + q->off * H, q->T * H * sizeof *g.x);
+        memcpy(g.pos3 + (o + q->P) * 3, f.pos3 + q->off * 3, q->T * 3 * sizeof *g.pos3);
     }
     if (!err && f.update) {
+        size_t P = f.seq[0].P, T = f.seq[0].T;
         touched = true;
         memcpy(st->xs + P * H, f.x, T * H * sizeof *st->xs);
         memcpy(st->pos3 + P * 3, f.pos3, T * 3 * sizeof *st->pos3);
-        st->len += T;
-        st->next = f.next;
-        st->base = f.base;
+        state_advance(st, &f.seq[0]);
     }
+    size_t P0 = f.seq ? f.seq[0].P : 0;
     fwd_free(&f);
     for (size_t i = F; !err && tail && i < c->n_layers; i++) {
         err = layer_forward(&g, i, true);
         if (!err && trace)
-            trace((int)i, g.x + P * H, T, H, user);
+            trace((int)i, g.x + P0 * H, g.T - P0, H, user);
     }
-    if (!err && final_last)
-        npu_rmsnorm(g.x + (P + T - 1) * H, m->final_norm, 1, H, c->eps, final_last, true);
+    if (!err && tail)
+        final_rows(&g, m, fin);
     if (err && touched)
         st->broken = true;
     fwd_free(&g);
+    free(gin);
     return err;
+}
+
+/* Every layer over the sequences' new rows, continuing their states (a
+ * causal pass, or a noncausal one from empty states). */
+static svc_err_t forward_plain(const eng_model_t *m, const fwd_seq_t *in, size_t S, bool update,
+                               const eng_media_t *md, bool noncausal, float *const *fin,
+                               eng_trace_fn trace, void *user) {
+    const eng_model_cfg_t *c = &m->cfg;
+    eng_fwd_state_t       *st = in[0].st; /* the one updated */
+    fwd_t                  f;
+    svc_err_t              err = fwd_alloc(&f, m, in, S, update);
+    if (!err && f.update)
+        err = state_reserve(st, st->len + in[0].T);
+    bool touched = false; /* st changed: a failure from here on leaves it unusable */
+    if (!err)
+        embed_all(&f, md);
+    if (!err && trace)
+        trace(-1, f.x, f.T, c->hidden, user);
+    for (size_t i = 0; !err && i < c->n_layers; i++) {
+        touched = f.update;
+        err = layer_forward(&f, i, noncausal);
+        if (!err && trace)
+            trace((int)i, f.x, f.T, c->hidden, user);
+    }
+    if (!err)
+        final_rows(&f, m, fin);
+    if (!err && f.update)
+        state_advance(st, &f.seq[0]);
+    if (err && touched)
+        st->broken = true;
+    fwd_free(&f);
+    return err;
+}
+
+/* The pass for sequences already checked; update and trace: S == 1. */
+static svc_err_t forward_seqs(const eng_model_t *m, const fwd_seq_t *in, size_t S, bool update,
+                              const eng_media_t *md, bool noncausal, float *const *fin,
+                              eng_trace_fn trace, void *user) {
+    bool from_state = false;
+    for (size_t s = 0; s < S; s++)
+        from_state = from_state || in[s].st;
+    return noncausal && from_state
+               ? forward_noncausal(m, in, S, update, md, fin, trace, user)
+               : forward_plain(m, in, S, update, md, noncausal, fin, trace, user);
+}
+
+/* Whether st (optional) can carry a pass of m in this mode; errstr if not. */
+static svc_err_t check_state(const eng_model_t *m, const eng_fwd_state_t *st, bool noncausal,
+                             char *errstr, size_t errstr_size) {
+    if (!st || (noncausal == st->noncausal && !st->broken && st->m == m))
+        return SVC_OK;
+    svc_errf(errstr, errstr_size, "forward pass: %s",
+             noncausal != st->noncausal
+                 ? (noncausal ? "a noncausal pass cannot continue from a causal prefix state"
+                              : "a causal pass cannot continue from a noncausal prefix state")
+             : st->broken ? "the prefix state is unusable after a failed pass"
+                          : "the prefix state belongs to another model");
+    return SVC_ERR_INVALID;
 }
 
 svc_err_t eng_model_forward_media(const eng_model_t *m, eng_fwd_state_t *st, bool update,
@@ -673,58 +881,50 @@ svc_err_t eng_model_forward_media(const eng_model_t *m, eng_fwd_state_t *st, boo
                                   bool noncausal, float *final_last, eng_trace_fn trace, void *user,
                                   char *errstr, size_t errstr_size) {
     svc_err_t err = check_ids(m, ids, T, md, errstr, errstr_size);
+    if (!err)
+        err = check_state(m, st, noncausal, errstr, errstr_size);
     if (err)
         return err;
-    if (st && (noncausal != st->noncausal || st->broken || st->m != m)) {
-        svc_errf(errstr, errstr_size, "forward pass: %s",
-                 noncausal != st->noncausal
-                     ? (noncausal ? "a noncausal pass cannot continue from a causal prefix state"
-                                  : "a causal pass cannot continue from a noncausal prefix state")
-                 : st->broken ? "the prefix state is unusable after a failed pass"
-                              : "the prefix state belongs to another model");
-        return SVC_ERR_INVALID;
-    }
-    if (st && st->noncausal) {
-        size_t P = st->len;
-        err = forward_noncausal(m, st, update, ids, T, md, final_last, trace, user);
-        if (err == SVC_ERR_NOMEM)
-            svc_errf(errstr, errstr_size,
-                     "out of memory for a forward pass over %zu tokens after a prefix of %zu", T,
-                     P);
-        return err;
-    }
-    const eng_model_cfg_t *c = &m->cfg;
-    size_t                 H = c->hidden;
-    fwd_t                  f;
-    err = fwd_alloc(&f, m, T, st, update);
-    if (!err && f.update)
-        err = state_reserve(st, f.P + T);
-    bool touched = false; /* st changed: a failure from here on leaves it unusable */
-    if (!err) {
-        f.media = md;
-        positions(&f, ids, st ? st->next : 0, st ? st->base : 0);
-        embed_rows(&f, ids);
-    }
-    if (!err && trace)
-        trace(-1, f.x, T, H, user);
-    for (size_t i = 0; !err && i < c->n_layers; i++) {
-        touched = f.update;
-        err = layer_forward(&f, i, noncausal);
-        if (!err && trace)
-            trace((int)i, f.x, T, H, user);
-    }
-    if (!err && final_last)
-        npu_rmsnorm(f.x + (T - 1) * H, m->final_norm, 1, H, c->eps, final_last, true);
-    if (!err && f.update) {
-        st->len += T;
-        st->next = f.next;
-        st->base = f.base;
-    }
-    if (err && touched)
-        st->broken = true;
-    if (err == SVC_ERR_NOMEM)
+    fwd_seq_t in = {.st = st, .ids = ids, .T = T};
+    size_t    P = st ? st->len : 0;
+    err = forward_seqs(m, &in, 1, update, md, noncausal, &final_last, trace, user);
+    if (err == SVC_ERR_NOMEM && P)
+        svc_errf(errstr, errstr_size,
+                 "out of memory for a forward pass over %zu tokens after a prefix of %zu", T, P);
+    else if (err == SVC_ERR_NOMEM)
         svc_errf(errstr, errstr_size, "out of memory for a forward pass over %zu tokens", T);
-    fwd_free(&f);
+    return err;
+}
+
+svc_err_t eng_model_forward_batch(const eng_model_t *m, const eng_fwd_seq_t *seqs, size_t n,
+                                  const eng_media_t *md, bool noncausal, char *errstr,
+                                  size_t errstr_size) {
+    if (n == 0)
+        return SVC_OK;
+    fwd_seq_t *in = calloc(n, sizeof *in);
+    float    **fin = calloc(n, sizeof *fin);
+    svc_err_t  err = in && fin ? SVC_OK : SVC_ERR_NOMEM;
+    size_t     rows = 0;
+    for (size_t s = 0; !err && s < n; s++) {
+        char why[400];
+        err = check_ids(m, seqs[s].ids, seqs[s].T, md, why, sizeof why);
+        if (!err)
+            err = check_state(m, seqs[s].st, noncausal, why, sizeof why);
+        if (err)
+            svc_errf(errstr, errstr_size, "sequence %zu of %zu: %s", s, n, why);
+        in[s] =
+            (fwd_seq_t){.st = (eng_fwd_state_t *)seqs[s].st, .ids = seqs[s].ids, .T = seqs[s].T};
+        fin[s] = seqs[s].final_last;
+        rows += seqs[s].T;
+    }
+    if (!err)
+        err = forward_seqs(m, in, n, false, md, noncausal, fin, NULL, NULL);
+    if (err == SVC_ERR_NOMEM)
+        svc_errf(errstr, errstr_size,
+                 "out of memory for a batched forward pass over %zu sequences, %zu tokens", n,
+                 rows);
+    free(in);
+    free(fin);
     return err;
 }
 

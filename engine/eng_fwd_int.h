@@ -112,4 +112,42 @@ SVC_WUR svc_err_t eng_model_forward_media(const eng_model_t *m, eng_fwd_state_t 
                                           bool noncausal, float *final_last, eng_trace_fn trace,
                                           void *user, char *errstr, size_t errstr_size);
 
+/* Tokens per chunk of a layer: a pass runs its norms, projections and MLP
+ * over at most this many rows at once (a multiple of the delta rule's
+ * chunk of 64, so that a pass's delta-rule chunks fall where one call's
+ * would). */
+#define ENG_FWD_CHUNK 512
+
+/* One sequence of a batched pass (eng_model_forward_batch). */
+typedef struct eng_fwd_seq {
+    const eng_fwd_state_t *st;         /* optional (NULL: empty), only read */
+    const int32_t         *ids;        /* (T) its new tokens, borrowed */
+    size_t                 T;          /* >= 1 */
+    float                 *final_last; /* (hidden) receives its final-norm output at
+                                          its last position; required */
+} eng_fwd_seq_t;
+
+/**
+ * @brief Several read-only passes at once: seqs[i] gives what
+ *        eng_model_forward_media(m, st, false, ids, T, md, noncausal,
+ *        final_last, ...) would, bit for bit. Their rows run as one stream
+ *        through the projections and MLPs, so each weight is read once per
+ *        chunk of ENG_FWD_CHUNK rows for all of them instead of once per
+ *        question (what matters for short prompts, which are
+ *        weight-bound); conv, delta rule and attention run per sequence,
+ *        each on its own state, cut where a pass of its own would be.
+ *        Sequences may continue different states (of one mode).
+ * @param md optional, as eng_model_forward_media's (one table for all).
+ * @remark Memory: the activations of one pass over the sum of the T (for
+ *         noncausal states, of P + T), plus one (P + T) key/value copy of
+ *         the longest causal prefix and each sequence's linear states
+ *         (~1 MiB each on nano): bound the batch by rows (eng_sched.c).
+ * @returns SVC_OK; SVC_ERR_INVALID (a sequence's ids or state, errstr
+ *          names which: nothing ran); SVC_ERR_NOMEM with errstr. n == 0
+ *          is SVC_OK.
+ */
+SVC_WUR svc_err_t eng_model_forward_batch(const eng_model_t *m, const eng_fwd_seq_t *seqs, size_t n,
+                                          const eng_media_t *md, bool noncausal, char *errstr,
+                                          size_t errstr_size);
+
 #endif /* D3STREAM_ENG_FWD_INT_H */

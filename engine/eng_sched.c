@@ -15,6 +15,15 @@
  * empty state. A question shares at most n - 1 tokens: the readout needs
  * the final hidden state of its last token.
  *
+ * What each question has left after its prefix does not run at once:
+ * short ones (under one chunk of rows) wait in the worker's batch and run
+ * together in one batched pass (eng_model_forward_batch), whatever their
+ * requests and states, so that the projections read each weight once for
+ * all of them. The batch runs before a state it reads is freed, at the
+ * end of the take, or when it would pass SCHED_BATCH_ROWS rows; a failed
+ * batch reruns its questions one by one, so that a failure is one
+ * question's. The bits of every answer are those of its own pass.
+ *
  * noncausal_full_attention packages use the same trie with noncausal
  * states (eng_fwd_int.h): a shared segment runs once through the layers
  * before the first full-attention layer (F), and every question still
@@ -38,6 +47,9 @@
 #define MIN_SHARE 4
 /* Prefix states alive on one worker's trie path at most (memory bound). */
 #define MAX_DEPTH 4
+/* Rows of one batched pass of short questions at most: a few chunks, so
+ * that their activations stay small (eng_model_forward_batch). */
+#define SCHED_BATCH_ROWS (4 * ENG_FWD_CHUNK)
 
 #define HEAD_TEXT_START "<|im_start|>user\nState:\n"
 
@@ -247,13 +259,27 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
  * Running a batch
  * --------------------------------------------------------------------- */
 
+/* A question waiting to run its tokens past depth from st (NULL: from
+ * empty), read-only. share_ms: its part of the prefix time; lone: no
+ * prefix state was run for it (it counts as a group). */
+typedef struct leaf {
+    squ_t                 *q;
+    const eng_fwd_state_t *st;
+    size_t                 depth, rows;
+    double                 share_ms;
+    bool                   lone, skip;
+} leaf_t;
+
 /* Per-worker buffers. */
 typedef struct wctx {
-    eng_sched_t *s;
-    float       *hidden; /* (hidden_size) */
-    sreq_t     **done;   /* requests finished by this batch, to complete unlocked */
-    size_t       n_done;
-    char         errstr[512];
+    eng_sched_t   *s;
+    float         *hidden; /* (max_group, hidden_size) final hidden states */
+    sreq_t       **done;   /* requests finished by this batch, to complete unlocked */
+    size_t         n_done;
+    leaf_t        *pend; /* (max_group) questions to run in one batched pass */
+    eng_fwd_seq_t *seqs; /* (max_group) */
+    size_t         n_pend, pend_rows;
+    char           errstr[512];
 } wctx_t;
 
 /* Question q finished (answered, skipped or failed). @locks s->mu held. */
@@ -280,56 +306,130 @@ static void complete_unlocked(wctx_t *w) {
     w->n_done = 0;
 }
 
-/* Runs question q's tokens past depth from st (NULL: from empty),
- * read-only, and reads out its answer. share_ms: its part of the prefix
- * time; lone: no prefix state was run for it (it counts as a group). */
-static void run_leaf(wctx_t *w, squ_t *q, const eng_fwd_state_t *st, size_t depth, double share_ms,
-                     bool lone) {
-    eng_sched_t *s = w->s;
-    sreq_t      *r = q->r;
+/* Whether lf's question is still to run: its request has not failed and
+ * its deadline has not passed (else it gets deadline_exceeded). Marks the
+ * request started. @locks takes s->mu */
+static bool leaf_live(eng_sched_t *s, const leaf_t *lf) {
+    sreq_t *r = lf->q->r;
     pthread_mutex_lock(&s->mu);
-    bool skip = r->err != SVC_OK;
-    if (!skip && eng_deadline_passed(&r->dl)) {
-        eng_answers_put_deadline(r->ans, q->p, q->i);
-        skip = true;
+    bool live = r->err == SVC_OK;
+    if (live && eng_deadline_passed(&r->dl)) {
+        eng_answers_put_deadline(r->ans, lf->q->p, lf->q->i);
+        live = false;
     }
-    if (!skip && !r->started) {
+    if (live && !r->started) {
         r->started = true;
         eng_answers_stats_mut(r->ans)->queue_ms = eng_now_ms() - r->submit_ms;
     }
     pthread_mutex_unlock(&s->mu);
-    double    t0 = eng_now_ms();
-    svc_err_t err = SVC_OK;
-    if (!skip) {
-        w->errstr[0] = '\0';
-        err = eng_model_forward_media(s->model, (eng_fwd_state_t *)st, false, q->ids + depth,
-                                      q->n - depth, s->reg ? eng_imgreg_media(s->reg) : NULL,
-                                      s->noncausal, w->hidden, NULL, NULL, w->errstr,
-                                      sizeof w->errstr);
-        if (err)
-            eng_answer_blame(&sch_request_part(r->req, q->p)->questions[q->i], w->errstr,
-                             sizeof w->errstr);
-        else
-            err = eng_answers_put_hidden(r->ans, s->pkg, s->model, r->req, q->p, q->i, w->hidden,
-                                         w->errstr, sizeof w->errstr);
+    return live;
+}
+
+static const eng_media_t *sched_media(const eng_sched_t *s) {
+    return s->reg ? eng_imgreg_media(s->reg) : NULL;
+}
+
+/* lf's pass on its own into hidden; w->errstr names the question on error. */
+static svc_err_t leaf_forward(wctx_t *w, const leaf_t *lf, float *hidden) {
+    eng_sched_t *s = w->s;
+    squ_t       *q = lf->q;
+    w->errstr[0] = '\0';
+    svc_err_t err = eng_model_forward_media(
+        s->model, (eng_fwd_state_t *)lf->st, false, q->ids + lf->depth, q->n - lf->depth,
+        sched_media(s), s->noncausal, hidden, NULL, NULL, w->errstr, sizeof w->errstr);
+    if (err)
+        eng_answer_blame(&sch_request_part(q->r->req, q->p)->questions[q->i], w->errstr,
+                         sizeof w->errstr);
+    return err;
+}
+
+/* After lf's pass (err: its failure) or its skip: the readout from hidden
+ * and the bookkeeping. dt: its part of the pass's time. */
+static void leaf_finish(wctx_t *w, const leaf_t *lf, svc_err_t err, const float *hidden,
+                        double dt) {
+    eng_sched_t *s = w->s;
+    squ_t       *q = lf->q;
+    sreq_t      *r = q->r;
+    if (!lf->skip && !err) {
+        double t0 = eng_now_ms();
+        err = eng_answers_put_hidden(r->ans, s->pkg, s->model, r->req, q->p, q->i, hidden,
+                                     w->errstr, sizeof w->errstr);
+        dt += eng_now_ms() - t0;
     }
-    double dt = eng_now_ms() - t0;
     pthread_mutex_lock(&s->mu);
     if (err) {
         fail_locked(q, err, w->errstr);
-    } else if (!skip) {
+    } else if (!lf->skip) {
         eng_answer_stats_t *st_ = eng_answers_stats_mut(r->ans);
-        st_->forward_ms += dt + share_ms;
+        st_->forward_ms += dt + lf->share_ms;
         st_->n_forward++;
         s->stats.questions++;
         s->stats.tokens += q->n;
-        s->stats.tokens_computed += q->n - depth;
-        s->stats.token_layers += (q->n - depth) * s->n_shared + q->n * (s->n_layers - s->n_shared);
-        s->stats.groups += lone;
+        s->stats.tokens_computed += q->n - lf->depth;
+        s->stats.token_layers +=
+            (q->n - lf->depth) * s->n_shared + q->n * (s->n_layers - s->n_shared);
+        s->stats.groups += lf->lone;
     }
     finish_locked(w, q);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Runs the pending questions: those still live in one batched pass
+ * (eng_model_forward_batch), each with its own state, so that the
+ * projections read each weight once for all of them. If the batch fails
+ * (memory), each runs on its own, so that a failure is its question's. */
+static void leaf_flush(wctx_t *w) {
+    eng_sched_t *s = w->s;
+    size_t       H = eng_model_hidden_size(s->model), n = 0, rows = 0;
+    for (size_t k = 0; k < w->n_pend; k++) {
+        leaf_t *lf = &w->pend[k];
+        lf->skip = !leaf_live(s, lf);
+        if (lf->skip)
+            continue;
+        w->seqs[n++] = (eng_fwd_seq_t){lf->st, lf->q->ids + lf->depth, lf->q->n - lf->depth,
+                                       w->hidden + k * H};
+        rows += lf->rows;
+    }
+    double    t0 = eng_now_ms();
+    svc_err_t err = SVC_ERR_INVALID;
+    if (n > 1)
+        err = eng_model_forward_batch(s->model, w->seqs, n, sched_media(s), s->noncausal, w->errstr,
+                                      sizeof w->errstr);
+    double dt = eng_now_ms() - t0;
+    pthread_mutex_lock(&s->mu);
+    s->stats.passes += err ? n : 1;
+    pthread_mutex_unlock(&s->mu);
+    for (size_t k = 0; k < w->n_pend; k++) {
+        leaf_t   *lf = &w->pend[k];
+        svc_err_t e = SVC_OK;
+        double    share = rows ? dt * (double)lf->rows / (double)rows : 0;
+        if (!lf->skip && err) {
+            double t1 = eng_now_ms();
+            e = leaf_forward(w, lf, w->hidden + k * H);
+            share = eng_now_ms() - t1;
+        }
+        leaf_finish(w, lf, e, w->hidden + k * H, share);
+    }
+    w->n_pend = 0;
+    w->pend_rows = 0;
     complete_unlocked(w);
+}
+
+/* Question q, to run its tokens past depth from st: queued for the next
+ * batched pass when it is short, flushing first when the batch would pass
+ * SCHED_BATCH_ROWS rows. A question of FWD_CHUNK rows or more gains
+ * nothing from company (its own chunks are full) and runs at once. Rows:
+ * what the pass runs, P + T for a noncausal state's layers [F, L). */
+static void run_leaf(wctx_t *w, squ_t *q, const eng_fwd_state_t *st, size_t depth, double share_ms,
+                     bool lone) {
+    eng_sched_t *s = w->s;
+    size_t       rows = q->n - (s->noncausal ? 0 : depth);
+    if (rows + w->pend_rows > SCHED_BATCH_ROWS || w->n_pend == s->max_group)
+        leaf_flush(w);
+    w->pend[w->n_pend++] = (leaf_t){q, st, depth, rows, share_ms, lone, false};
+    w->pend_rows += rows;
+    if (rows >= ENG_FWD_CHUNK)
+        leaf_flush(w);
 }
 
 /* Tokens a and b share, at most min(n) - 1 (each keeps its last token). */
@@ -408,6 +508,8 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
         run_range(w, v + a, lc + a, b - a, st, depth, levels, share_ms, in_node);
         a = b;
     }
+    if (own)
+        leaf_flush(w); /* pending questions may read own */
     eng_fwd_state_free(own);
 }
 
@@ -432,6 +534,7 @@ static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
                   s->n_shared ? MAX_DEPTH : 0, 0, false);
         a = b;
     }
+    leaf_flush(w);
 }
 
 /* Encodes (or waits for) the images of the taken questions v[0..n-1];
@@ -477,7 +580,7 @@ static void *worker_main(void *arg) {
     squ_t      **v = malloc(s->max_group * sizeof *v);
     size_t      *lc = malloc(s->max_group * sizeof *lc);
     sreq_t     **done = malloc(s->max_group * sizeof *done);
-    SVC_ASSERT(v && lc && done && w->hidden);
+    SVC_ASSERT(v && lc && done && w->hidden && w->pend && w->seqs);
     w->done = done;
     for (;;) {
         pthread_mutex_lock(&s->mu);
@@ -559,6 +662,24 @@ static svc_err_t head_init(eng_sched_t *s, char *errstr, size_t errstr_size) {
     return err;
 }
 
+/* A worker's buffers for batches of up to max_group questions. */
+static bool wctx_init(wctx_t *w, eng_sched_t *s) {
+    w->s = s;
+    w->hidden = malloc(s->max_group * eng_model_hidden_size(s->model) * sizeof *w->hidden);
+    w->pend = malloc(s->max_group * sizeof *w->pend);
+    w->seqs = malloc(s->max_group * sizeof *w->seqs);
+    return w->hidden && w->pend && w->seqs;
+}
+
+static void wctx_fini(wctx_t *w) {
+    free(w->hidden);
+    free(w->pend);
+    free(w->seqs);
+    w->hidden = NULL;
+    w->pend = NULL;
+    w->seqs = NULL;
+}
+
 static void sched_stop(eng_sched_t *s) {
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
@@ -575,7 +696,7 @@ void eng_sched_free(eng_sched_t *s) {
     size_t n = s->n_threads;
     sched_stop(s);
     for (size_t k = 0; s->ctx && k < n; k++)
-        free(s->ctx[k].hidden);
+        wctx_fini(&s->ctx[k]);
     free(s->ctx);
     eng_fwd_state_free(s->head_st);
     eng_imgreg_free(s->reg);
@@ -626,14 +747,13 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     for (size_t k = 0; !err && k < s->n_workers; k++) {
         wctx_t *w = &s->ctx[k];
         w->s = s;
-        w->hidden = malloc(eng_model_hidden_size(model) * sizeof *w->hidden);
-        if (!w->hidden) {
+        if (!wctx_init(w, s)) {
+            wctx_fini(w);
             err = SVC_ERR_NOMEM;
             break;
         }
         if (pthread_create(&s->threads[k], NULL, worker_main, w) != 0) {
-            free(w->hidden);
-            w->hidden = NULL;
+            wctx_fini(w);
             svc_errf(errstr, errstr_size, "scheduler: pthread_create failed for worker %zu", k);
             err = SVC_ERR_INTERNAL;
             break;

@@ -448,6 +448,11 @@ const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans);
  * 3 of Qwen3.5's 4 layers per block are Gated DeltaNet, the first block's
  * three are shared), and each question runs layers [F, L) over its whole
  * prompt. A package whose first layer is full attention shares nothing.
+ * What is left of each question after its prefix runs in one batched
+ * pass with the other short ones the worker took (any requests, any
+ * states): their rows go through the projections and MLPs together, so
+ * each weight is read once per batch instead of once per question, with
+ * the answers' bits unchanged (eng_model_forward_batch).
  *
  * Outcomes are eng_answer_request's: the same planning (length check,
  * usage), the same readout, and options.deadline_ms checked before each
@@ -555,6 +560,9 @@ typedef struct eng_sched_stats {
     uint64_t batches[7];
     uint64_t batch_questions;
     uint64_t images_encoded; /* vision tower runs (one per distinct image in flight) */
+    uint64_t passes;         /* the questions' own forward passes: short questions
+                                waiting together (of any requests and states) run
+                                as one batched pass, which counts once */
 } eng_sched_stats_t;
 
 /* Upper bounds of eng_sched_stats_t.batches (the last one, 0, is +Inf). */

@@ -311,7 +311,11 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    weights per output column and activations per row as 16-bit
  *    integers, each two int8 planes, three int8 products ("amx-int8x3",
  *    npu_amx_i8.c): ~1e-4 relative, where the bf16-rounded weights of a
- *    Q4 package moved the synthetic nano's hidden state to cosine 0.998;
+ *    Q4 package moved the synthetic nano's hidden state to cosine 0.998.
+ *    D3_NPU_MATMUL=int8x3 puts every weight there (npu_matmul_name() then
+ *    says "amx-int8x3"): on the synthetic nano BF16 package the hidden
+ *    state stays at cosine 0.99999 of the fp32 path, but a probability
+ *    moves by 4.1e-3 instead of bf16x2's 8.4e-5 (its weights are exact);
  *  - with the AVX-512 fp32 kernels (no AMX, or D3_NPU_KERNELS=avx512):
  *    K-major panels of NPU_WPACK_NR output
  *    columns, panel p holding w[p * 32 + c][k] at [k][c] (columns past N

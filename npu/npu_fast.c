@@ -161,8 +161,9 @@ struct npu_wpack {
 };
 
 static wpack_layout_t g_layout;
-static bool           g_split; /* AMX: activations as bf16 hi + lo (two products) */
-static bool           g_i8;    /* quantised packs on AMX-INT8 (npu_wpack_new_quantised) */
+static bool           g_split;  /* AMX: activations as bf16 hi + lo (two products) */
+static bool           g_i8;     /* quantised packs on AMX-INT8 (npu_wpack_new_quantised) */
+static bool           g_i8_all; /* every pack on AMX-INT8 (D3_NPU_MATMUL=int8x3) */
 static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
@@ -184,6 +185,9 @@ static void layout_pick(void) {
     /* D3_NPU_MATMUL=bf16x2 or bf16 keeps quantised packs on the bf16 tiles
      * too (the accuracy comparisons' and the benchmarks' switch). */
     g_i8 = g_layout == WPACK_AMX && f->amx_int8 && !(mm && strncmp(mm, "bf16", 4) == 0);
+    /* D3_NPU_MATMUL=int8x3 puts every weight there, BF16 and F32 ones too
+     * (npu.h: what that costs in accuracy). */
+    g_i8_all = g_i8 && mm && strcmp(mm, "int8x3") == 0;
 }
 
 static wpack_layout_t layout(void) {
@@ -199,6 +203,8 @@ bool npu_amx_enabled(void) {
 
 const char *npu_matmul_name(void) {
     static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16"};
+    if (layout() == WPACK_AMX && g_i8_all)
+        return "amx-int8x3";
     return layout() == WPACK_AMX && g_split ? "amx-bf16x2" : names[layout()];
 }
 
@@ -241,7 +247,7 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
     wp->N = N;
     wp->K = K;
     wp->layout = layout();
-    if (quantised && wp->layout == WPACK_AMX && g_i8 && K <= NPU_AMX_I8_MAX_K)
+    if ((quantised || g_i8_all) && wp->layout == WPACK_AMX && g_i8 && K <= NPU_AMX_I8_MAX_K)
         wp->layout = WPACK_AMX_I8;
     if (wp->layout == WPACK_PLAIN) {
         wp->data = w;

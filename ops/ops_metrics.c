@@ -94,6 +94,10 @@ void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
     ops_prom_metric(p, "d3stream_engine_token_layers_total", "counter",
                     "Tokens times layers run through the text tower (the work done).", "",
                     (double)es.token_layers);
+    ops_prom_metric(p, "d3stream_engine_passes_total", "counter",
+                    "Forward passes run for the questions' own tokens (short questions of any "
+                    "requests run together in one batched pass, counted once).",
+                    "", (double)es.passes);
     ops_prom_metric(p, "d3stream_engine_images_encoded_total", "counter",
                     "Vision tower runs (one per distinct image in flight: equal images of any "
                     "requests share one).",

@@ -383,6 +383,111 @@ Test(sched, noncausal_prefix_state_first_full_0) {
     rm_tree(dir);
 }
 
+/* ------------------------------------------------------------ (b) batched passes */
+
+/* A batch of sequences on the package in dir (noncausal: its mode) gives
+ * each the bits of its own pass: from no state, from two prefix states of
+ * different lengths, of 1 token, of 1,100 tokens (cut at 512 and 1,024 of
+ * its own rows while its neighbours share chunks), twice the same; a
+ * refused sequence fails the whole call with its index. */
+static void batch_bits(const char *dir, bool noncausal) {
+    loaded_t l;
+    load(dir, &l);
+    eng_ids_t a, b;
+    prompt_ids(&l, TWO_Q, 0, &a);
+    prompt_ids(&l, TWO_Q, 1, &b);
+    size_t H = eng_model_hidden_size(l.model), V = eng_model_vocab_size(l.model),
+           P = common(&a, &b);
+    size_t   LONG = 1100;
+    int32_t  long_ids[1100];
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    for (size_t t = 0; t < LONG; t++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        long_ids[t] = (int32_t)(x % V);
+    }
+    char             errstr[256] = "";
+    eng_fwd_state_t *s7 = eng_fwd_state_new(l.model, noncausal), *sp = NULL;
+    cr_assert(s7);
+    cr_assert_eq(eng_model_forward_from(l.model, s7, true, a.v, 7, noncausal, NULL, NULL, NULL,
+                                        errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    sp = eng_fwd_state_clone(s7);
+    cr_assert(sp);
+    cr_assert_eq(eng_model_forward_from(l.model, sp, true, a.v + 7, P - 7, noncausal, NULL, NULL,
+                                        NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    enum { N = 8 };
+    eng_fwd_seq_t seq[N] = {
+        {NULL, a.v, a.n, NULL},       {sp, a.v + P, a.n - P, NULL}, {sp, b.v + P, b.n - P, NULL},
+        {s7, b.v + 7, b.n - 7, NULL}, {NULL, long_ids, LONG, NULL}, {sp, b.v + b.n - 1, 1, NULL},
+        {s7, long_ids, 600, NULL},    {sp, a.v + P, a.n - P, NULL},
+    };
+    float *want = malloc(N * H * sizeof *want), *got = malloc(N * H * sizeof *got);
+    cr_assert(want && got);
+    for (size_t i = 0; i < N; i++) {
+        cr_assert_eq(eng_model_forward_from(l.model, (eng_fwd_state_t *)seq[i].st, false,
+                                            seq[i].ids, seq[i].T, noncausal, want + i * H, NULL,
+                                            NULL, errstr, sizeof errstr),
+                     SVC_OK, "sequence %zu alone: %s", i, errstr);
+        seq[i].final_last = got + i * H;
+    }
+    cr_assert_eq(eng_model_forward_batch(l.model, seq, N, NULL, noncausal, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    for (size_t i = 0; i < N; i++)
+        cr_assert(memcmp(got + i * H, want + i * H, H * sizeof *got) == 0,
+                  "sequence %zu: the batch differs from its own pass (rel %g)", i,
+                  rel_diff(got + i * H, want + i * H, H));
+    cr_assert(memcmp(want + 1 * H, want + 2 * H, H * sizeof *want) != 0, "the check can fail");
+    cr_assert_eq(eng_fwd_state_len(sp), P, "states are only read");
+    /* a subset, in another order, gives the same bits again */
+    eng_fwd_seq_t two[2] = {seq[4], seq[5]};
+    cr_assert_eq(eng_model_forward_batch(l.model, two, 2, NULL, noncausal, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert(memcmp(got + 4 * H, want + 4 * H, 2 * H * sizeof *got) == 0);
+    /* refusals name the sequence; n == 0 is a no-op */
+    int32_t bad = (int32_t)V;
+    seq[3].ids = &bad;
+    seq[3].T = 1;
+    cr_assert_eq(eng_model_forward_batch(l.model, seq, N, NULL, noncausal, errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert(strstr(errstr, "sequence 3 of 8: token id"), "%s", errstr);
+    eng_fwd_state_t *other = eng_fwd_state_new(l.model, !noncausal);
+    cr_assert(other);
+    seq[3] = (eng_fwd_seq_t){other, a.v, 3, got};
+    cr_assert_eq(eng_model_forward_batch(l.model, seq, N, NULL, noncausal, errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert(strstr(errstr, "sequence 3 of 8: forward pass: a"), "%s", errstr);
+    cr_assert_eq(eng_model_forward_batch(l.model, seq, 0, NULL, noncausal, errstr, sizeof errstr),
+                 SVC_OK);
+    eng_fwd_state_free(other);
+    eng_fwd_state_free(s7);
+    eng_fwd_state_free(sp);
+    free(want);
+    free(got);
+    eng_ids_fini(&a);
+    eng_ids_fini(&b);
+    unload(&l);
+}
+
+Test(sched, batch_forward_causal) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    batch_bits(dir, false);
+    rm_tree(dir);
+}
+
+Test(sched, batch_forward_noncausal) {
+    batch_bits(PKG, true); /* F = 3 */
+}
+
+Test(sched, batch_forward_noncausal_first_full_0) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "noncausal_full_attention", 0);
+    swap_layers(dir, 0, 3);
+    batch_bits(dir, true);
+    rm_tree(dir);
+}
+
 /* ------------------------------------------------------------ completions */
 
 typedef struct waiter {
@@ -618,6 +723,14 @@ static void equal_to_reference(size_t n_workers, size_t max_group) {
     cr_assert_geq(st.batch_questions, st.questions);
     if (max_group == 1)
         cr_assert_eq(st.batch_questions, st.batches[6], "takes of one question each");
+    /* short questions taken together run in batched passes (the answers
+     * above are unchanged); one at a time, a pass each */
+    if (max_group == 1)
+        cr_assert_eq(st.passes, st.questions);
+    else if (n_workers == 1) /* two may each take a few */
+        cr_assert_lt(st.passes, st.questions, "batched: %llu passes for %llu questions",
+                     (unsigned long long)st.passes, (unsigned long long)st.questions);
+    cr_assert_leq(st.passes, st.questions);
     unload(&l);
     rm_tree(dir);
 }
@@ -709,6 +822,8 @@ static void sharing_counted(const char *mode, size_t F) {
     cr_assert_eq(sl.err, SVC_OK, "%s", sl.errstr);
     cr_assert_eq(st.questions, 2);
     cr_assert_eq(st.groups, 1, "one group: %llu", (unsigned long long)st.groups);
+    cr_assert_eq(st.passes, 1, "both suffixes in one batched pass: %llu",
+                 (unsigned long long)st.passes);
     eng_ids_t a, b;
     prompt_ids(&l, TWO_Q, 0, &a);
     prompt_ids(&l, TWO_Q, 1, &b);
