@@ -417,7 +417,7 @@ static void leaf_flush(wctx_t *w) {
 
 /* Question q, to run its tokens past depth from st: queued for the next
  * batched pass when it is short, flushing first when the batch would pass
- * SCHED_BATCH_ROWS rows. A question of FWD_CHUNK rows or more gains
+ * SCHED_BATCH_ROWS rows. A question of ENG_FWD_CHUNK rows or more gains
  * nothing from company (its own chunks are full) and runs at once. Rows:
  * what the pass runs, P + T for a noncausal state's layers [F, L). */
 static void run_leaf(wctx_t *w, squ_t *q, const eng_fwd_state_t *st, size_t depth, double share_ms,

@@ -23,7 +23,7 @@
 
 static const char BENCH_HELP[] =
     "Usage: d3stream bench --model DIR [--runs N] [--quick] [--json] [--max-tokens N]\n"
-    "                      [--workers N]\n"
+    "                      [--workers N] [--row TEXT]\n"
     "\n"
     "Measures the package in DIR on this machine's CPU with the rows of D3-Nano-NPU2's\n"
     "text speed table (D3-NANO-NPU2.md), so the two can be read side by side:\n"
@@ -76,6 +76,8 @@ static const char BENCH_HELP[] =
     "                    {\"row\":...,\"skipped\":\"<reason>\"}\n"
     "  --max-tokens N    skip rows whose prompts are longer than N tokens\n"
     "  --workers N       scheduler threads (default: the online CPUs)\n"
+    "  --row TEXT        only the rows whose name contains TEXT (e.g. \"shared\",\n"
+    "                    \"x 330\"); the others are not run or printed\n"
     "\n"
     "Exit status: 0 measured, 2 usage, 3 the package could not be loaded or a\n"
     "forward pass failed.\n";
@@ -118,6 +120,7 @@ static const bench_row_t ROWS[] = {
 
 typedef struct bench_opts {
     const char *dir;
+    const char *row; /* --row: a substring of the rows to run, or NULL */
     size_t      runs, max_tokens, workers;
     bool        quick, json;
 } bench_opts_t;
@@ -654,7 +657,7 @@ static int bench_run(const bench_opts_t *o) {
         bn.model = model;
         print_header(&bn, machine.data, now_s() - t0);
         for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++) {
-            if (o->quick && !ROWS[i].quick)
+            if ((o->quick && !ROWS[i].quick) || (o->row && !strstr(ROWS[i].label, o->row)))
                 continue;
             bench_result_t res;
             bn.errstr[0] = '\0';
@@ -684,6 +687,14 @@ static int bench_run(const bench_opts_t *o) {
     return rc;
 }
 
+/* Whether some row's name contains text (--row). */
+static bool row_named(const char *text) {
+    for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
+        if (strstr(ROWS[i].label, text))
+            return true;
+    return false;
+}
+
 int ops_cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -692,6 +703,7 @@ int ops_cmd_bench(int argc, char **argv) {
         {"json", no_argument, NULL, 'j'},
         {"max-tokens", required_argument, NULL, 't'},
         {"workers", required_argument, NULL, 'w'},
+        {"row", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -714,11 +726,17 @@ int ops_cmd_bench(int argc, char **argv) {
         } else if (c == 'w') {
             if (!ops_count_opt("bench", "workers", optarg, 1024, &o.workers))
                 return OPS_EXIT_USAGE;
+        } else if (c == 'o') {
+            o.row = optarg;
         } else if ((rc = ops_opt_common(c, BENCH_HELP, &o.dir)) >= 0)
             return rc;
     }
     if ((rc = ops_opt_end(argc, BENCH_HELP, o.dir, 0)) >= 0)
         return rc;
+    if (o.row && !row_named(o.row)) {
+        ops_fail("bench", "--row \"%s\" names no row (see --help for the rows)", o.row);
+        return OPS_EXIT_USAGE;
+    }
     if (o.quick && !runs_given)
         o.runs = 1;
     return bench_run(&o);

@@ -144,6 +144,16 @@ Test(bench, full_rows_skip_over_max_length, .timeout = 120) {
     check_bench("--runs 1", want, sizeof want / sizeof want[0]);
 }
 
+/* --row runs only the rows whose name contains its text. */
+Test(bench, row_selects, .timeout = 60) {
+    static const want_t want[] = {
+        {"1 x 330", 330, NULL, false, 0},
+        {"4 x 330", 4 * 330, NULL, false, 0},
+        {"16 x 330", 16 * 330, NULL, false, 0},
+    };
+    check_bench("--runs 1 --row 'x 330'", want, sizeof want / sizeof want[0]);
+}
+
 Test(bench, help_and_usage) {
     char      cmd[512];
     svc_buf_t out;
@@ -157,5 +167,9 @@ Test(bench, help_and_usage) {
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' bench --model /nonexistent --runs 0 2>/dev/null", binary());
     cr_assert_eq(run_shell(cmd, &out), 2, "--runs 0: usage");
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' bench --model /nonexistent --row nothing 2>&1", binary());
+    cr_assert_eq(run_shell(cmd, &out), 2, "--row matching no row: usage");
+    cr_assert(strstr(out.data, "names no row"), "%s", out.data);
     svc_buf_fini(&out);
 }
