@@ -68,7 +68,8 @@ void npu_parallel_for(size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 #define NPU_SCRATCH_MM_C      1 /* npu_matmul_amx: an item's fp32 sums */
 #define NPU_SCRATCH_ATTN_KV   2 /* npu_attention_tiled: K and V in tile order */
 #define NPU_SCRATCH_ATTN_ITEM 3 /* npu_attention_tiled: one item's Q, S, P, acc */
-#define NPU_SCRATCH_SLOTS     4
+#define NPU_SCRATCH_CONV      4 /* npu_conv1d_causal_silu: the taps' weights by channel */
+#define NPU_SCRATCH_SLOTS     5
 void *npu_scratch(int slot, size_t bytes);
 
 /* ------------------------------------------------------------------------

@@ -566,6 +566,17 @@ svc_err_t npu_delta_rule_avx512(const float *q, const float *k, const float *v, 
 /* The widest conv kernel done here; wider ones go to the reference. */
 #define CONV_MAX_K 16
 
+/* Row t of (history ++ x) for the conv (tt = t + i, history first), or
+ * NULL for a zero row of a fresh sequence. */
+static inline const float *conv_row(const float *x, const float *state_in, size_t tt, size_t hist,
+                                    size_t C) {
+    return tt >= hist ? x + (tt - hist) * C : state_in ? state_in + tt * C : NULL;
+}
+
+/* Row by row, so that x and out stream in order (a channel strip walked
+ * down the rows strides C floats and missed the cache on every row: 2.4%
+ * of a nano prefill). Each output sums its K taps in the same order as
+ * before, so the bits are the same. */
 void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
                                    const float *state_in, float *state_out, float *out) {
     SVC_ASSERT(K >= 1);
@@ -573,29 +584,27 @@ void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, siz
         npu_conv1d_causal_silu_ref(x, w, T, C, K, state_in, state_out, out);
         return;
     }
-    size_t hist = K - 1;
-    for (size_t c0 = 0; c0 < C; c0 += 16) {
-        __mmask16 cm = npu_mask16(C - c0);
-        __m512    wt[CONV_MAX_K]; /* wt[i] lane c = w[c0 + c][i] */
-        for (size_t i = 0; i < K; i++) {
-            float col[16] = {0};
-            for (size_t c = 0; c < 16 && c0 + c < C; c++)
-                col[c] = w[(c0 + c) * K + i];
-            wt[i] = _mm512_loadu_ps(col);
-        }
-        for (size_t t = 0; t < T; t++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (size_t i = 0; i < K; i++) {
-                size_t tt = t + i; /* index into (history ++ x) */
-                __m512 xv;
-                if (tt >= hist)
-                    xv = _mm512_maskz_loadu_ps(cm, x + (tt - hist) * C + c0);
-                else if (state_in)
-                    xv = _mm512_maskz_loadu_ps(cm, state_in + tt * C + c0);
-                else
-                    continue;
-                acc = _mm512_fmadd_ps(wt[i], xv, acc);
-            }
+    size_t hist = K - 1, Cp = (C + 15) / 16 * 16;
+    /* wt[i * Cp + c] = w[c][i]: each tap's weights contiguous over channels */
+    float *wt = npu_scratch(NPU_SCRATCH_CONV, K * Cp * sizeof *wt);
+    if (!wt) { /* out of memory: the reference needs none */
+        npu_conv1d_causal_silu_ref(x, w, T, C, K, state_in, state_out, out);
+        return;
+    }
+    for (size_t i = 0; i < K; i++)
+        for (size_t c = 0; c < Cp; c++)
+            wt[i * Cp + c] = c < C ? w[c * K + i] : 0.0f;
+    for (size_t t = 0; t < T; t++) {
+        const float *rows[CONV_MAX_K];
+        for (size_t i = 0; i < K; i++)
+            rows[i] = conv_row(x, state_in, t + i, hist, C);
+        for (size_t c0 = 0; c0 < C; c0 += 16) {
+            __mmask16 cm = npu_mask16(C - c0);
+            __m512    acc = _mm512_setzero_ps();
+            for (size_t i = 0; i < K; i++)
+                if (rows[i])
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(wt + i * Cp + c0),
+                                          _mm512_maskz_loadu_ps(cm, rows[i] + c0), acc);
             _mm512_mask_storeu_ps(out + t * C + c0, cm, silu512(acc));
         }
     }
