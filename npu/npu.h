@@ -317,6 +317,11 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    says "amx-int8x3"): on the synthetic nano BF16 package the hidden
  *    state stays at cosine 0.99999 of the fp32 path, but a probability
  *    moves by 4.1e-3 instead of bf16x2's 8.4e-5 (its weights are exact);
+ *  - without AMX but with AVX-512 VNNI, weights stored as 4- or 8-bit
+ *    groups take the same int8x3 layout and product on VNNI
+ *    ("avx512-int8x3", npu_vnni_i8.c: same bits as amx-int8x3, half the
+ *    bytes of fp32 panels); D3_NPU_KERNELS=avx512-vnni picks that path on
+ *    a CPU with AMX too (the tests' and benchmarks' switch);
  *  - with the AVX-512 fp32 kernels (no AMX, or D3_NPU_KERNELS=avx512):
  *    K-major panels of NPU_WPACK_NR output
  *    columns, panel p holding w[p * 32 + c][k] at [k][c] (columns past N
@@ -363,7 +368,7 @@ SVC_WUR svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out)
  */
 SVC_WUR svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out);
 
-/* Whether the pack took the AMX-INT8 layout (npu_wpack_new_quantised). */
+/* Whether the pack took an int8x3 layout, AMX or VNNI (npu_wpack_new_quantised). */
 bool npu_wpack_is_int8(const npu_wpack_t *wp);
 
 /* Frees a pack and its weight; NULL is a no-op. */
@@ -399,18 +404,26 @@ size_t npu_amx_i8_pack_bytes(size_t N, size_t K);
 void   npu_amx_i8_pack(const float *w, size_t N, size_t K, void *dst);
 void   npu_matmul_amx_i8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 void   npu_matmul_i8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+/* The same product with AVX-512 VNNI instead of tiles ("avx512-int8x3",
+ * npu_vnni_i8.c: what quantised packs run on a CPU with avx512_vnni but no
+ * AMX), on the same pack, bit for bit npu_matmul_amx_i8's result. Calling
+ * it without avx512_vnni, avx512bw and avx512vl is a bug. */
+void npu_matmul_vnni_i8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 
 /* Whether the fast kernels use AMX tiles in this process: the CPU has
  * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512
- * kernels are in use and D3_NPU_KERNELS is not "avx512". Decided once. */
+ * kernels are in use and D3_NPU_KERNELS is neither "avx512" nor
+ * "avx512-vnni". Decided once. */
 bool npu_amx_enabled(void);
 
-/* "amx-bf16x2", "amx-bf16", "avx512-f32" or "ref-f32": the packed matmul's
- * layout and precision (above). */
+/* "amx-bf16x2", "amx-bf16", "amx-int8x3" (D3_NPU_MATMUL=int8x3),
+ * "avx512-f32" or "ref-f32": the packed matmul's layout and precision
+ * (above). */
 const char *npu_matmul_name(void);
 
 /* The layout of quantised packs (npu_wpack_new_quantised): "amx-int8x3",
- * or npu_matmul_name() where they take the same layout as the others. */
+ * "avx512-int8x3" (VNNI, no AMX), or npu_matmul_name() where they take
+ * the same layout as the others. */
 const char *npu_matmul_quantised_name(void);
 
 /* The AMX-BF16 layout's pieces (npu_amx_mm.c), for the pack, tests and

@@ -62,12 +62,12 @@
 #include "npu_amx_int.h"
 #include "npu_vec_int.h"
 
-#define I8_KB   64    /* K per tile product */
-#define I8_TILE 1024  /* bytes per tile: 16 rows x 64 */
-#define I8_KC   2048  /* K per block: one for every nano projection but the MLP's down */
-#define I8_MC   512   /* rows per chunk */
-#define I8_NPB  8     /* panels (of 32 columns) per item */
-#define I8_QMAX 32639 /* 127 * 256 + 127: the high byte stays within int8 */
+#define I8_KB   64   /* K per tile product */
+#define I8_TILE 1024 /* bytes per tile: 16 rows x 64 */
+#define I8_KC   2048 /* K per block: one for every nano projection but the MLP's down */
+#define I8_MC   512  /* rows per chunk */
+#define I8_NPB  8    /* panels (of 32 columns) per item */
+#define I8_QMAX NPU_I8_QMAX
 
 static size_t round_up(size_t v, size_t m) {
     return (v + m - 1) / m * m;
@@ -97,30 +97,6 @@ size_t npu_amx_i8_pack_bytes(size_t N, size_t K) {
     return tile_bytes(N, K) + round_up(N, 32) * sizeof(float);
 }
 
-/* Row scale of x (T, K) row t: sx and 1 / sx (0, 0 for a zero row). */
-static void row_scale(const float *xr, size_t K, float *sx, float *inv) {
-    __m512 m = _mm512_setzero_ps();
-    size_t k = 0;
-    for (; k + 16 <= K; k += 16)
-        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xr + k)));
-    if (k < K)
-        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(npu_mask16(K - k), xr + k)));
-    float mx = _mm512_reduce_max_ps(m);
-    *sx = mx / (float)I8_QMAX;
-    *inv = mx > 0.0f ? (float)I8_QMAX / mx : 0.0f;
-}
-
-/* 16 values v (already times 1 / scale) as split16 does them, vectorised:
- * the high and the low bytes. */
-static void split16_x16(__m512 v, __m128i *hi, __m128i *lo) {
-    const __m512i lim = _mm512_set1_epi32(I8_QMAX), nlim = _mm512_set1_epi32(-I8_QMAX);
-    /* nearest even, as nearbyintf in split16 */
-    __m512i q = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(v), lim), nlim);
-    __m512i h = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(128)), 8);
-    *hi = _mm512_cvtepi32_epi8(h);
-    *lo = _mm512_cvtepi32_epi8(_mm512_sub_epi32(q, _mm512_slli_epi32(h, 8)));
-}
-
 void npu_amx_i8_pack(const float *w, size_t N, size_t K, void *dst) {
     size_t  n_kb = round_up(K, I8_KB) / I8_KB, Kp = n_kb * I8_KB;
     int8_t *t = dst;
@@ -129,12 +105,12 @@ void npu_amx_i8_pack(const float *w, size_t N, size_t K, void *dst) {
     for (size_t n = 0; n < N; n++) {
         const float *wr = w + n * K;
         float        inv;
-        row_scale(wr, K, &sw[n], &inv);
+        npu_i8_row_scale(wr, K, &sw[n], &inv);
         __m512 vi = _mm512_set1_ps(inv);
         for (size_t k = 0; k < Kp; k += 16) {
             size_t  left = k < K ? K - k : 0;
             __m128i h, l;
-            split16_x16(
+            npu_i8_split16_x16(
                 _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? wr + k : wr), vi), &h,
                 &l);
             /* 4 bytes (k .. k + 3) per tile row: 4 rows of the tile */
@@ -170,7 +146,7 @@ void npu_matmul_i8_ref(const float *x, const void *pk, size_t T, size_t K, size_
     const float  *sw = (const float *)(const void *)((const char *)pk + tile_bytes(N, K));
     for (size_t r = 0; r < T; r++) {
         float sx, inv;
-        row_scale(x + r * K, K, &sx, &inv);
+        npu_i8_row_scale(x + r * K, K, &sx, &inv);
         for (size_t n = 0; n < N; n++)
             out[r * N + n] = (float)ref_elem(x + r * K, t, sw, n_kb, K, n, sx, inv);
     }
@@ -203,13 +179,13 @@ static void quant_rows(void *ctx, size_t i) {
         const float *xr = r < j->mc ? j->x + (j->t0 + r) * j->K : NULL;
         float        sx = 0.0f, inv = 0.0f;
         if (xr)
-            row_scale(xr, j->K, &sx, &inv);
+            npu_i8_row_scale(xr, j->K, &sx, &inv);
         j->sx[r] = sx;
         __m512 vi = _mm512_set1_ps(inv);
         for (size_t k = 0; k < j->Kp; k += 16) {
             size_t  left = xr && k < j->K ? j->K - k : 0;
             __m128i h, l;
-            split16_x16(
+            npu_i8_split16_x16(
                 _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? xr + k : j->x), vi),
                 &h, &l);
             size_t at = a_at(j, r, k / I8_KB) + k % I8_KB;
@@ -290,7 +266,7 @@ static void finish(const i8_job_t *j, const int32_t *acc, size_t ld, size_t r0, 
 static void rows_scalar(const i8_job_t *j, size_t t0, size_t mc, size_t n0, size_t nc) {
     for (size_t t = t0; t < t0 + mc; t++) {
         float sx, inv;
-        row_scale(j->x + t * j->K, j->K, &sx, &inv);
+        npu_i8_row_scale(j->x + t * j->K, j->K, &sx, &inv);
         for (size_t n = n0; n < n0 + nc; n++)
             j->out[t * j->N + n] =
                 (float)ref_elem(j->x + t * j->K, j->pk, j->sw, j->n_kb, j->K, n, sx, inv);
@@ -336,17 +312,13 @@ static void i8_item(void *ctx, size_t i) {
 }
 
 void npu_matmul_amx_i8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
-    if (T == 0 || N == 0)
+    if (npu_i8_trivial(T, K, N, out))
         return;
-    if (K == 0) {
-        memset(out, 0, T * N * sizeof *out);
-        return;
-    }
     SVC_ASSERT(K <= NPU_AMX_I8_MAX_K);
     size_t   n_pan = round_up(N, 32) / 32, Kp = round_up(K, I8_KB);
     i8_job_t j = {.x = x,
                   .pk = pk,
-                  .sw = (const float *)(const void *)((const char *)pk + tile_bytes(N, K)),
+                  .sw = npu_i8_pack_scales(pk, N, K),
                   .T = T,
                   .K = K,
                   .N = N,

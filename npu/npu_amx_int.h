@@ -48,15 +48,4 @@ static inline void npu_tdp_2x2(void) {
     _tile_dpbf16ps(3, 5, 7);
 }
 
-/* Items [0, n) of fn on the pool (par) or one after another on the
- * caller: below ~2 M multiply-adds the pool's wake-up costs more than it
- * gains, and the tile kernels decide par from that. */
-static inline void npu_run_items(bool par, size_t n, void (*fn)(void *ctx, size_t i), void *ctx) {
-    if (par)
-        npu_parallel_for(n, fn, ctx);
-    else
-        for (size_t i = 0; i < n; i++)
-            fn(ctx, i);
-}
-
 #endif /* D3STREAM_NPU_AMX_INT_H */

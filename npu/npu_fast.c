@@ -147,10 +147,11 @@ void npu_sigmoid_mul(const float *gate, float *x, size_t n) {
 /* ---- packed weights ------------------------------------------------------- */
 
 typedef enum wpack_layout {
-    WPACK_PLAIN = 0,  /* w as given, the reference matmul */
-    WPACK_PANELS = 1, /* fp32 K-major panels, npu_matmul_panels_avx512 */
-    WPACK_AMX = 2,    /* bf16 tiles, npu_matmul_amx_bf16 */
-    WPACK_AMX_I8 = 3, /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
+    WPACK_PLAIN = 0,   /* w as given, the reference matmul */
+    WPACK_PANELS = 1,  /* fp32 K-major panels, npu_matmul_panels_avx512 */
+    WPACK_AMX = 2,     /* bf16 tiles, npu_matmul_amx_bf16 */
+    WPACK_AMX_I8 = 3,  /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
+    WPACK_VNNI_I8 = 4, /* the same bytes, npu_matmul_vnni_i8 (quantised packs, no AMX) */
 } wpack_layout_t;
 
 struct npu_wpack {
@@ -164,6 +165,7 @@ static wpack_layout_t g_layout;
 static bool           g_split;  /* AMX: activations as bf16 hi + lo (two products) */
 static bool           g_i8;     /* quantised packs on AMX-INT8 (npu_wpack_new_quantised) */
 static bool           g_i8_all; /* every pack on AMX-INT8 (D3_NPU_MATMUL=int8x3) */
+static bool           g_vnni;   /* quantised packs on AVX-512 VNNI (no AMX) */
 static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
@@ -173,9 +175,12 @@ static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 static void layout_pick(void) {
     const char           *env = getenv("D3_NPU_KERNELS"), *mm = getenv("D3_NPU_MATMUL");
     const npu_features_t *f = npu_probe();
+    bool                  fp32 = env && strcmp(env, "avx512") == 0;
+    bool                  no_amx = env && strcmp(env, "avx512-vnni") == 0;
+    bool                  bf16_env = mm && strncmp(mm, "bf16", 4) == 0;
     if (kernels() != &k_avx512)
         g_layout = WPACK_PLAIN;
-    else if (env && strcmp(env, "avx512") == 0)
+    else if (fp32 || no_amx)
         g_layout = WPACK_PANELS;
     else if (f->amx_bf16 && f->amx_usable && f->avx512_bf16)
         g_layout = WPACK_AMX;
@@ -184,7 +189,10 @@ static void layout_pick(void) {
     g_split = !(mm && strcmp(mm, "bf16") == 0);
     /* D3_NPU_MATMUL=bf16x2 or bf16 keeps quantised packs on the bf16 tiles
      * too (the accuracy comparisons' and the benchmarks' switch). */
-    g_i8 = g_layout == WPACK_AMX && f->amx_int8 && !(mm && strncmp(mm, "bf16", 4) == 0);
+    g_i8 = g_layout == WPACK_AMX && f->amx_int8 && !bf16_env;
+    /* No AMX: quantised packs on VNNI, unless fp32 everywhere was asked
+     * for (the accuracy reference) or D3_NPU_MATMUL keeps them off int8. */
+    g_vnni = g_layout == WPACK_PANELS && !fp32 && f->avx512_vnni && !bf16_env;
     /* D3_NPU_MATMUL=int8x3 puts every weight there, BF16 and F32 ones too
      * (npu.h: what that costs in accuracy). */
     g_i8_all = g_i8 && mm && strcmp(mm, "int8x3") == 0;
@@ -209,6 +217,8 @@ const char *npu_matmul_name(void) {
 }
 
 const char *npu_matmul_quantised_name(void) {
+    if (layout() == WPACK_PANELS && g_vnni)
+        return "avx512-int8x3";
     return layout() == WPACK_AMX && g_i8 ? "amx-int8x3" : npu_matmul_name();
 }
 
@@ -232,7 +242,7 @@ static void wpack_panels(const float *w, size_t N, size_t K, float *panels) {
 /* Bytes of the packed copy in layout l (a multiple of 64, as aligned_alloc
  * wants; at least 64 when N or K is 0). */
 static size_t wpack_size(wpack_layout_t l, size_t N, size_t K) {
-    size_t b = l == WPACK_AMX_I8 ? npu_amx_i8_pack_bytes(N, K)
+    size_t b = l == WPACK_AMX_I8 || l == WPACK_VNNI_I8 ? npu_amx_i8_pack_bytes(N, K)
                : l == WPACK_AMX
                    ? npu_amx_pack_elems(N, K) * sizeof(uint16_t)
                    : (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR * NPU_WPACK_NR * K * sizeof(float);
@@ -249,6 +259,8 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
     wp->layout = layout();
     if ((quantised || g_i8_all) && wp->layout == WPACK_AMX && g_i8 && K <= NPU_AMX_I8_MAX_K)
         wp->layout = WPACK_AMX_I8;
+    else if (quantised && wp->layout == WPACK_PANELS && g_vnni && K <= NPU_AMX_I8_MAX_K)
+        wp->layout = WPACK_VNNI_I8;
     if (wp->layout == WPACK_PLAIN) {
         wp->data = w;
         wp->bytes = N * K * sizeof *w;
@@ -261,7 +273,7 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
         free(wp);
         return SVC_ERR_NOMEM;
     }
-    if (wp->layout == WPACK_AMX_I8)
+    if (wp->layout == WPACK_AMX_I8 || wp->layout == WPACK_VNNI_I8)
         npu_amx_i8_pack(w, N, K, wp->data);
     else if (wp->layout == WPACK_AMX)
         npu_amx_pack_bf16(w, N, K, wp->data);
@@ -281,7 +293,7 @@ svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **ou
 }
 
 bool npu_wpack_is_int8(const npu_wpack_t *wp) {
-    return wp->layout == WPACK_AMX_I8;
+    return wp->layout == WPACK_AMX_I8 || wp->layout == WPACK_VNNI_I8;
 }
 
 void npu_wpack_free(npu_wpack_t *wp) {
@@ -310,6 +322,9 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
         break;
     case WPACK_AMX_I8:
         npu_matmul_amx_i8(x, w->data, T, w->K, w->N, out);
+        break;
+    case WPACK_VNNI_I8:
+        npu_matmul_vnni_i8(x, w->data, T, w->K, w->N, out);
         break;
     case WPACK_PANELS:
         npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);

@@ -9,8 +9,11 @@
 #ifndef D3STREAM_NPU_VEC_INT_H
 #define D3STREAM_NPU_VEC_INT_H
 
+#include "npu.h"
+
 #include <immintrin.h>
 #include <stddef.h>
+#include <string.h>
 
 /* Lanes [0, n) of a 16-lane vector; 0 for n = 0. */
 static inline __mmask16 npu_mask16(size_t n) {
@@ -36,6 +39,64 @@ static inline __m512 npu_exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* The int8x3 scheme's quantisation (npu_amx_i8.c's header; also
+ * npu_vnni_i8.c): a row of weights or activations as 16-bit integers of
+ * one scale, each split into a high and a low signed byte. QMAX = 127 *
+ * 256 + 127 keeps the high byte within int8. */
+#define NPU_I8_QMAX 32639
+
+/* The scale of a row xr (K): sx = max |x| / QMAX and 1 / sx (0, 0 for a
+ * zero row). */
+static inline void npu_i8_row_scale(const float *xr, size_t K, float *sx, float *inv) {
+    __m512 m = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= K; k += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xr + k)));
+    if (k < K)
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(npu_mask16(K - k), xr + k)));
+    float mx = _mm512_reduce_max_ps(m);
+    *sx = mx / (float)NPU_I8_QMAX;
+    *inv = mx > 0.0f ? (float)NPU_I8_QMAX / mx : 0.0f;
+}
+
+/* 16 values v (already times 1 / scale): q = round(v) (nearest even)
+ * clamped to +-QMAX, split as 256 hi + lo, hi = (q + 128) >> 8, lo in
+ * [-128, 127]: the high and the low bytes. */
+static inline void npu_i8_split16_x16(__m512 v, __m128i *hi, __m128i *lo) {
+    const __m512i lim = _mm512_set1_epi32(NPU_I8_QMAX), nlim = _mm512_set1_epi32(-NPU_I8_QMAX);
+    __m512i       q = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(v), lim), nlim);
+    __m512i       h = _mm512_srai_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(128)), 8);
+    *hi = _mm512_cvtepi32_epi8(h);
+    *lo = _mm512_cvtepi32_epi8(_mm512_sub_epi32(q, _mm512_slli_epi32(h, 8)));
+}
+
+/* Items [0, n) of fn on the pool (par) or one after another on the
+ * caller: below ~2 M multiply-adds the pool's wake-up costs more than it
+ * gains, and the matmul kernels decide par from that. */
+static inline void npu_run_items(bool par, size_t n, void (*fn)(void *ctx, size_t i), void *ctx) {
+    if (par)
+        npu_parallel_for(n, fn, ctx);
+    else
+        for (size_t i = 0; i < n; i++)
+            fn(ctx, i);
+}
+
+/* The int8x3 product's trivial shapes (npu_matmul_amx_i8 and _vnni_i8):
+ * nothing to write (T or N zero) or zeros (K zero). True when done. */
+static inline bool npu_i8_trivial(size_t T, size_t K, size_t N, float *out) {
+    if (T == 0 || N == 0)
+        return true;
+    if (K == 0)
+        memset(out, 0, T * N * sizeof *out);
+    return K == 0;
+}
+
+/* The column scales of an int8x3 pack of (N, K): after its tiles. */
+static inline const float *npu_i8_pack_scales(const void *pk, size_t N, size_t K) {
+    return (const float *)(const void *)((const char *)pk + npu_amx_i8_pack_bytes(N, K) -
+                                         (N + 31) / 32 * 32 * sizeof(float));
 }
 
 #endif /* D3STREAM_NPU_VEC_INT_H */

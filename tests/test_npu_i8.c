@@ -1,6 +1,7 @@
 /*
- * test_npu_i8.c -- the AMX-INT8 matmul for quantised weights (npu_amx_i8.c,
- * npu_wpack_new_quantised).
+ * test_npu_i8.c -- the int8x3 matmul for quantised weights: on AMX-INT8
+ * tiles (npu_amx_i8.c) and on AVX-512 VNNI (npu_vnni_i8.c), and
+ * npu_wpack_new_quantised's choice between them.
  *
  * Two oracles, as for the bf16 kernel: the scheme's own exact value
  * (npu_matmul_i8_ref: the same 16-bit integers and products summed in
@@ -8,7 +9,9 @@
  * relative), and the fp32 product of the unquantised operands, which it
  * meets to the scheme's rounding (16-bit operands per row and column, the
  * low bytes' product left out: measured <= 5.6e-5 here, held to 2e-4).
- * Tests skip on a CPU without usable AMX-INT8.
+ * The VNNI kernel computes the same integers, so it must give the AMX
+ * kernel's bits where both run. Each kernel's checks skip on a CPU
+ * without it.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -23,6 +26,11 @@ static bool have_i8(void) {
     return f->amx_int8 && f->amx_usable && f->avx512bw && f->avx512_bf16 && f->amx_bf16;
 }
 
+static bool have_vnni(void) {
+    const npu_features_t *f = npu_probe();
+    return f->avx512_vnni && f->avx512bw && f->avx512vl;
+}
+
 static void *pack(const float *w, size_t N, size_t K) {
     void *pk = aligned_alloc(64, (npu_amx_i8_pack_bytes(N, K) + 63) / 64 * 64);
     cr_assert(pk);
@@ -30,26 +38,53 @@ static void *pack(const float *w, size_t N, size_t K) {
     return pk;
 }
 
+/* One kernel's result a against the scheme's exact value b and the fp32
+ * product c. */
+static void check_one(const char *name, const float *a, const float *b, const float *c, size_t T,
+                      size_t K, size_t N) {
+    double e = rel_err(a, b, T * N), e32 = rel_err(a, c, T * N);
+    cr_expect(e <= 1e-6, "%s T=%zu K=%zu N=%zu: %g from the scheme's exact value", name, T, K, N,
+              e);
+    cr_expect(e32 <= 2e-4, "%s T=%zu K=%zu N=%zu: %g from the fp32 product", name, T, K, N, e32);
+}
+
+static float *outputs(size_t n) {
+    float *a = malloc((n + 1) * sizeof *a);
+    cr_assert(a);
+    for (size_t i = 0; i < n; i++)
+        a[i] = NAN; /* an output the kernel forgot shows up */
+    return a;
+}
+
+/* Both kernels where the CPU has them, each against the oracles, and
+ * against each other bit for bit. */
 static void check(rng_t *r, size_t T, size_t K, size_t N) {
     float *x = rand_vec(r, T * K, -1, 1), *w = rand_vec(r, N * K, -1, 1);
     void  *pk = pack(w, N, K);
-    float *a = malloc((T * N + 1) * sizeof *a), *b = malloc((T * N + 1) * sizeof *b);
-    float *c = malloc((T * N + 1) * sizeof *c);
-    cr_assert(a && b && c);
-    for (size_t i = 0; i < T * N; i++)
-        a[i] = NAN; /* an output the kernel forgot shows up */
-    npu_matmul_amx_i8(x, pk, T, K, N, a);
+    float *a = outputs(T * N), *v = outputs(T * N), *b = outputs(T * N), *c = outputs(T * N);
     npu_matmul_i8_ref(x, pk, T, K, N, b);
     npu_matmul_ref(x, w, T, K, N, c);
-    double e = rel_err(a, b, T * N), e32 = rel_err(a, c, T * N);
-    cr_expect(e <= 1e-6, "T=%zu K=%zu N=%zu: %g from the scheme's exact value", T, K, N, e);
-    cr_expect(e32 <= 2e-4, "T=%zu K=%zu N=%zu: %g from the fp32 product", T, K, N, e32);
-    free(x), free(w), free(pk), free(a), free(b), free(c);
+    if (have_i8()) {
+        npu_matmul_amx_i8(x, pk, T, K, N, a);
+        check_one("amx", a, b, c, T, K, N);
+    }
+    if (have_vnni()) {
+        npu_matmul_vnni_i8(x, pk, T, K, N, v);
+        check_one("vnni", v, b, c, T, K, N);
+    }
+    if (have_i8() && have_vnni())
+        cr_expect(memcmp(a, v, T * N * sizeof *a) == 0, "T=%zu K=%zu N=%zu: vnni differs from amx",
+                  T, K, N);
+    free(x), free(w), free(pk), free(a), free(v), free(b), free(c);
+}
+
+static void skip_without_int8(void) {
+    if (!have_i8() && !have_vnni())
+        cr_skip_test("neither AMX-INT8 nor AVX-512 VNNI here");
 }
 
 Test(npu_i8, shapes) {
-    if (!have_i8())
-        cr_skip_test("no usable AMX-INT8 here");
+    skip_without_int8();
     rng_t        r = {0x18};
     const size_t Ts[] = {1, 15, 16, 17, 33, 257};
     const size_t Ks[] = {1, 63, 64, 65, 100, 300};
@@ -63,8 +98,7 @@ Test(npu_i8, shapes) {
 /* Several row chunks (512), column blocks (256) and K blocks (2048, with a
  * tail: the int32 sums wait in the item's buffer), through the pool. */
 Test(npu_i8, blocked_and_parallel) {
-    if (!have_i8())
-        cr_skip_test("no usable AMX-INT8 here");
+    skip_without_int8();
     rng_t r = {0x29};
     check(&r, 600, 1000, 300);
     check(&r, 513, 2048, 64);
@@ -106,21 +140,32 @@ Test(npu_i8, scales_per_row_and_column) {
 
 /* A row's result does not depend on the rows around it or on T
  * (bit-identical): prefix sharing relies on it. */
-Test(npu_i8, rows_independent) {
-    if (!have_i8())
-        cr_skip_test("no usable AMX-INT8 here");
+static void rows_independent(void (*mm)(const float *, const void *, size_t, size_t, size_t,
+                                        float *)) {
     rng_t  r = {0x4b};
     size_t T = 600, K = 2100, N = 70;
     float *x = rand_vec(&r, T * K, -1, 1), *w = rand_vec(&r, N * K, -1, 1);
     void  *pk = pack(w, N, K);
     float *all = malloc(T * N * sizeof *all), *part = malloc(T * N * sizeof *part);
     cr_assert(all && part);
-    npu_matmul_amx_i8(x, pk, T, K, N, all);
-    npu_matmul_amx_i8(x, pk, 37, K, N, part);
-    npu_matmul_amx_i8(x + 37 * K, pk, 1, K, N, part + 37 * N);
-    npu_matmul_amx_i8(x + 38 * K, pk, T - 38, K, N, part + 38 * N);
+    mm(x, pk, T, K, N, all);
+    mm(x, pk, 37, K, N, part);
+    mm(x + 37 * K, pk, 1, K, N, part + 37 * N);
+    mm(x + 38 * K, pk, T - 38, K, N, part + 38 * N);
     cr_expect(memcmp(all, part, T * N * sizeof *all) == 0, "rows differ");
     free(x), free(w), free(pk), free(all), free(part);
+}
+
+Test(npu_i8, rows_independent) {
+    if (!have_i8())
+        cr_skip_test("no usable AMX-INT8 here");
+    rows_independent(npu_matmul_amx_i8);
+}
+
+Test(npu_i8, rows_independent_vnni) {
+    if (!have_vnni())
+        cr_skip_test("no AVX-512 VNNI here");
+    rows_independent(npu_matmul_vnni_i8);
 }
 
 /* The dispatch: a quantised pack takes the int8 layout here (a quarter of
@@ -150,6 +195,39 @@ Test(npu_i8, wpack_quantised) {
     memcpy(wc2, w, N * K * sizeof *w);
     cr_assert_eq(npu_wpack_new(wc2, N, K, &wp), SVC_OK);
     cr_expect(!npu_wpack_is_int8(wp));
+    npu_wpack_free(wp);
+    free(x), free(w), free(pk), free(a), free(b);
+}
+
+/* D3_NPU_KERNELS=avx512-vnni (what a CPU without AMX gets): the AVX-512
+ * kernels, plain packs in fp32 panels, quantised ones on VNNI with the int8
+ * bytes, npu_matmul_packed giving the VNNI kernel's bits. (Each test runs
+ * in its own process, so the dispatch is decided here.) */
+Test(npu_i8, wpack_vnni_dispatch) {
+    if (!have_vnni())
+        cr_skip_test("no AVX-512 VNNI here");
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "avx512-vnni", 1), 0);
+    rng_t  r = {0x6d};
+    size_t T = 45, K = 200, N = 70;
+    float *x = rand_vec(&r, T * K, -1, 1), *w = rand_vec(&r, N * K, -1, 1);
+    float *wc = malloc(N * K * sizeof *wc), *a = outputs(T * N), *b = outputs(T * N);
+    cr_assert(wc);
+    memcpy(wc, w, N * K * sizeof *w);
+    npu_wpack_t *wp;
+    cr_assert_eq(npu_wpack_new_quantised(wc, N, K, &wp), SVC_OK);
+    cr_assert_str_eq(npu_matmul_quantised_name(), "avx512-int8x3");
+    cr_assert_str_eq(npu_matmul_name(), "avx512-f32");
+    cr_expect(!npu_amx_enabled());
+    cr_expect(npu_wpack_is_int8(wp));
+    cr_expect_eq(npu_wpack_bytes(wp), (npu_amx_i8_pack_bytes(N, K) + 63) / 64 * 64);
+    npu_matmul_packed(x, wp, T, a);
+    void *pk = pack(w, N, K);
+    npu_matmul_vnni_i8(x, pk, T, K, N, b);
+    cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "npu_matmul_packed is the VNNI kernel");
+    npu_wpack_free(wp);
+    memcpy(wc = malloc(N * K * sizeof *wc), w, N * K * sizeof *w);
+    cr_assert_eq(npu_wpack_new(wc, N, K, &wp), SVC_OK);
+    cr_expect(!npu_wpack_is_int8(wp), "a plain pack stays fp32");
     npu_wpack_free(wp);
     free(x), free(w), free(pk), free(a), free(b);
 }

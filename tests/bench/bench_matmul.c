@@ -1,7 +1,8 @@
 /*
  * bench_matmul.c -- the projection matmuls at d3-nano's shapes: AMX-BF16
  * (npu_matmul_amx_bf16, the default split npu_matmul_amx, and the int8
- * kernel of quantised weights npu_matmul_amx_i8) against the fp32 AVX-512
+ * kernels of quantised weights npu_matmul_amx_i8 and, for CPUs without
+ * AMX, npu_matmul_vnni_i8) against the fp32 AVX-512
  * panels, on one thread (D3_NPU_THREADS=1 in the environment) or the
  * whole pool. Built, never run by ctest.
  *
@@ -77,13 +78,18 @@ static void amx_i8(const float *x, const void *w, size_t T, size_t K, size_t N, 
     npu_matmul_amx_i8(x, w, T, K, N, out);
 }
 
+static void vnni_i8(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
+    npu_matmul_vnni_i8(x, w, T, K, N, out);
+}
+
 static void panels(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
     npu_matmul_panels_avx512(x, w, T, K, N, out);
 }
 
 static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool have_amx) {
     float *x = rand_vec(T * K), *w = rand_vec(N * K), *out = rand_vec(T * N);
-    double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_x2 = 0, s_i8 = 0, s_f32;
+    double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_x2 = 0, s_i8 = 0, s_vn = 0,
+           s_f32;
     if (have_amx) {
         uint16_t *pk = aligned_alloc(64, (npu_amx_pack_elems(N, K) * 2 + 63) / 64 * 64);
         if (!pk)
@@ -92,14 +98,18 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
         s_amx = median_s(amx, x, pk, T, K, N, out);
         s_x2 = median_s(amx_x2, x, pk, T, K, N, out);
         free(pk);
-        if (npu_probe()->amx_int8) {
-            void *pi = aligned_alloc(64, (npu_amx_i8_pack_bytes(N, K) + 63) / 64 * 64);
-            if (!pi)
-                exit(1);
-            npu_amx_i8_pack(w, N, K, pi);
+    }
+    const npu_features_t *f = npu_probe();
+    if ((have_amx && f->amx_int8) || f->avx512_vnni) {
+        void *pi = aligned_alloc(64, (npu_amx_i8_pack_bytes(N, K) + 63) / 64 * 64);
+        if (!pi)
+            exit(1);
+        npu_amx_i8_pack(w, N, K, pi);
+        if (have_amx && f->amx_int8)
             s_i8 = median_s(amx_i8, x, pi, T, K, N, out);
-            free(pi);
-        }
+        if (f->avx512_vnni)
+            s_vn = median_s(vnni_i8, x, pi, T, K, N, out);
+        free(pi);
     }
     size_t np = (N + 31) / 32 * 32;
     float *pan = aligned_alloc(64, np * K * sizeof *pan);
@@ -113,16 +123,17 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
     s_f32 = median_s(panels, x, pan, T, K, N, out);
     if (json)
         printf("{\"what\":\"%s\",\"T\":%zu,\"K\":%zu,\"N\":%zu,\"threads\":%zu,\"amx_gflops\":%.1f,"
-               "\"amx_x2_gflops\":%.1f,\"amx_i8x3_gflops\":%.1f,\"f32_1thread_gflops\":%.1f}\n",
+               "\"amx_x2_gflops\":%.1f,\"amx_i8x3_gflops\":%.1f,\"vnni_i8x3_gflops\":%.1f,"
+               "\"f32_1thread_gflops\":%.1f}\n",
                what, T, K, N, npu_threads(), have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
-               flop / s_f32 * 1e-9);
+               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, flop / s_f32 * 1e-9);
     else
         printf("%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
-               "GFLOP/s (%zu thr)  f32 panels %6.1f GFLOP/s (1 thr)\n",
+               " avx512-int8x3 %7.1f GFLOP/s (%zu thr)  f32 panels %6.1f GFLOP/s (1 thr)\n",
                what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
-               npu_threads(), flop / s_f32 * 1e-9);
+               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, npu_threads(), flop / s_f32 * 1e-9);
     fflush(stdout);
     free(pan), free(x), free(w), free(out);
 }
