@@ -146,6 +146,18 @@ static svc_err_t ld_lvec(const eng_ld_t *ld, size_t i, const char *rest, size_t 
     return err ? err : eng_ld_vec(ld, s, n, dst);
 }
 
+/* Whether every value of w (n) is a bf16 (its low 16 bits zero): such a
+ * weight is exact on the bf16 tiles. */
+static bool bf16_exact(const float *w, size_t n) {
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof u);
+        any |= u & 0xffffu;
+    }
+    return any == 0;
+}
+
 svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
                       npu_wpack_t **dst) {
     float    *w = NULL;
@@ -155,14 +167,15 @@ svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const
     uint64_t k = 1;
     for (size_t i = 1; i < rank; i++)
         k *= dims[i];
-    /* A weight the package stored in 4- or 8-bit groups may go to the int8
-     * tiles (npu_wpack_new_quantised: why); the others stay as they are. */
-    char name[256];
-    snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
-    const eng_q4nx_info_t *qi = ld->q ? eng_q4nx_find_hf(ld->q, name) : NULL;
-    err = qi && eng_q4nx_kind_packed(qi->kind)
-              ? npu_wpack_new_quantised(w, (size_t)dims[0], (size_t)k, dst)
-              : npu_wpack_new(w, (size_t)dims[0], (size_t)k, dst);
+    /* A weight bf16 cannot hold -- the package stored it in 4- or 8-bit
+     * groups, or as F32 or F16 values with more than bf16's 8 bits -- goes
+     * to the int8 tiles where there are some (npu_wpack_new_quantised:
+     * why); a bf16 one stays exact on the bf16 tiles. Decided by the
+     * values, so a q4nx package and its F32 twin (the same dequantised
+     * values) get the same packs. */
+    err = bf16_exact(w, (size_t)dims[0] * (size_t)k)
+              ? npu_wpack_new(w, (size_t)dims[0], (size_t)k, dst)
+              : npu_wpack_new_quantised(w, (size_t)dims[0], (size_t)k, dst);
     if (err) {
         free(w);
         return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);

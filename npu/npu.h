@@ -357,14 +357,17 @@ typedef struct npu_wpack npu_wpack_t;
 SVC_WUR svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out);
 
 /**
- * @brief As npu_wpack_new, for a weight the package stored quantised (4-
- *   or 8-bit groups, dequantised to w by the loader): where the CPU has
- *   AMX-INT8 (and D3_NPU_MATMUL does not start with "bf16") it is packed
+ * @brief As npu_wpack_new, for a weight that bf16 would round: stored
+ *   quantised (4- or 8-bit groups, dequantised to w by the loader), or as
+ *   F32 / F16 values with more bits than bf16 keeps (the loader's choice:
+ *   eng_ld_pack). Where the CPU has AMX-INT8 (and D3_NPU_MATMUL does not
+ *   start with "bf16") it is packed
  *   as 16-bit integers with one scale per output column, two int8 planes,
  *   and multiplied on int8 tiles ("amx-int8x3", npu_amx_i8.c: three int8
  *   products where the bf16 split does four bf16 ones, and the weights
  *   kept to 2^-16 of a column's range instead of bf16's 2^-9 of each);
- *   elsewhere exactly npu_wpack_new. Same ownership.
+ *   without AMX but with AVX-512 VNNI the same bytes on VNNI
+ *   ("avx512-int8x3"); elsewhere exactly npu_wpack_new. Same ownership.
  */
 SVC_WUR svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out);
 

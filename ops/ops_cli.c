@@ -283,7 +283,7 @@ void ops_matmul_desc(char *buf, size_t n) {
     if (strcmp(mm, q) == 0)
         snprintf(buf, n, "%s", mm);
     else
-        snprintf(buf, n, "%s (q4/q8 weights %s)", mm, q);
+        snprintf(buf, n, "%s (weights bf16 would round: %s)", mm, q);
 }
 
 int ops_opt_common(int c, const char *help, const char **dir) {

@@ -442,13 +442,13 @@ Test(ops, q4nx_package_inspect_and_ask) {
     cr_expect_str_eq(json_string_value(json_object_get(fmt, "generation")), "B");
     json_decref(r);
     svc_buf_fini(&out);
-    /* ask answers on the q4nx package and on its twin, alike: bit for bit
-     * when both run the bf16 tiles (D3_NPU_MATMUL=bf16x2; by default the
-     * q4nx package's quantised weights take the int8 tiles, npu.h) */
+    /* ask answers on the q4nx package and on its twin alike, bit for bit:
+     * the twin's F32 weights are the same dequantised values, so both take
+     * the same packs (eng_ld_pack) */
     char answers[2][4096];
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd,
-                 "D3_NPU_MATMUL=bf16x2 '%s' ask --model '%s/%s' "
+                 "'%s' ask --model '%s/%s' "
                  "'%s/ops/examples/d3-nano-npu2.json' "
                  "2>/dev/null",
                  binary(), dir, i ? "t" : "q", D3_SOURCE_DIR);

@@ -565,7 +565,8 @@ int main(int argc, char **argv) {
                                  find_row(rows, nrows, "avx512-fp32", 1),
                                  "avx512-fp32"};
         if (!json) {
-            printf("  our kernels (T x 2048 -> 6144; packed layout %s, q4/q8 weights %s):\n",
+            printf("  our kernels (T x 2048 -> 6144; packed layout %s, weights bf16 would round "
+                   "%s):\n",
                    npu_matmul_name(), npu_matmul_quantised_name());
             for (int i = 0; i < nours; i++) {
                 printf("  %-17s T=%-4zu %2d thread%s %7.1f / %7.1f GFLOP/s", ours[i].name,
