@@ -99,25 +99,27 @@ typedef struct fwd {
     fwd_piece_t       *piece; /* (n_piece) in row order */
     fwd_chunk_t       *chunk; /* (n_chunk) in row order */
     size_t             n_piece, n_chunk;
-    const eng_media_t *media;  /* the images negative ids refer to, or NULL */
-    size_t             C;      /* rows of the chunk buffers: min(T, FWD_CHUNK) */
-    bool               update; /* S == 1 and seq[0].st takes in its T positions */
-    float             *kall;   /* (P + T, n_kv * hd) one read-only state's prefix + new keys */
-    float             *vall;   /* likewise for values */
-    size_t             kv_of;  /* the sequence kall/vall hold now (SIZE_MAX: none) */
-    float             *x;      /* (T, H) residual stream */
-    float             *kn;     /* (T, n_kv * hd) new keys of a full-attention layer */
-    float             *vn;     /* (T, n_kv * hd) new values */
-    float             *h;      /* (C, H) normed input of a block */
-    float             *a;      /* (C, W) scratch */
-    float             *b;      /* (C, W) */
-    float             *c;      /* (C, W) */
-    float             *d;      /* (C, W) */
-    float             *s1;     /* (C, nv) beta */
-    float             *s2;     /* (C, nv) g */
-    float             *conv;   /* (S, K - 1, conv channels) the sequences' running conv states */
-    float             *rec;    /* (S, nv, dk, dv) their running recurrent states */
-    int32_t           *pos3;   /* (T, 3) mrope positions (t, h, w) */
+    const eng_media_t *media;     /* the images negative ids refer to, or NULL */
+    size_t             C;         /* rows of the chunk buffers: min(T, FWD_CHUNK) */
+    bool               update;    /* S == 1 and seq[0].st takes in its T positions */
+    float             *kall;      /* (P + T, n_kv * hd) one read-only state's prefix + new keys */
+    float             *vall;      /* likewise for values */
+    size_t             kv_of;     /* the sequence kall/vall hold now (SIZE_MAX: none) */
+    float             *x;         /* (T, H) residual stream */
+    float             *kn;        /* (T, n_kv * hd) new keys of a full-attention layer */
+    float             *vn;        /* (T, n_kv * hd) new values */
+    float             *h;         /* (C, H) normed input of a block */
+    float             *a;         /* (C, W) scratch */
+    float             *b;         /* (C, W) */
+    float             *c;         /* (C, W) */
+    float             *d;         /* (C, W) */
+    float             *s1;        /* (C, nv) beta */
+    float             *s2;        /* (C, nv) g */
+    float             *conv;      /* (S, K - 1, conv channels) the sequences' running conv states */
+    float             *rec;       /* (S, nv, dk, dv) their running recurrent states */
+    int32_t           *pos3;      /* (T, 3) mrope positions (t, h, w) */
+    bool               last_rows; /* the last layer ran on the last rows only: sequence
+                                     s's is row s of x (full_layer_last) */
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -545,9 +547,61 @@ static svc_err_t full_layer(fwd_t *f, const eng_layer_t *l, size_t li, bool nonc
     return SVC_OK;
 }
 
-static svc_err_t layer_forward(fwd_t *f, size_t li, bool noncausal) {
+/* The model's last layer when it is full attention and nothing reads its
+ * output but each sequence's last row (the final norm; no trace): every
+ * key and value as full_layer computes them (a state may take them in),
+ * then the query, attention, output and MLP of the S last rows only,
+ * gathered into rows [0, S) of x (f->last_rows). Each of those rows comes
+ * out as in full_layer: it depends only on its own row and the keys and
+ * values. What it saves: the last layer's work on every other row, ~1/24
+ * of a nano pass, and one of its six attention layers' queries. */
+static svc_err_t full_layer_last(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
+    size_t H = f->m->cfg.hidden, kvd = f->m->cfg.n_kv * f->m->cfg.head_dim, S = f->S;
+    for (size_t i = 0; i < f->n_chunk; i++)
+        kv_rows(f, l, f->chunk[i].r, f->chunk[i].n);
+    if (f->update) {
+        fwd_seq_t *q = &f->seq[0];
+        memcpy(q->st->k[li] + q->P * kvd, f->kn, q->T * kvd * sizeof *f->kn);
+        memcpy(q->st->v[li] + q->P * kvd, f->vn, q->T * kvd * sizeof *f->vn);
+    }
+    f->kv_of = SIZE_MAX;
+    fwd_piece_t *rows = malloc(S * sizeof *rows), *all = f->piece;
+    if (!rows)
+        return SVC_ERR_NOMEM;
+    /* row s <= sequence s's last row, so moving in order never overwrites
+     * a row still to move */
+    for (size_t s = 0; s < S; s++) {
+        size_t last = f->seq[s].off + f->seq[s].T - 1;
+        memmove(f->x + s * H, f->x + last * H, H * sizeof *f->x);
+        memmove(f->pos3 + 3 * s, f->pos3 + 3 * last, 3 * sizeof *f->pos3);
+        rows[s] = (fwd_piece_t){s, f->seq[s].T - 1, s, 1};
+    }
+    f->piece = rows;
+    f->last_rows = true;
+    svc_err_t err = SVC_OK;
+    for (size_t r0 = 0; !err && r0 < S; r0 += f->C) {
+        fwd_chunk_t ch = {r0, S - r0 < f->C ? S - r0 : f->C, r0, 0};
+        ch.np = ch.n;
+        err = attn_rows(f, l, li, &ch, noncausal);
+        if (!err) {
+            add_into(f->x + r0 * H, f->b, ch.n * H);
+            mlp_rows(f, l, r0, ch.n);
+        }
+    }
+    f->piece = all;
+    free(rows);
+    return err;
+}
+
+/* Layer li; last_only: nothing reads the last layer's output but the
+ * sequences' last rows (full_layer_last). */
+static svc_err_t layer_forward(fwd_t *f, size_t li, bool noncausal, bool last_only) {
     const eng_layer_t *l = &f->m->layers[li];
-    return l->kind == ENG_LAYER_LINEAR ? linear_layer(f, l, li) : full_layer(f, l, li, noncausal);
+    if (l->kind == ENG_LAYER_LINEAR)
+        return linear_layer(f, l, li);
+    if (last_only && li + 1 == f->m->cfg.n_layers)
+        return full_layer_last(f, l, li, noncausal);
+    return full_layer(f, l, li, noncausal);
 }
 
 static svc_err_t check_ids(const eng_model_t *m, const int32_t *ids, size_t T,
@@ -734,8 +788,8 @@ static void final_rows(const fwd_t *f, const eng_model_t *m, float *const *fin) 
     size_t H = m->cfg.hidden;
     for (size_t s = 0; s < f->S; s++)
         if (fin[s])
-            npu_rmsnorm(f->x + (f->seq[s].off + f->seq[s].T - 1) * H, m->final_norm, 1, H,
-                        m->cfg.eps, fin[s], true);
+            npu_rmsnorm(f->x + (f->last_rows ? s : f->seq[s].off + f->seq[s].T - 1) * H,
+                        m->final_norm, 1, H, m->cfg.eps, fin[s], true);
 }
 
 /* After a pass with update: the state holds the sequence's rows too. */
@@ -776,7 +830,7 @@ static svc_err_t forward_noncausal(const eng_model_t *m, const fwd_seq_t *in, si
         trace(-1, f.x, f.T, H, user);
     for (size_t i = 0; !err && i < F; i++) {
         touched = f.update;
-        err = layer_forward(&f, i, true);
+        err = layer_forward(&f, i, true, false);
         if (!err && trace)
             trace((int)i, f.x, f.T, H, user);
     }
@@ -805,7 +859,7 @@ static svc_err_t forward_noncausal(const eng_model_t *m, const fwd_seq_t *in, si
     size_t P0 = f.seq ? f.seq[0].P : 0;
     fwd_free(&f);
     for (size_t i = F; !err && tail && i < c->n_layers; i++) {
-        err = layer_forward(&g, i, true);
+        err = layer_forward(&g, i, true, !trace);
         if (!err && trace)
             trace((int)i, g.x + P0 * H, g.T - P0, H, user);
     }
@@ -836,7 +890,7 @@ static svc_err_t forward_plain(const eng_model_t *m, const fwd_seq_t *in, size_t
         trace(-1, f.x, f.T, c->hidden, user);
     for (size_t i = 0; !err && i < c->n_layers; i++) {
         touched = f.update;
-        err = layer_forward(&f, i, noncausal);
+        err = layer_forward(&f, i, noncausal, !trace);
         if (!err && trace)
             trace((int)i, f.x, f.T, c->hidden, user);
     }

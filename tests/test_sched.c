@@ -431,6 +431,19 @@ static void batch_bits(const char *dir, bool noncausal) {
                      SVC_OK, "sequence %zu alone: %s", i, errstr);
         seq[i].final_last = got + i * H;
     }
+    /* with a trace every layer runs over every row; without one the last
+     * (full-attention) layer runs only on the last row: the same bits */
+    for (size_t i = 0; i < N; i++) {
+        trace_count_t tc = {.T = seq[i].T};
+        cr_assert_eq(eng_model_forward_from(l.model, (eng_fwd_state_t *)seq[i].st, false,
+                                            seq[i].ids, seq[i].T, noncausal, got + i * H,
+                                            count_trace, &tc, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+        cr_assert_eq(tc.calls, 7);
+        cr_assert(memcmp(got + i * H, want + i * H, H * sizeof *got) == 0,
+                  "sequence %zu: the last-row pass differs from the full one (rel %g)", i,
+                  rel_diff(got + i * H, want + i * H, H));
+    }
     cr_assert_eq(eng_model_forward_batch(l.model, seq, N, NULL, noncausal, errstr, sizeof errstr),
                  SVC_OK, "%s", errstr);
     for (size_t i = 0; i < N; i++)
