@@ -522,29 +522,42 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_
     return SVC_OK;
 }
 
-/* A full-attention layer and its MLP: every key and value first (the
- * queries of a chunk may see later rows), then queries, outputs and MLP
- * chunk by chunk. A row of x changes only in its own chunk's second step,
- * so its input norm is the same both times. */
-static svc_err_t full_layer(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
-    size_t H = f->m->cfg.hidden, kvd = f->m->cfg.n_kv * f->m->cfg.head_dim;
+/* Every key and value of layer li (the queries of a chunk may see later
+ * rows); with update the state takes in the new rows (one sequence). */
+static void kv_layer(fwd_t *f, const eng_layer_t *l, size_t li) {
+    size_t kvd = f->m->cfg.n_kv * f->m->cfg.head_dim;
     for (size_t i = 0; i < f->n_chunk; i++)
         kv_rows(f, l, f->chunk[i].r, f->chunk[i].n);
-    if (f->update) { /* the state takes in the new rows (one sequence) */
+    if (f->update) {
         fwd_seq_t *q = &f->seq[0];
         memcpy(q->st->k[li] + q->P * kvd, f->kn, q->T * kvd * sizeof *f->kn);
         memcpy(q->st->v[li] + q->P * kvd, f->vn, q->T * kvd * sizeof *f->vn);
     }
     f->kv_of = SIZE_MAX; /* kall holds another layer's */
-    for (size_t i = 0; i < f->n_chunk; i++) {
-        const fwd_chunk_t *ch = &f->chunk[i];
-        svc_err_t          err = attn_rows(f, l, li, ch, noncausal);
-        if (err)
-            return err;
-        add_into(f->x + ch->r * H, f->b, ch->n * H);
-        mlp_rows(f, l, ch->r, ch->n);
-    }
+}
+
+/* The second step of a full-attention layer on chunk ch: queries,
+ * attention, output, and the MLP. */
+static svc_err_t query_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_chunk_t *ch,
+                             bool noncausal) {
+    size_t    H = f->m->cfg.hidden;
+    svc_err_t err = attn_rows(f, l, li, ch, noncausal);
+    if (err)
+        return err;
+    add_into(f->x + ch->r * H, f->b, ch->n * H);
+    mlp_rows(f, l, ch->r, ch->n);
     return SVC_OK;
+}
+
+/* A full-attention layer and its MLP: every key and value first, then
+ * queries, outputs and MLP chunk by chunk. A row of x changes only in its
+ * own chunk's second step, so its input norm is the same both times. */
+static svc_err_t full_layer(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
+    kv_layer(f, l, li);
+    svc_err_t err = SVC_OK;
+    for (size_t i = 0; !err && i < f->n_chunk; i++)
+        err = query_chunk(f, l, li, &f->chunk[i], noncausal);
+    return err;
 }
 
 /* The model's last layer when it is full attention and nothing reads its
@@ -556,15 +569,8 @@ static svc_err_t full_layer(fwd_t *f, const eng_layer_t *l, size_t li, bool nonc
  * values. What it saves: the last layer's work on every other row, ~1/24
  * of a nano pass, and one of its six attention layers' queries. */
 static svc_err_t full_layer_last(fwd_t *f, const eng_layer_t *l, size_t li, bool noncausal) {
-    size_t H = f->m->cfg.hidden, kvd = f->m->cfg.n_kv * f->m->cfg.head_dim, S = f->S;
-    for (size_t i = 0; i < f->n_chunk; i++)
-        kv_rows(f, l, f->chunk[i].r, f->chunk[i].n);
-    if (f->update) {
-        fwd_seq_t *q = &f->seq[0];
-        memcpy(q->st->k[li] + q->P * kvd, f->kn, q->T * kvd * sizeof *f->kn);
-        memcpy(q->st->v[li] + q->P * kvd, f->vn, q->T * kvd * sizeof *f->vn);
-    }
-    f->kv_of = SIZE_MAX;
+    size_t H = f->m->cfg.hidden, S = f->S;
+    kv_layer(f, l, li);
     fwd_piece_t *rows = malloc(S * sizeof *rows), *all = f->piece;
     if (!rows)
         return SVC_ERR_NOMEM;
@@ -580,13 +586,9 @@ static svc_err_t full_layer_last(fwd_t *f, const eng_layer_t *l, size_t li, bool
     f->last_rows = true;
     svc_err_t err = SVC_OK;
     for (size_t r0 = 0; !err && r0 < S; r0 += f->C) {
-        fwd_chunk_t ch = {r0, S - r0 < f->C ? S - r0 : f->C, r0, 0};
-        ch.np = ch.n;
-        err = attn_rows(f, l, li, &ch, noncausal);
-        if (!err) {
-            add_into(f->x + r0 * H, f->b, ch.n * H);
-            mlp_rows(f, l, r0, ch.n);
-        }
+        size_t      n = S - r0 < f->C ? S - r0 : f->C;
+        fwd_chunk_t ch = {r0, n, r0, n};
+        err = query_chunk(f, l, li, &ch, noncausal);
     }
     f->piece = all;
     free(rows);
