@@ -264,9 +264,12 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
  * Dispatch: the first call of any of them picks, once per process
  * (pthread_once, so any thread may be first), the AVX-512 kernels when
  * npu_probe() reports avx512f, avx512bw and avx512vl, else the _ref
- * kernels. The environment variable D3_NPU_KERNELS=ref forces the _ref
- * kernels (bit-identical to calling them directly); it is read once, at
- * that first call, so set it before. D3_NPU_KERNELS=avx512 keeps the
+ * kernels (with the packed matmul, the bulk of a pass, on oneDNN's sgemm:
+ * "packed weights" below). The environment variable D3_NPU_KERNELS=ref
+ * forces the _ref kernels everywhere, packed matmul included
+ * (bit-identical to calling them directly); it is read once, at that
+ * first call, so set it before. D3_NPU_KERNELS=generic gives what a CPU
+ * without AVX-512 gets on any CPU. D3_NPU_KERNELS=avx512 keeps the
  * AVX-512 kernels but takes no AMX tile anywhere (matmul, attention, delta
  * rule all in fp32): the fast path's fp32 twin, for accuracy comparisons
  * (tests/bench/bench_accuracy.c). Other values are ignored. Where the CPU
@@ -322,7 +325,15 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    ("avx512-int8x3", npu_vnni_i8.c: same bits as amx-int8x3, half the
  *    bytes of fp32 panels); D3_NPU_KERNELS=avx512-vnni picks that path on
  *    a CPU with AMX too (the tests' and benchmarks' switch);
- *  - with the AVX-512 fp32 kernels (no AMX, or D3_NPU_KERNELS=avx512):
+ *  - fp32 weights where the tiles are not used (no AMX, a CPU without
+ *    AVX-512, D3_NPU_KERNELS=avx512 or generic): w as given, multiplied
+ *    by oneDNN's sgemm in blocks of 256 output columns over the pool
+ *    ("onednn-f32", npu_dnnl.c: 1.4-1.7x our fp32 panels per thread with
+ *    AVX-512, and on every core where the panels took one; ~70x the
+ *    scalar reference with AVX2 only). A row's result does not
+ *    depend on T with oneDNN's AVX-512 kernels; with its AVX2 ones it
+ *    does, to fp32 rounding (npu_dnnl.c);
+ *  - with D3_NPU_MATMUL=panels instead (the benchmarks' comparison):
  *    K-major panels of NPU_WPACK_NR output
  *    columns, panel p holding w[p * 32 + c][k] at [k][c] (columns past N
  *    are 0): ceil(N / 32) * 32 * K floats, 64-byte aligned. The plain copy
@@ -420,7 +431,8 @@ void npu_matmul_vnni_i8(const float *x, const void *pk, size_t T, size_t K, size
 bool npu_amx_enabled(void);
 
 /* "amx-bf16x2", "amx-bf16", "amx-int8x3" (D3_NPU_MATMUL=int8x3),
- * "avx512-f32" or "ref-f32": the packed matmul's layout and precision
+ * "onednn-f32", "avx512-f32" (D3_NPU_MATMUL=panels) or "ref-f32"
+ * (D3_NPU_KERNELS=ref): the packed matmul's layout and precision
  * (above). */
 const char *npu_matmul_name(void);
 
@@ -569,6 +581,11 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
                                    npu_attn_mode_t mode);
 /* amx_tile, amx_bf16 and amx_usable, and avx512_bf16 (the AMX modes). */
 bool npu_attention_amx_usable(void);
+/* out (T, N) = x (T, K) w^T with w (N, K) as given, on oneDNN's sgemm
+ * over the pool (npu_dnnl.c: blocking, threads, bits); fp32 accumulation;
+ * never fails (the reference takes a block oneDNN refuses). out must not
+ * alias x or w. */
+void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
 /* The packed matmul on the panel layout above: panels holds
  * ceil(N / 32) panels of K * 32 floats. */
 void npu_matmul_panels_avx512(const float *x, const float *panels, size_t T, size_t K, size_t N,

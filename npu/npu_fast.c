@@ -82,7 +82,9 @@ static pthread_once_t       g_kernels_once = PTHREAD_ONCE_INIT;
 static void kernels_pick(void) {
     const char           *env = getenv("D3_NPU_KERNELS");
     const npu_features_t *f = npu_probe();
-    if (env && strcmp(env, "ref") == 0)
+    /* "generic": what a CPU without AVX-512 runs (the references, and
+     * oneDNN's sgemm for the packed matmul: layout_pick), here too. */
+    if (env && (strcmp(env, "ref") == 0 || strcmp(env, "generic") == 0))
         g_kernels = &k_ref;
     else if (f->avx512f && f->avx512bw && f->avx512vl)
         g_kernels = &k_avx512;
@@ -152,6 +154,7 @@ typedef enum wpack_layout {
     WPACK_AMX = 2,     /* bf16 tiles, npu_matmul_amx_bf16 */
     WPACK_AMX_I8 = 3,  /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
     WPACK_VNNI_I8 = 4, /* the same bytes, npu_matmul_vnni_i8 (quantised packs, no AMX) */
+    WPACK_DNNL = 5,    /* w as given, oneDNN's sgemm over the pool, npu_matmul_dnnl */
 } wpack_layout_t;
 
 struct npu_wpack {
@@ -171,28 +174,33 @@ static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
  * D3_NPU_KERNELS asks for the fp32 kernels ("avx512") or the references.
  * D3_NPU_MATMUL=bf16 rounds the activations to one bf16 (one tile product,
- * twice as fast); the default splits them into two (npu.h: why). */
+ * twice as fast); the default splits them into two (npu.h: why). Without
+ * the tiles, fp32 weights go to oneDNN's sgemm (npu_dnnl.c: why), on any
+ * CPU; D3_NPU_KERNELS=ref keeps the scalar reference and
+ * D3_NPU_MATMUL=panels our AVX-512 fp32 panels (the benchmarks' switch). */
 static void layout_pick(void) {
     const char           *env = getenv("D3_NPU_KERNELS"), *mm = getenv("D3_NPU_MATMUL");
     const npu_features_t *f = npu_probe();
     bool                  fp32 = env && strcmp(env, "avx512") == 0;
     bool                  no_amx = env && strcmp(env, "avx512-vnni") == 0;
     bool                  bf16_env = mm && strncmp(mm, "bf16", 4) == 0;
+    bool                  panels = mm && strcmp(mm, "panels") == 0;
     if (kernels() != &k_avx512)
-        g_layout = WPACK_PLAIN;
-    else if (fp32 || no_amx)
-        g_layout = WPACK_PANELS;
-    else if (f->amx_bf16 && f->amx_usable && f->avx512_bf16)
+        g_layout = env && strcmp(env, "ref") == 0 ? WPACK_PLAIN : WPACK_DNNL;
+    else if (!fp32 && !no_amx && f->amx_bf16 && f->amx_usable && f->avx512_bf16)
         g_layout = WPACK_AMX;
     else
-        g_layout = WPACK_PANELS;
+        g_layout = panels ? WPACK_PANELS : WPACK_DNNL;
     g_split = !(mm && strcmp(mm, "bf16") == 0);
     /* D3_NPU_MATMUL=bf16x2 or bf16 keeps quantised packs on the bf16 tiles
      * too (the accuracy comparisons' and the benchmarks' switch). */
     g_i8 = g_layout == WPACK_AMX && f->amx_int8 && !bf16_env;
-    /* No AMX: quantised packs on VNNI, unless fp32 everywhere was asked
-     * for (the accuracy reference) or D3_NPU_MATMUL keeps them off int8. */
-    g_vnni = g_layout == WPACK_PANELS && !fp32 && f->avx512_vnni && !bf16_env;
+    /* No AMX: quantised packs on VNNI (half the bytes of fp32: what keeps
+     * the nano q4nx package in its memory bound), unless fp32 everywhere
+     * was asked for (the accuracy reference) or D3_NPU_MATMUL keeps them
+     * off int8. */
+    g_vnni = (g_layout == WPACK_PANELS || g_layout == WPACK_DNNL) && kernels() == &k_avx512 &&
+             !fp32 && f->avx512_vnni && !bf16_env;
     /* D3_NPU_MATMUL=int8x3 puts every weight there, BF16 and F32 ones too
      * (npu.h: what that costs in accuracy). */
     g_i8_all = g_i8 && mm && strcmp(mm, "int8x3") == 0;
@@ -210,14 +218,14 @@ bool npu_amx_enabled(void) {
 }
 
 const char *npu_matmul_name(void) {
-    static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16"};
+    static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16", "", "", "onednn-f32"};
     if (layout() == WPACK_AMX && g_i8_all)
         return "amx-int8x3";
     return layout() == WPACK_AMX && g_split ? "amx-bf16x2" : names[layout()];
 }
 
 const char *npu_matmul_quantised_name(void) {
-    if (layout() == WPACK_PANELS && g_vnni)
+    if ((layout() == WPACK_PANELS || layout() == WPACK_DNNL) && g_vnni)
         return "avx512-int8x3";
     return layout() == WPACK_AMX && g_i8 ? "amx-int8x3" : npu_matmul_name();
 }
@@ -259,9 +267,9 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
     wp->layout = layout();
     if ((quantised || g_i8_all) && wp->layout == WPACK_AMX && g_i8 && K <= NPU_AMX_I8_MAX_K)
         wp->layout = WPACK_AMX_I8;
-    else if (quantised && wp->layout == WPACK_PANELS && g_vnni && K <= NPU_AMX_I8_MAX_K)
+    else if (quantised && g_vnni && K <= NPU_AMX_I8_MAX_K)
         wp->layout = WPACK_VNNI_I8;
-    if (wp->layout == WPACK_PLAIN) {
+    if (wp->layout == WPACK_PLAIN || wp->layout == WPACK_DNNL) {
         wp->data = w;
         wp->bytes = N * K * sizeof *w;
         *out = wp;
@@ -328,6 +336,9 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
         break;
     case WPACK_PANELS:
         npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);
+        break;
+    case WPACK_DNNL:
+        npu_matmul_dnnl(x, w->data, T, w->K, w->N, out);
         break;
     case WPACK_PLAIN:
         kernels()->matmul(x, w->data, T, w->K, w->N, out);

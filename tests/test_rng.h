@@ -1,7 +1,7 @@
 /*
  * test_rng.h -- reproducible random inputs for the kernel tests
- * (test_npu_*.c), and the two checks they share: NaN-filled outputs and
- * the max-norm relative error.
+ * (test_npu_*.c), and the checks they share: NaN-filled outputs, the
+ * max-norm relative error, a matmul against the reference and by hand.
  */
 #ifndef D3_TEST_RNG_H
 #define D3_TEST_RNG_H
@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "npu.h"
 
 /* xorshift64*: reproducible across libcs, unlike rand(). */
 typedef struct rng {
@@ -55,6 +57,34 @@ static inline double rel_err(const float *a, const float *b, size_t n) {
             den = fabs((double)b[i]);
     }
     return num / den;
+}
+
+/* An unpacked matmul (npu.h: out (T, N) = x (T, K) w^T) against
+ * npu_matmul_ref on random inputs, to 1e-5 relative; name labels it. */
+typedef void (*test_mm_fn)(const float *x, const float *w, size_t T, size_t K, size_t N,
+                           float *out);
+
+static inline void expect_mm_like_ref(rng_t *r, test_mm_fn mm, const char *name, size_t T, size_t K,
+                                      size_t N) {
+    float *x = rand_vec(r, T * K, -1, 1), *w = rand_vec(r, N * K, -1, 1);
+    float *a = nans(T * N), *b = nans(T * N);
+    mm(x, w, T, K, N, a);
+    npu_matmul_ref(x, w, T, K, N, b);
+    double e = rel_err(a, b, T * N);
+    cr_expect(e <= 1e-5, "%s T=%zu K=%zu N=%zu: rel err %g", name, T, K, N, e);
+    free(x), free(w), free(a), free(b);
+}
+
+/* A hand case that catches a transposed w or a swapped row and column. */
+static inline void expect_mm_hand(test_mm_fn mm) {
+    const float x[2 * 3] = {1, 2, 3, 4, 5, 6};
+    const float w[2 * 3] = {1, 0, 0, 0, 1, 1}; /* out[t] = (x0, x1 + x2) */
+    float       out[4];
+    mm(x, w, 2, 3, 2, out);
+    cr_expect_float_eq(out[0], 1.0f, 1e-6);
+    cr_expect_float_eq(out[1], 5.0f, 1e-6);
+    cr_expect_float_eq(out[2], 4.0f, 1e-6);
+    cr_expect_float_eq(out[3], 11.0f, 1e-6);
 }
 
 #endif

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "npu.h"
 
 /* Wall time; on one thread (D3_NPU_THREADS=1) the thread's CPU time, which
@@ -27,25 +28,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(npu_threads() == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static float *rand_vec(size_t n) {
-    static uint64_t s = 0x9e3779b97f4a7c15ULL;
-    float          *p = malloc((n ? n : 1) * sizeof *p);
-    if (!p) {
-        fprintf(stderr, "bench_matmul: out of memory (%zu floats)\n", n);
-        exit(1);
-    }
-    for (size_t i = 0; i < n; i++) {
-        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-        p[i] = (float)((double)((s * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0 - 0.5);
-    }
-    return p;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 #define RUNS 5
@@ -62,7 +44,7 @@ static double median_s(mm_fn fn, const float *x, const void *w, size_t T, size_t
         fn(x, w, T, K, N, out);
         t[r] = now_s() - t0;
     }
-    qsort(t, RUNS, sizeof t[0], cmp_double);
+    qsort(t, RUNS, sizeof t[0], bench_cmp_double);
     return t[RUNS / 2];
 }
 
@@ -87,7 +69,7 @@ static void panels(const float *x, const void *w, size_t T, size_t K, size_t N, 
 }
 
 static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool have_amx) {
-    float *x = rand_vec(T * K), *w = rand_vec(N * K), *out = rand_vec(T * N);
+    float *x = bench_rand_vec(T * K), *w = bench_rand_vec(N * K), *out = bench_rand_vec(T * N);
     double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_x2 = 0, s_i8 = 0, s_vn = 0,
            s_f32;
     if (have_amx) {

@@ -1,0 +1,143 @@
+/*
+ * test_npu_dnnl.c -- the projection matmul on oneDNN's sgemm (npu.h,
+ * npu_matmul_dnnl, "onednn-f32"): against the reference over shapes with
+ * row, column-block and K tails; a row's bits whatever the call's T (what
+ * the batched passes rely on); and the dispatch that sends fp32 packs there
+ * where the tiles are not used (D3_NPU_KERNELS=avx512, and =generic: what a
+ * CPU without AVX-512 gets). Criterion runs each test in its own process,
+ * so each test's environment decides its dispatch.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npu.h"
+#include "test_rng.h"
+
+static void check_dnnl(rng_t *r, size_t T, size_t K, size_t N) {
+    expect_mm_like_ref(r, npu_matmul_dnnl, "npu_matmul_dnnl", T, K, N);
+}
+
+/* T below, at and above the 16-row padding; N within one block of 256
+ * columns, at it, and with a tail block; K down to 1. */
+Test(npu_dnnl, shapes) {
+    rng_t        r = {0xd11};
+    const size_t Ts[] = {1, 2, 15, 16, 17, 100, 513};
+    const size_t Ks[] = {1, 17, 300, 2048};
+    const size_t Ns[] = {1, 31, 256, 257, 600};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof Ks[0]; j++)
+            for (size_t l = 0; l < sizeof Ns / sizeof Ns[0]; l++) {
+                if (Ts[i] * Ks[j] * Ns[l] > 40000000)
+                    continue;
+                check_dnnl(&r, Ts[i], Ks[j], Ns[l]);
+            }
+}
+
+/* K = 0: zeros; T = 0 or N = 0: nothing written. */
+Test(npu_dnnl, trivial_shapes) {
+    float out[6] = {1, 2, 3, 4, 5, 6};
+    npu_matmul_dnnl(NULL, NULL, 2, 0, 3, out);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(out[i], 0.0f);
+    out[0] = 7;
+    npu_matmul_dnnl(NULL, NULL, 0, 4, 3, out);
+    npu_matmul_dnnl(NULL, NULL, 2, 4, 0, out);
+    cr_expect_eq(out[0], 7.0f);
+}
+
+/* A hand case that catches a transposed w or a swapped row and column. */
+Test(npu_dnnl, hand) {
+    expect_mm_hand(npu_matmul_dnnl);
+}
+
+/* With oneDNN's AVX-512 kernels a row's result is the same bits whatever
+ * rows share its call (npu_dnnl.c; its AVX2 kernels do not promise it, so
+ * the check needs AVX-512): every run of rows of a 600-row product, cut at
+ * sizes below and above the padding, on the pool (large) and inline. */
+Test(npu_dnnl, rows_independent) {
+    if (!npu_probe()->avx512f)
+        cr_skip_test("oneDNN's kernels here are not the AVX-512 ones");
+    rng_t        r = {0xd12};
+    const size_t T = 600, K = 2048, N = 300;
+    float       *x = rand_vec(&r, T * K, -1, 1), *w = rand_vec(&r, N * K, -1, 1);
+    float       *all = nans(T * N), *part = nans(T * N);
+    npu_matmul_dnnl(x, w, T, K, N, all);
+    const size_t cuts[] = {1, 2, 5, 15, 16, 17, 64, 100, 511};
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        size_t M = cuts[c];
+        for (size_t t0 = 3; t0 + M <= T; t0 += 7 * M + 11) {
+            npu_matmul_dnnl(x + t0 * K, w, M, K, N, part);
+            cr_expect(memcmp(part, all + t0 * N, M * N * sizeof *part) == 0,
+                      "rows [%zu, %zu) alone differ from the same rows of T = %zu", t0, t0 + M, T);
+        }
+    }
+    free(x), free(w), free(all), free(part);
+}
+
+/* A plain pack on the dispatch asked for: npu_matmul_packed gives
+ * npu_matmul_dnnl's bits, and the pack holds the fp32 weight as given. */
+static void check_dispatch(const char *kernels, bool quantised) {
+    cr_assert_eq(setenv("D3_NPU_KERNELS", kernels, 1), 0);
+    cr_assert_eq(unsetenv("D3_NPU_MATMUL"), 0);
+    rng_t  r = {0xd13};
+    size_t T = 40, K = 300, N = 270;
+    float *x = rand_vec(&r, T * K, -1, 1), *w = rand_vec(&r, N * K, -1, 1);
+    float *wc = malloc(N * K * sizeof *wc), *a = nans(T * N), *b = nans(T * N);
+    cr_assert(wc);
+    memcpy(wc, w, N * K * sizeof *w);
+    npu_wpack_t *wp;
+    if (quantised)
+        cr_assert_eq(npu_wpack_new_quantised(wc, N, K, &wp), SVC_OK);
+    else
+        cr_assert_eq(npu_wpack_new(wc, N, K, &wp), SVC_OK);
+    cr_expect_str_eq(npu_matmul_name(), "onednn-f32");
+    cr_expect(!npu_amx_enabled());
+    cr_expect(!npu_wpack_is_int8(wp));
+    cr_expect_eq(npu_wpack_bytes(wp), N * K * sizeof(float));
+    npu_matmul_packed(x, wp, T, a);
+    npu_matmul_dnnl(x, w, T, K, N, b);
+    cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "npu_matmul_packed is npu_matmul_dnnl");
+    npu_wpack_free(wp);
+    free(x), free(w), free(a), free(b);
+}
+
+/* D3_NPU_KERNELS=avx512 (the fp32 twin of the AMX path): fp32 packs on
+ * oneDNN, and quantised ones too (fp32 everywhere is what it asks for). */
+Test(npu_dnnl, dispatch_avx512) {
+    if (!npu_probe()->avx512f)
+        cr_skip_test("no AVX-512 here");
+    check_dispatch("avx512", false);
+    cr_expect_str_eq(npu_kernels_name(), "avx512");
+    cr_expect_str_eq(npu_matmul_quantised_name(), "onednn-f32");
+}
+
+Test(npu_dnnl, dispatch_avx512_quantised) {
+    if (!npu_probe()->avx512f)
+        cr_skip_test("no AVX-512 here");
+    check_dispatch("avx512", true);
+}
+
+/* D3_NPU_KERNELS=generic (a CPU without AVX-512): the reference kernels,
+ * but every pack, quantised too (no VNNI kernel without AVX-512), on
+ * oneDNN instead of the scalar reference matmul. */
+Test(npu_dnnl, dispatch_generic) {
+    check_dispatch("generic", true);
+    cr_expect_str_eq(npu_kernels_name(), "ref");
+    cr_expect_str_eq(npu_matmul_quantised_name(), "onednn-f32");
+}
+
+/* D3_NPU_KERNELS=ref stays the scalar reference (the oracle), and
+ * D3_NPU_MATMUL=panels keeps our AVX-512 fp32 panels reachable. */
+Test(npu_dnnl, ref_stays) {
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "ref", 1), 0);
+    cr_expect_str_eq(npu_matmul_name(), "ref-f32");
+}
+
+Test(npu_dnnl, panels_stay) {
+    if (!npu_probe()->avx512f)
+        cr_skip_test("no AVX-512 here");
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "avx512", 1), 0);
+    cr_assert_eq(setenv("D3_NPU_MATMUL", "panels", 1), 0);
+    cr_expect_str_eq(npu_matmul_name(), "avx512-f32");
+}
