@@ -2,9 +2,11 @@
  * bench_matmul.c -- the projection matmuls at d3-nano's shapes: AMX-BF16
  * (npu_matmul_amx_bf16, the default split npu_matmul_amx, and the int8
  * kernels of quantised weights npu_matmul_amx_i8 and, for CPUs without
- * AMX, npu_matmul_vnni_i8) against the fp32 AVX-512
- * panels, on one thread (D3_NPU_THREADS=1 in the environment) or the
- * whole pool. Built, never run by ctest.
+ * AMX, npu_matmul_vnni_i8) against the fp32 ones where the tiles are not
+ * used (npu_matmul_dnnl, oneDNN's sgemm, the default there, and our
+ * AVX-512 panels, one thread, D3_NPU_MATMUL=panels), on one thread
+ * (D3_NPU_THREADS=1 in the environment) or the whole pool. Built, never
+ * run by ctest; bench_onednn.c has oneDNN's own matmuls beside ours.
  *
  *   bench_matmul [T ...]   token counts (default 128 1024 4096)
  *   bench_matmul --json    one JSON object per line
@@ -68,10 +70,14 @@ static void panels(const float *x, const void *w, size_t T, size_t K, size_t N, 
     npu_matmul_panels_avx512(x, w, T, K, N, out);
 }
 
+static void dnnl(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
+    npu_matmul_dnnl(x, w, T, K, N, out);
+}
+
 static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool have_amx) {
     float *x = bench_rand_vec(T * K), *w = bench_rand_vec(N * K), *out = bench_rand_vec(T * N);
     double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_x2 = 0, s_i8 = 0, s_vn = 0,
-           s_f32;
+           s_f32, s_dn;
     if (have_amx) {
         uint16_t *pk = aligned_alloc(64, (npu_amx_pack_elems(N, K) * 2 + 63) / 64 * 64);
         if (!pk)
@@ -103,19 +109,22 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
             pan[(n / 32 * K + k) * 32 + n % 32] = w[n * K + k];
     /* The fp32 panels run on one thread; they are the old path. */
     s_f32 = median_s(panels, x, pan, T, K, N, out);
+    s_dn = median_s(dnnl, x, w, T, K, N, out);
     if (json)
         printf("{\"what\":\"%s\",\"T\":%zu,\"K\":%zu,\"N\":%zu,\"threads\":%zu,\"amx_gflops\":%.1f,"
                "\"amx_x2_gflops\":%.1f,\"amx_i8x3_gflops\":%.1f,\"vnni_i8x3_gflops\":%.1f,"
-               "\"f32_1thread_gflops\":%.1f}\n",
+               "\"onednn_f32_gflops\":%.1f,\"f32_1thread_gflops\":%.1f}\n",
                what, T, K, N, npu_threads(), have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
-               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, flop / s_f32 * 1e-9);
+               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, flop / s_dn * 1e-9, flop / s_f32 * 1e-9);
     else
-        printf("%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
-               " avx512-int8x3 %7.1f GFLOP/s (%zu thr)  f32 panels %6.1f GFLOP/s (1 thr)\n",
-               what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
-               have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
-               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, npu_threads(), flop / s_f32 * 1e-9);
+        printf(
+            "%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
+            " avx512-int8x3 %7.1f  onednn-f32 %6.1f GFLOP/s (%zu thr)  f32 panels %6.1f (1 thr)\n",
+            what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
+            have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
+            s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, flop / s_dn * 1e-9, npu_threads(),
+            flop / s_f32 * 1e-9);
     fflush(stdout);
     free(pan), free(x), free(w), free(out);
 }
