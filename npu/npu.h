@@ -264,8 +264,9 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
  * Dispatch: the first call of any of them picks, once per process
  * (pthread_once, so any thread may be first), the AVX-512 kernels when
  * npu_probe() reports avx512f, avx512bw and avx512vl, else the _ref
- * kernels (with the packed matmul, the bulk of a pass, on oneDNN's sgemm:
- * "packed weights" below). The environment variable D3_NPU_KERNELS=ref
+ * kernels, but the packed matmul (the bulk of a pass: "packed weights"
+ * below) and attention on oneDNN's sgemm ("generic",
+ * npu_attention_dnnl). The environment variable D3_NPU_KERNELS=ref
  * forces the _ref kernels everywhere, packed matmul included
  * (bit-identical to calling them directly); it is read once, at that
  * first call, so set it before. D3_NPU_KERNELS=generic gives what a CPU
@@ -281,7 +282,7 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
  * the dispatch table, written once.
  * ------------------------------------------------------------------------ */
 
-/* "avx512" or "ref": which kernels the npu_* fast entry points below run
+/* "avx512", "generic" or "ref": which kernels the npu_* fast entry points below run
  * (makes the dispatch decision if no kernel has been called yet). */
 const char *npu_kernels_name(void);
 
@@ -586,6 +587,12 @@ bool npu_attention_amx_usable(void);
  * never fails (the reference takes a block oneDNN refuses). out must not
  * alias x or w. */
 void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
+/* Attention as npu_attention_ref (same contract, fp32), as a tiled
+ * online softmax whose block products are oneDNN sgemms over the pool
+ * (npu_dnnl.c): what a CPU without AVX-512 runs (D3_NPU_KERNELS=generic). */
+SVC_WUR svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, size_t Tq,
+                                     size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                     bool causal, const uint8_t *key_mask, float *out);
 /* The packed matmul on the panel layout above: panels holds
  * ceil(N / 32) panels of K * 32 floats. */
 void npu_matmul_panels_avx512(const float *x, const float *panels, size_t T, size_t K, size_t N,

@@ -34,8 +34,10 @@
  */
 #include "npu.h"
 
+#include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,4 +96,125 @@ void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t 
             dnnl_item(&j, i);
     if (pad)
         memcpy(out, j.out, T * N * sizeof *out);
+}
+
+/* ---- attention on sgemm (CPUs without AVX-512) ----------------------------
+ *
+ * npu_attention_ref's contract as a tiled online softmax whose two block
+ * products are single-threaded sgemms: per item (a query head, ATT_QB
+ * queries), S = scale Q K_blk^T straight from the strided q and k (lda =
+ * n_heads * head_dim, ldb = n_kv_heads * head_dim: no gather), the masks,
+ * the running max and sum in plain C, acc = acc * rescale + P V_blk.
+ * Why: a CPU without AVX-512 ran the double-precision reference, O(Tq Tk)
+ * scalar products per head: with oneDNN's AVX2 kernels one nano layer's
+ * causal attention takes 0.22 s instead of 3.4 s at 1,024 tokens, 1.6 s
+ * instead of 57 s at 4,096 (ONEDNN_MAX_CPU_ISA=AVX2 here). Items go over
+ * the pool, as the matmul's. Scratch: one item's S block, acc and row
+ * state (npu_scratch, NPU_SCRATCH_ATTN_ITEM). */
+
+#define ATT_QB 64  /* queries per item */
+#define ATT_KB 512 /* keys per block */
+
+typedef struct att_job {
+    const float   *q, *k, *v;
+    size_t         Tq, Tk, H, Hkv, D;
+    bool           causal;
+    const uint8_t *mask;
+    float         *out;
+    size_t         n_qblk;
+    atomic_bool    nomem;
+} att_job_t;
+
+/* Row i of S (kb keys from j0) with what it may not see at -inf; returns
+ * whether any key is left. */
+static bool att_mask_row(const att_job_t *j, size_t t, size_t j0, size_t kb, float *s) {
+    size_t last = j->causal ? t + (j->Tk - j->Tq) : j->Tk - 1; /* last visible key */
+    bool   any = false;
+    for (size_t c = 0; c < kb; c++) {
+        bool ok = j0 + c <= last && (!j->mask || j->mask[j0 + c]);
+        if (!ok)
+            s[c] = -INFINITY;
+        any |= ok;
+    }
+    return any;
+}
+
+/* Online softmax of one row of S into P (in place): m and l are the row's
+ * running max and sum; returns the factor acc must be scaled by. */
+static float att_softmax_row(float *s, size_t kb, float *m, float *l) {
+    float mx = *m;
+    for (size_t c = 0; c < kb; c++)
+        mx = s[c] > mx ? s[c] : mx;
+    float scale = *m == -INFINITY ? 0.0f : expf(*m - mx), sum = 0.0f;
+    for (size_t c = 0; c < kb; c++) {
+        s[c] = s[c] == -INFINITY ? 0.0f : expf(s[c] - mx);
+        sum += s[c];
+    }
+    *l = *l * scale + sum;
+    *m = mx;
+    return scale;
+}
+
+static void att_item(void *ctx, size_t i) {
+    att_job_t *j = ctx;
+    size_t     h = i / j->n_qblk, t0 = i % j->n_qblk * ATT_QB;
+    size_t     qb = j->Tq - t0 < ATT_QB ? j->Tq - t0 : ATT_QB, D = j->D;
+    size_t     g = h / (j->H / j->Hkv), ldq = j->H * D, ldk = j->Hkv * D;
+    float     *s = npu_scratch(NPU_SCRATCH_ATTN_ITEM, (ATT_QB * (ATT_KB + D) + 2 * ATT_QB) * 4);
+    if (!s) {
+        atomic_store(&j->nomem, true);
+        return;
+    }
+    float *acc = s + ATT_QB * ATT_KB, *m = acc + ATT_QB * D, *l = m + ATT_QB;
+    memset(acc, 0, qb * D * sizeof *acc);
+    for (size_t r = 0; r < qb; r++)
+        m[r] = -INFINITY, l[r] = 0.0f;
+    omp_set_num_threads(1);
+    /* Keys past the last query's causal horizon are never visible. */
+    size_t tk = j->causal ? t0 + qb + (j->Tk - j->Tq) : j->Tk;
+    for (size_t j0 = 0; j0 < tk; j0 += ATT_KB) {
+        size_t kb = tk - j0 < ATT_KB ? tk - j0 : ATT_KB;
+        dnnl_sgemm('N', 'T', (dnnl_dim_t)qb, (dnnl_dim_t)kb, (dnnl_dim_t)D, 1.0f / sqrtf((float)D),
+                   j->q + (t0 * j->H + h) * D, (dnnl_dim_t)ldq, j->k + (j0 * j->Hkv + g) * D,
+                   (dnnl_dim_t)ldk, 0.0f, s, (dnnl_dim_t)kb);
+        for (size_t r = 0; r < qb; r++) {
+            float *sr = s + r * kb, f = 1.0f;
+            if (att_mask_row(j, t0 + r, j0, kb, sr))
+                f = att_softmax_row(sr, kb, m + r, l + r);
+            else
+                memset(sr, 0, kb * sizeof *sr);
+            for (size_t d = 0; d < D; d++)
+                acc[r * D + d] *= f;
+        }
+        dnnl_sgemm('N', 'N', (dnnl_dim_t)qb, (dnnl_dim_t)D, (dnnl_dim_t)kb, 1.0f, s, (dnnl_dim_t)kb,
+                   j->v + (j0 * j->Hkv + g) * D, (dnnl_dim_t)ldk, 1.0f, acc, (dnnl_dim_t)D);
+    }
+    for (size_t r = 0; r < qb; r++) {
+        float *o = j->out + ((t0 + r) * j->H + h) * D, inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (size_t d = 0; d < D; d++)
+            o[d] = acc[r * D + d] * inv;
+    }
+}
+
+svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                             size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
+                             const uint8_t *key_mask, float *out) {
+    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+    if (Tq == 0 || n_heads == 0 || head_dim == 0)
+        return SVC_OK;
+    att_job_t j = {.q = q,
+                   .k = k,
+                   .v = v,
+                   .Tq = Tq,
+                   .Tk = Tk,
+                   .H = n_heads,
+                   .Hkv = n_kv_heads,
+                   .D = head_dim,
+                   .causal = causal,
+                   .mask = key_mask,
+                   .out = out,
+                   .n_qblk = (Tq + ATT_QB - 1) / ATT_QB};
+    atomic_init(&j.nomem, false);
+    npu_parallel_for(n_heads * j.n_qblk, att_item, &j);
+    return atomic_load(&j.nomem) ? SVC_ERR_NOMEM : SVC_OK;
 }

@@ -32,17 +32,25 @@ typedef struct npu_kernels {
     void (*sigmoid_mul)(const float *gate, float *x, size_t n);
 } npu_kernels_t;
 
+/* The reference kernels but attention (the kernel tables below). */
+#define REF_KERNELS_BUT_ATTENTION                                                                  \
+    .matmul = npu_matmul_ref, .delta_rule = npu_delta_rule_chunked_ref,                            \
+    .conv1d_causal_silu = npu_conv1d_causal_silu_ref, .rmsnorm = npu_rmsnorm_ref,                  \
+    .rmsnorm_gated = npu_rmsnorm_gated_ref, .l2norm = npu_l2norm_ref,                              \
+    .silu_mul = npu_silu_mul_ref, .sigmoid_mul = npu_sigmoid_mul_ref
+
 static const npu_kernels_t k_ref = {
     .name = "ref",
-    .matmul = npu_matmul_ref,
     .attention = npu_attention_ref,
-    .delta_rule = npu_delta_rule_chunked_ref,
-    .conv1d_causal_silu = npu_conv1d_causal_silu_ref,
-    .rmsnorm = npu_rmsnorm_ref,
-    .rmsnorm_gated = npu_rmsnorm_gated_ref,
-    .l2norm = npu_l2norm_ref,
-    .silu_mul = npu_silu_mul_ref,
-    .sigmoid_mul = npu_sigmoid_mul_ref,
+    REF_KERNELS_BUT_ATTENTION,
+};
+
+/* A CPU without AVX-512 (or D3_NPU_KERNELS=generic): the references,
+ * but attention on oneDNN's sgemm (npu_dnnl.c), as the packed matmul. */
+static const npu_kernels_t k_generic = {
+    .name = "generic",
+    .attention = npu_attention_dnnl,
+    REF_KERNELS_BUT_ATTENTION,
 };
 
 /* head_dim <= 32: the small-head kernel (a few vectors per head, two
@@ -82,14 +90,15 @@ static pthread_once_t       g_kernels_once = PTHREAD_ONCE_INIT;
 static void kernels_pick(void) {
     const char           *env = getenv("D3_NPU_KERNELS");
     const npu_features_t *f = npu_probe();
-    /* "generic": what a CPU without AVX-512 runs (the references, and
-     * oneDNN's sgemm for the packed matmul: layout_pick), here too. */
-    if (env && (strcmp(env, "ref") == 0 || strcmp(env, "generic") == 0))
+    /* "generic": what a CPU without AVX-512 runs, here too. */
+    if (env && strcmp(env, "ref") == 0)
         g_kernels = &k_ref;
+    else if (env && strcmp(env, "generic") == 0)
+        g_kernels = &k_generic;
     else if (f->avx512f && f->avx512bw && f->avx512vl)
         g_kernels = &k_avx512;
     else
-        g_kernels = &k_ref;
+        g_kernels = &k_generic;
 }
 
 static const npu_kernels_t *kernels(void) {
@@ -186,7 +195,7 @@ static void layout_pick(void) {
     bool                  bf16_env = mm && strncmp(mm, "bf16", 4) == 0;
     bool                  panels = mm && strcmp(mm, "panels") == 0;
     if (kernels() != &k_avx512)
-        g_layout = env && strcmp(env, "ref") == 0 ? WPACK_PLAIN : WPACK_DNNL;
+        g_layout = kernels() == &k_ref ? WPACK_PLAIN : WPACK_DNNL;
     else if (!fp32 && !no_amx && f->amx_bf16 && f->amx_usable && f->avx512_bf16)
         g_layout = WPACK_AMX;
     else

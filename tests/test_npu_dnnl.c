@@ -4,8 +4,9 @@
  * row, column-block and K tails; a row's bits whatever the call's T (what
  * the batched passes rely on); and the dispatch that sends fp32 packs there
  * where the tiles are not used (D3_NPU_KERNELS=avx512, and =generic: what a
- * CPU without AVX-512 gets). Criterion runs each test in its own process,
- * so each test's environment decides its dispatch.
+ * CPU without AVX-512 gets); the attention on sgemm (npu_attention_dnnl)
+ * against the reference. Criterion runs each test in its own process, so
+ * each test's environment decides its dispatch.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -123,7 +124,7 @@ Test(npu_dnnl, dispatch_avx512_quantised) {
  * oneDNN instead of the scalar reference matmul. */
 Test(npu_dnnl, dispatch_generic) {
     check_dispatch("generic", true);
-    cr_expect_str_eq(npu_kernels_name(), "ref");
+    cr_expect_str_eq(npu_kernels_name(), "generic");
     cr_expect_str_eq(npu_matmul_quantised_name(), "onednn-f32");
 }
 
@@ -140,4 +141,58 @@ Test(npu_dnnl, panels_stay) {
     cr_assert_eq(setenv("D3_NPU_KERNELS", "avx512", 1), 0);
     cr_assert_eq(setenv("D3_NPU_MATMUL", "panels", 1), 0);
     cr_expect_str_eq(npu_matmul_name(), "avx512-f32");
+}
+
+/* ---- attention on sgemm ---------------------------------------------------- */
+
+/* npu_attention_dnnl against npu_attention_ref on random q, k, v: key
+ * blocks of 512 with a tail, query blocks of 64 with a tail, GQA, the
+ * causal prefix offset, a key mask (keys 0 and 2 padded, so the causal
+ * first query of a full prompt sees key 1 only), and with every key of
+ * the first block masked: queries that see no key get zeros. */
+static void check_attn(rng_t *r, size_t Tq, size_t Tk, size_t H, size_t Hkv, size_t D, bool causal,
+                       int masking) {
+    float   *q = rand_vec(r, Tq * H * D, -1, 1), *k = rand_vec(r, Tk * Hkv * D, -1, 1);
+    float   *v = rand_vec(r, Tk * Hkv * D, -1, 1);
+    float   *a = nans(Tq * H * D), *b = nans(Tq * H * D);
+    uint8_t *mask = NULL;
+    if (masking) {
+        mask = malloc(Tk);
+        cr_assert(mask);
+        for (size_t j = 0; j < Tk; j++)
+            mask[j] = masking == 1 ? j != 0 && j != 2 : j >= 600;
+    }
+    cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, a), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, b), SVC_OK);
+    double e = rel_err(a, b, Tq * H * D);
+    cr_expect(e <= 2e-5, "attention Tq=%zu Tk=%zu H=%zu/%zu D=%zu causal=%d mask=%d: rel err %g",
+              Tq, Tk, H, Hkv, D, causal, masking, e);
+    free(q), free(k), free(v), free(a), free(b), free(mask);
+}
+
+Test(npu_dnnl, attention_like_ref) {
+    rng_t r = {0xa77};
+    for (int causal = 0; causal < 2; causal++)
+        for (int masking = 0; masking < 2; masking++) {
+            check_attn(&r, 1, 1, 2, 1, 16, causal, masking);
+            check_attn(&r, 7, 7, 4, 2, 64, causal, masking);
+            check_attn(&r, 130, 1100, 4, 1, 32, causal, masking);
+            check_attn(&r, 600, 600, 2, 2, 256, causal, masking);
+        }
+    /* keys [0, 600) padded: a causal query before 600 sees nothing */
+    check_attn(&r, 700, 700, 2, 1, 32, true, 2);
+    check_attn(&r, 100, 700, 2, 1, 32, false, 2);
+}
+
+/* The generic kernels run it: npu_attention gives its bits. */
+Test(npu_dnnl, attention_dispatch_generic) {
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "generic", 1), 0);
+    rng_t  r = {0xa78};
+    size_t Tq = 70, Tk = 90, H = 4, Hkv = 2, D = 64;
+    float *q = rand_vec(&r, Tq * H * D, -1, 1), *k = rand_vec(&r, Tk * Hkv * D, -1, 1);
+    float *v = rand_vec(&r, Tk * Hkv * D, -1, 1), *a = nans(Tq * H * D), *b = nans(Tq * H * D);
+    cr_assert_eq(npu_attention(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, a), SVC_OK);
+    cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, b), SVC_OK);
+    cr_expect(memcmp(a, b, Tq * H * D * sizeof *a) == 0, "npu_attention is npu_attention_dnnl");
+    free(q), free(k), free(v), free(a), free(b);
 }

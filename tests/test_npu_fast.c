@@ -19,7 +19,7 @@
 static void expect_fast_dispatch(void) {
     const npu_features_t *f = npu_probe();
     bool                  avx = f->avx512f && f->avx512bw && f->avx512vl;
-    cr_assert_str_eq(npu_kernels_name(), avx ? "avx512" : "ref");
+    cr_assert_str_eq(npu_kernels_name(), avx ? "avx512" : "generic");
 }
 
 /* ---- matmul ---------------------------------------------------------------- */
