@@ -265,11 +265,11 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
  * (pthread_once, so any thread may be first), the AVX-512 kernels when
  * npu_probe() reports avx512f, avx512bw and avx512vl, else the _ref
  * kernels, but the packed matmul (the bulk of a pass: "packed weights"
- * below) and attention on oneDNN's sgemm ("generic",
- * npu_attention_dnnl). The environment variable D3_NPU_KERNELS=ref
- * forces the _ref kernels everywhere, packed matmul included
- * (bit-identical to calling them directly); it is read once, at that
- * first call, so set it before. D3_NPU_KERNELS=generic gives what a CPU
+ * below), attention and the delta rule on oneDNN's sgemm ("generic",
+ * npu_attention_dnnl, npu_delta_rule_dnnl). The environment variable
+ * D3_NPU_KERNELS=ref forces the _ref kernels everywhere, packed matmul
+ * included (bit-identical to calling them directly); it is read once, at
+ * that first call, so set it before. D3_NPU_KERNELS=generic gives what a CPU
  * without AVX-512 gets on any CPU. D3_NPU_KERNELS=avx512 keeps the
  * AVX-512 kernels but takes no AMX tile anywhere (matmul, attention, delta
  * rule all in fp32): the fast path's fp32 twin, for accuracy comparisons
@@ -593,6 +593,14 @@ void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t 
 SVC_WUR svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, size_t Tq,
                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                      bool causal, const uint8_t *key_mask, float *out);
+/* The delta rule as npu_delta_rule_chunked_ref (same contract and
+ * chunks), in fp32 with each chunk's products on oneDNN sgemms, one value
+ * head per item of the pool (npu_dnnl.c): what a CPU without AVX-512 runs
+ * (D3_NPU_KERNELS=generic). SVC_ERR_NOMEM if scratch cannot be had. */
+SVC_WUR svc_err_t npu_delta_rule_dnnl(const float *q, const float *k, const float *v,
+                                      const float *g, const float *beta, size_t T, size_t n_k_heads,
+                                      size_t n_v_heads, size_t dk, size_t dv, const float *state_in,
+                                      float *state_out, float *out);
 /* The packed matmul on the panel layout above: panels holds
  * ceil(N / 32) panels of K * 32 floats. */
 void npu_matmul_panels_avx512(const float *x, const float *panels, size_t T, size_t K, size_t N,

@@ -32,25 +32,28 @@ typedef struct npu_kernels {
     void (*sigmoid_mul)(const float *gate, float *x, size_t n);
 } npu_kernels_t;
 
-/* The reference kernels but attention (the kernel tables below). */
-#define REF_KERNELS_BUT_ATTENTION                                                                  \
-    .matmul = npu_matmul_ref, .delta_rule = npu_delta_rule_chunked_ref,                            \
-    .conv1d_causal_silu = npu_conv1d_causal_silu_ref, .rmsnorm = npu_rmsnorm_ref,                  \
-    .rmsnorm_gated = npu_rmsnorm_gated_ref, .l2norm = npu_l2norm_ref,                              \
+/* The reference kernels but attention and the delta rule (the kernel
+ * tables below). */
+#define REF_KERNELS_REST                                                                           \
+    .matmul = npu_matmul_ref, .conv1d_causal_silu = npu_conv1d_causal_silu_ref,                    \
+    .rmsnorm = npu_rmsnorm_ref, .rmsnorm_gated = npu_rmsnorm_gated_ref, .l2norm = npu_l2norm_ref,  \
     .silu_mul = npu_silu_mul_ref, .sigmoid_mul = npu_sigmoid_mul_ref
 
 static const npu_kernels_t k_ref = {
     .name = "ref",
     .attention = npu_attention_ref,
-    REF_KERNELS_BUT_ATTENTION,
+    .delta_rule = npu_delta_rule_chunked_ref,
+    REF_KERNELS_REST,
 };
 
 /* A CPU without AVX-512 (or D3_NPU_KERNELS=generic): the references,
- * but attention on oneDNN's sgemm (npu_dnnl.c), as the packed matmul. */
+ * but attention and the delta rule on oneDNN's sgemm (npu_dnnl.c), as the
+ * packed matmul. */
 static const npu_kernels_t k_generic = {
     .name = "generic",
     .attention = npu_attention_dnnl,
-    REF_KERNELS_BUT_ATTENTION,
+    .delta_rule = npu_delta_rule_dnnl,
+    REF_KERNELS_REST,
 };
 
 /* head_dim <= 32: the small-head kernel (a few vectors per head, two

@@ -134,6 +134,28 @@ Test(npu_delta, chunked_avx512_shapes) {
                     k_shapes[i].Hk, k_shapes[i].Hv, k_shapes[i].dk, k_shapes[i].dv);
 }
 
+/* The sgemm form (npu_delta_rule_dnnl: what a CPU without AVX-512 runs)
+ * on the same shapes, any CPU; and with the state updated in place
+ * (state_out == state_in, which the contract allows). */
+Test(npu_delta, chunked_dnnl_shapes) {
+    rng_t r = {0xde17b};
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
+        check_delta(npu_delta_rule_dnnl, "chunked_dnnl", &r, k_shapes[i].T, k_shapes[i].Hk,
+                    k_shapes[i].Hv, k_shapes[i].dk, k_shapes[i].dv);
+    delta_in_t in = delta_make(&r, 150, 1, 2, 128, 128);
+    size_t     ns = 2 * 128 * 128;
+    float     *s = malloc(ns * sizeof *s), *a = nans(150 * 2 * 128), *c, *sc;
+    cr_assert(s);
+    memcpy(s, in.s0, ns * sizeof *s);
+    cr_assert_eq(npu_delta_rule_dnnl(in.q, in.k, in.v, in.g, in.beta, 150, 1, 2, 128, 128, s, s, a),
+                 SVC_OK);
+    delta_run(npu_delta_rule_chunked_ref, &in, in.s0, &c, &sc);
+    cr_expect(rel_err(a, c, 150 * 2 * 128) <= DELTA_TOL && rel_err(s, sc, ns) <= DELTA_TOL,
+              "in place: out %g state %g", rel_err(a, c, 150 * 2 * 128), rel_err(s, sc, ns));
+    free(s), free(a), free(c), free(sc);
+    delta_free(&in);
+}
+
 /* The same shapes with the fp32 FMA products forced (D3_NPU_DELTA=f32,
  * read at each call; this test has its own process): on a CPU with AMX
  * the test above ran the bf16 tile products for dk, dv multiples of 32. */

@@ -184,7 +184,9 @@ Test(npu_dnnl, attention_like_ref) {
     check_attn(&r, 100, 700, 2, 1, 32, false, 2);
 }
 
-/* The generic kernels run it: npu_attention gives its bits. */
+/* The generic kernels run it, and the delta rule on sgemm: npu_attention
+ * and npu_delta_rule give npu_attention_dnnl's and npu_delta_rule_dnnl's
+ * bits. */
 Test(npu_dnnl, attention_dispatch_generic) {
     cr_assert_eq(setenv("D3_NPU_KERNELS", "generic", 1), 0);
     rng_t  r = {0xa78};
@@ -194,5 +196,18 @@ Test(npu_dnnl, attention_dispatch_generic) {
     cr_assert_eq(npu_attention(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, a), SVC_OK);
     cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, b), SVC_OK);
     cr_expect(memcmp(a, b, Tq * H * D * sizeof *a) == 0, "npu_attention is npu_attention_dnnl");
-    free(q), free(k), free(v), free(a), free(b);
+    /* the delta rule on the same q and k: 2 key heads of 64, 4 value heads
+     * of 64 (g and beta in range, state from zeros) */
+    size_t T = 70, nk = 2, nv = 4, d = 64;
+    float *g = rand_vec(&r, T * nv, -1, 0), *beta = rand_vec(&r, T * nv, 0.1f, 0.9f);
+    float *vd = rand_vec(&r, T * nv * d, -1, 1);
+    float *o1 = nans(T * nv * d), *o2 = nans(T * nv * d);
+    float *s1 = nans(nv * d * d), *s2 = nans(nv * d * d);
+    cr_assert_eq(npu_delta_rule(q, k, vd, g, beta, T, nk, nv, d, d, NULL, s1, o1), SVC_OK);
+    cr_assert_eq(npu_delta_rule_dnnl(q, k, vd, g, beta, T, nk, nv, d, d, NULL, s2, o2), SVC_OK);
+    cr_expect(memcmp(o1, o2, T * nv * d * sizeof *o1) == 0 &&
+                  memcmp(s1, s2, nv * d * d * sizeof *s1) == 0,
+              "npu_delta_rule is npu_delta_rule_dnnl");
+    free(q), free(k), free(v), free(a), free(b), free(g), free(beta), free(o1), free(o2), free(s1),
+        free(s2), free(vd);
 }
