@@ -1,7 +1,9 @@
 /*
- * npu_dnnl.c -- the projection matmul on oneDNN's sgemm (npu.h,
- * npu_matmul_dnnl, "onednn-f32"): what fp32 weights run on where the AMX
- * tiles are not used.
+ * npu_dnnl.c -- kernels on oneDNN's sgemm (npu.h): the projection matmul
+ * (npu_matmul_dnnl, "onednn-f32"), what fp32 weights run on where the AMX
+ * tiles are not used; and, for CPUs without AVX-512 (the "generic"
+ * kernels), attention (npu_attention_dnnl) and the chunked delta rule
+ * (npu_delta_rule_dnnl), each with its own section below.
  *
  * Why oneDNN here and not our own kernel: measured in one process on this
  * machine (tests/bench/bench_onednn, runs alternating), oneDNN 2.6's JIT
