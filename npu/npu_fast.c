@@ -237,7 +237,8 @@ const char *npu_matmul_name(void) {
 }
 
 const char *npu_matmul_quantised_name(void) {
-    if ((layout() == WPACK_PANELS || layout() == WPACK_DNNL) && g_vnni)
+    /* layout() first: it sets g_vnni, which only a non-AMX layout takes. */
+    if (layout() != WPACK_AMX && g_vnni)
         return "avx512-int8x3";
     return layout() == WPACK_AMX && g_i8 ? "amx-int8x3" : npu_matmul_name();
 }
