@@ -163,21 +163,39 @@ void npu_mrope_ref(float *x, const int32_t *pos3, size_t T, size_t H, size_t hea
  * q is (Tq, n_heads, head_dim); k, v are (Tk, n_kv_heads, head_dim);
  * out is (Tq, n_heads, head_dim). Query head h uses KV head
  * h / (n_heads / n_kv_heads) (repeat_kv is repeat_interleave).
- * Tq <= Tk: the queries are the LAST Tq of the Tk positions (a shared
- * prefix already in k, v). causal: query i sees key j iff
- * j <= i + (Tk - Tq). key_mask (Tk) or NULL: key j takes part iff
- * key_mask[j] != 0 (padding). A query that sees no key gets zeros.
+ * causal: Tq <= Tk, the queries are the LAST Tq of the Tk positions (a
+ * shared prefix already in k, v), and query i sees key j iff
+ * j <= i + (Tk - Tq); otherwise every query sees every key (any Tq, Tk >=
+ * 1). key_mask (Tk) or NULL: key j takes part iff key_mask[j] != 0
+ * (padding). A query that sees no key gets zeros.
+ * lse (Tq, n_heads) or NULL: receives each query's log-sum-exp of the
+ * scaled scores it sees, ln sum_j exp(q k_j / sqrt(head_dim)) (-inf when
+ * it sees none): what merging the attention over two key sets takes
+ * (npu_attention_merge).
  * Qwen3.5's gated attention multiplies out by sigmoid(gate) afterwards;
  * that is the caller's. Returns SVC_ERR_NOMEM if scratch cannot be had. */
 SVC_WUR svc_err_t npu_attention_ref(const float *q, const float *k, const float *v, size_t Tq,
                                     size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                    bool causal, const uint8_t *key_mask, float *out);
+                                    bool causal, const uint8_t *key_mask, float *out, float *lse);
 
 /* The same by the textbook formula (a full Tq x Tk score matrix per head).
  * Tests only: memory O(Tq * Tk). */
 SVC_WUR svc_err_t npu_attention_naive(const float *q, const float *k, const float *v, size_t Tq,
                                       size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                       bool causal, const uint8_t *key_mask, float *out);
+
+/* The attention over the union of two disjoint key sets from each set's
+ * (out, lse) of npu_attention_lse / _ref: per (row, head) r,
+ * o[r] = (e^(lse1[r] - M) o1[r] + e^(lse2[r] - M) o2[r]) / (the two
+ * weights), M the larger lse, and lse[r] (NULL: not written) the union's
+ * log-sum-exp. A side with lse -inf counts 0; zeros when both are. T rows
+ * of (n_heads, head_dim); o may equal o1 or o2 and lse lse1 or lse2.
+ * Agrees with one call over both sets to fp32 rounding, not bit for bit.
+ * Why: noncausal prefix states (eng_forward.c) keep their rows' attention
+ * over their own keys, so that a question sharing the prefix attends
+ * those rows only to its own new keys. */
+void npu_attention_merge(const float *o1, const float *lse1, const float *o2, const float *lse2,
+                         size_t T, size_t n_heads, size_t head_dim, float *o, float *lse);
 
 /* Depthwise causal conv over time, then SiLU: the Gated DeltaNet's conv1d
  * (causal_conv1d_fn: F.conv1d with groups = channels, padding K - 1, the
@@ -475,6 +493,12 @@ void   npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, si
 SVC_WUR svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t Tq,
                                 size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                 bool causal, const uint8_t *key_mask, float *out);
+/* npu_attention, noncausal, with each query's log-sum-exp into lse
+ * (Tq, n_heads; required): npu_attention_ref's lse. Tk may be 0 (zeros,
+ * lse -inf). */
+SVC_WUR svc_err_t npu_attention_lse(const float *q, const float *k, const float *v, size_t Tq,
+                                    size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                    const uint8_t *key_mask, float *out, float *lse);
 
 /* Gated delta rule as npu_delta_rule_chunked_ref (same arguments; state_out
  * may equal state_in). With the AVX-512 kernels, from 8 tokens on and for
@@ -547,7 +571,7 @@ svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, s
 /* The head_dim <= 32 path of npu_attention_avx512 (asserts head_dim <= 32). */
 svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float *v, size_t Tq,
                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                     bool causal, const uint8_t *key_mask, float *out);
+                                     bool causal, const uint8_t *key_mask, float *out, float *lse);
 
 /* Arithmetic of npu_attention_tiled_mode. */
 typedef enum npu_attn_mode {
@@ -578,7 +602,7 @@ svc_err_t npu_attention_tiled(const float *q, const float *k, const float *v, si
  * when npu_attention_amx_usable() is false. For tests and benchmarks. */
 svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *v, size_t Tq,
                                    size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                   bool causal, const uint8_t *key_mask, float *out,
+                                   bool causal, const uint8_t *key_mask, float *out, float *lse,
                                    npu_attn_mode_t mode);
 /* amx_tile, amx_bf16 and amx_usable, and avx512_bf16 (the AMX modes). */
 bool npu_attention_amx_usable(void);
@@ -592,7 +616,7 @@ void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t 
  * (npu_dnnl.c): what a CPU without AVX-512 runs (D3_NPU_KERNELS=generic). */
 SVC_WUR svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, size_t Tq,
                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                     bool causal, const uint8_t *key_mask, float *out);
+                                     bool causal, const uint8_t *key_mask, float *out, float *lse);
 /* The delta rule as npu_delta_rule_chunked_ref (same contract and
  * chunks), in fp32 with each chunk's products on oneDNN sgemms, one value
  * head per item of the pool (npu_dnnl.c): what a CPU without AVX-512 runs

@@ -108,7 +108,7 @@ _Static_assert(sizeof(npu_tilecfg_t) == 64, "LDTILECFG reads 64 bytes");
 
 typedef struct at_ctx {
     const float    *q, *k, *v;
-    float          *out;
+    float          *out, *lse; /* lse optional */
     size_t          Tq, Tk, H, Hkv, G, D;
     bool            causal;
     npu_attn_mode_t mode;
@@ -213,10 +213,14 @@ static uint64_t at_block_vis(const at_ctx_t *c, size_t b, const size_t jend[AT_Q
     return any;
 }
 
-/* Writes out rows [0, nr) = acc / l (zeros where l = 0: no key seen). */
-static void at_store(const at_ctx_t *c, const float *acc, size_t ld, const float *l, size_t nr,
-                     const size_t qoff[AT_QR]) {
+/* Writes out rows [0, nr) = acc / l (zeros where l = 0: no key seen) and,
+ * if asked, their log-sum-exp: (m + log2 l) ln 2, m and l being base 2. */
+static void at_store(const at_ctx_t *c, const float *acc, size_t ld, const float *m, const float *l,
+                     size_t nr, const size_t qoff[AT_QR]) {
     for (size_t r = 0; r < nr; r++) {
+        if (c->lse)
+            c->lse[qoff[r] / c->D] =
+                l[r] > 0.0f ? (m[r] + log2f(l[r])) * 0.69314718055994531f : -INFINITY;
         __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
         float *o = c->out + qoff[r];
         for (size_t d = 0; d < c->D; d += 16)
@@ -430,7 +434,7 @@ static void at_item_f32(void *ctx, size_t it) {
             for (size_t d0 = 0; d0 < D; d0 += 32)
                 at_f32_pv8(acc, ld, corr, P, vb, ldv, nk, r0, d0, D);
     }
-    at_store(c, acc, ld, l, nr, qoff);
+    at_store(c, acc, ld, m, l, nr, qoff);
 }
 
 /* ---- AMX-BF16 engine ------------------------------------------------------ */
@@ -570,7 +574,7 @@ static void at_item_amx(void *ctx, size_t it) {
                 at_amx_pv(pp, vb, ncv, nterm, acc, ld, rp, dc, ncv - dc >= 2 ? 2 : 1);
     }
     _tile_release(); /* lets the core drop the tile state between calls */
-    at_store(c, acc, ld, l, nr, qoff);
+    at_store(c, acc, ld, m, l, nr, qoff);
 }
 
 /* ---- entry points --------------------------------------------------------- */
@@ -583,9 +587,10 @@ bool npu_attention_amx_usable(void) {
 
 svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *v, size_t Tq,
                                    size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                   bool causal, const uint8_t *key_mask, float *out,
+                                   bool causal, const uint8_t *key_mask, float *out, float *lse,
                                    npu_attn_mode_t mode) {
-    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
+    SVC_ASSERT((!causal || Tq <= Tk) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+               head_dim > 0);
     if (Tq == 0 || n_heads == 0)
         return SVC_OK;
     if (mode != NPU_ATTN_FP32 && !npu_attention_amx_usable())
@@ -596,6 +601,7 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
         .k = k,
         .v = v,
         .out = out,
+        .lse = lse,
         .Tq = Tq,
         .Tk = Tk,
         .H = n_heads,
@@ -650,7 +656,7 @@ svc_err_t npu_attention_tiled(const float *q, const float *k, const float *v, si
                               size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                               const uint8_t *key_mask, float *out) {
     return npu_attention_tiled_mode(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
-                                    key_mask, out, NPU_ATTN_BF16);
+                                    key_mask, out, NULL, NPU_ATTN_BF16);
 }
 
 #if defined(__clang__)

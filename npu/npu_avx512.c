@@ -237,7 +237,7 @@ typedef struct as_ctx {
  * pass 3: p-weighted sum of the value rows, each row loaded once for all. */
 static inline __attribute__((always_inline)) void
 as_queries(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[AS_QMAX],
-           float *const op[AS_QMAX], int nq, int QN, int NV) {
+           float *const op[AS_QMAX], float *const lp[AS_QMAX], int nq, int QN, int NV) {
     const size_t D = c->D, jmax = jend[nq - 1], nbq = (jmax + 15) / 16;
     const __m512 ninf = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(c->scale);
     __m512       vmax[AS_QMAX], acc[AS_QMAX];
@@ -315,6 +315,8 @@ as_queries(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[
         if (i >= nq)
             break;
         __m512 inv = _mm512_set1_ps(l[i] > 0.0f ? 1.0f / l[i] : 0.0f);
+        if (lp[i])
+            *lp[i] = l[i] > 0.0f ? mx[i] + logf(l[i]) : -INFINITY;
         _mm512_mask_storeu_ps(op[i], dm0, _mm512_mul_ps(acc[i], inv));
         if (NV == 2)
             _mm512_mask_storeu_ps(op[i] + 16, dm1, _mm512_mul_ps(a1[i], inv));
@@ -323,33 +325,33 @@ as_queries(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[
 
 /* as_queries with the smallest QN in {1, 2, 4, 8} that holds nq. */
 static void as_run(const as_ctx_t *c, const float *const qp[AS_QMAX], const size_t jend[AS_QMAX],
-                   float *const op[AS_QMAX], int nq) {
+                   float *const op[AS_QMAX], float *const lp[AS_QMAX], int nq) {
     if (c->D <= 16) {
         if (nq <= 1)
-            as_queries(c, qp, jend, op, nq, 1, 1);
+            as_queries(c, qp, jend, op, lp, nq, 1, 1);
         else if (nq <= 2)
-            as_queries(c, qp, jend, op, nq, 2, 1);
+            as_queries(c, qp, jend, op, lp, nq, 2, 1);
         else if (nq <= 4)
-            as_queries(c, qp, jend, op, nq, 4, 1);
+            as_queries(c, qp, jend, op, lp, nq, 4, 1);
         else
-            as_queries(c, qp, jend, op, nq, 8, 1);
+            as_queries(c, qp, jend, op, lp, nq, 8, 1);
     } else {
         if (nq <= 1)
-            as_queries(c, qp, jend, op, nq, 1, 2);
+            as_queries(c, qp, jend, op, lp, nq, 1, 2);
         else if (nq <= 2)
-            as_queries(c, qp, jend, op, nq, 2, 2);
+            as_queries(c, qp, jend, op, lp, nq, 2, 2);
         else if (nq <= 4)
-            as_queries(c, qp, jend, op, nq, 4, 2);
+            as_queries(c, qp, jend, op, lp, nq, 4, 2);
         else
-            as_queries(c, qp, jend, op, nq, 8, 2);
+            as_queries(c, qp, jend, op, lp, nq, 8, 2);
     }
 }
 
 svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float *v, size_t Tq,
                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                     bool causal, const uint8_t *key_mask, float *out) {
-    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0 &&
-               head_dim <= AS_DMAX);
+                                     bool causal, const uint8_t *key_mask, float *out, float *lse) {
+    SVC_ASSERT((!causal || Tq <= Tk) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+               head_dim > 0 && head_dim <= AS_DMAX);
     if (Tq == 0)
         return SVC_OK;
     size_t group = n_heads / n_kv_heads, D = head_dim, nb = (Tk + 15) / 16, Tkp = nb * 16;
@@ -390,16 +392,17 @@ svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float
         for (size_t p0 = 0; p0 < n_pairs; p0 += AS_QMAX) {
             int          nq = n_pairs - p0 < AS_QMAX ? (int)(n_pairs - p0) : AS_QMAX;
             const float *qp[AS_QMAX];
-            float       *op[AS_QMAX];
+            float       *op[AS_QMAX], *lp[AS_QMAX];
             size_t       jend[AS_QMAX];
             for (int u = 0; u < AS_QMAX; u++) {
                 size_t pi = p0 + (size_t)(u < nq ? u : nq - 1);
                 size_t i = pi / group, h = kvh * group + pi % group;
                 qp[u] = q + (i * n_heads + h) * D;
                 op[u] = out + (i * n_heads + h) * D;
+                lp[u] = lse ? lse + i * n_heads + h : NULL;
                 jend[u] = causal ? i + (Tk - Tq) + 1 : Tk;
             }
-            as_run(&c, qp, jend, op, nq);
+            as_run(&c, qp, jend, op, lp, nq);
         }
     }
     free(buf);
@@ -412,7 +415,7 @@ svc_err_t npu_attention_avx512(const float *q, const float *k, const float *v, s
     SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
     if (head_dim <= AS_DMAX)
         return npu_attention_small_avx512(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
-                                          key_mask, out);
+                                          key_mask, out, NULL);
     size_t group = n_heads / n_kv_heads;
     size_t D = head_dim;
     size_t Dv = (D + 15) / 16 * 16; /* acc is padded to whole vectors */

@@ -122,7 +122,7 @@ typedef struct att_job {
     size_t         Tq, Tk, H, Hkv, D;
     bool           causal;
     const uint8_t *mask;
-    float         *out;
+    float         *out, *lse; /* lse optional */
     size_t         n_qblk;
     atomic_bool    nomem;
 } att_job_t;
@@ -195,13 +195,15 @@ static void att_item(void *ctx, size_t i) {
         float *o = j->out + ((t0 + r) * j->H + h) * D, inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
         for (size_t d = 0; d < D; d++)
             o[d] = acc[r * D + d] * inv;
+        if (j->lse)
+            j->lse[(t0 + r) * j->H + h] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
     }
 }
 
 svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                              size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
-                             const uint8_t *key_mask, float *out) {
-    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+                             const uint8_t *key_mask, float *out, float *lse) {
+    SVC_ASSERT((!causal || Tq <= Tk) && n_kv_heads > 0 && n_heads % n_kv_heads == 0);
     if (Tq == 0 || n_heads == 0 || head_dim == 0)
         return SVC_OK;
     att_job_t j = {.q = q,
@@ -215,6 +217,7 @@ svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, siz
                    .causal = causal,
                    .mask = key_mask,
                    .out = out,
+                   .lse = lse,
                    .n_qblk = (Tq + ATT_QB - 1) / ATT_QB};
     atomic_init(&j.nomem, false);
     npu_parallel_for(n_heads * j.n_qblk, att_item, &j);

@@ -7,6 +7,7 @@
  */
 #include "npu.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@ typedef struct npu_kernels {
     void (*matmul)(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
     svc_err_t (*attention)(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                            size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
-                           const uint8_t *key_mask, float *out);
+                           const uint8_t *key_mask, float *out, float *lse);
     svc_err_t (*delta_rule)(const float *q, const float *k, const float *v, const float *g,
                             const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
                             size_t dk, size_t dv, const float *state_in, float *state_out,
@@ -63,12 +64,12 @@ static const npu_kernels_t k_generic = {
  * BF16 alone is ~6e-3. */
 static svc_err_t attention_avx512(const float *q, const float *k, const float *v, size_t Tq,
                                   size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
-                                  bool causal, const uint8_t *key_mask, float *out) {
+                                  bool causal, const uint8_t *key_mask, float *out, float *lse) {
     if (head_dim <= 32)
         return npu_attention_small_avx512(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
-                                          key_mask, out);
+                                          key_mask, out, lse);
     return npu_attention_tiled_mode(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
-                                    key_mask, out,
+                                    key_mask, out, lse,
                                     npu_amx_enabled() ? NPU_ATTN_BF16X3 : NPU_ATTN_FP32);
 }
 
@@ -121,7 +122,20 @@ svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t T
                         size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                         const uint8_t *key_mask, float *out) {
     return kernels()->attention(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal, key_mask,
-                                out);
+                                out, NULL);
+}
+
+svc_err_t npu_attention_lse(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                            size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                            const uint8_t *key_mask, float *out, float *lse) {
+    if (Tk == 0) { /* no key: every query sees none (the kernels want keys) */
+        memset(out, 0, Tq * n_heads * head_dim * sizeof *out);
+        for (size_t r = 0; r < Tq * n_heads; r++)
+            lse[r] = -INFINITY;
+        return SVC_OK;
+    }
+    return kernels()->attention(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, false, key_mask,
+                                out, lse);
 }
 
 svc_err_t npu_delta_rule(const float *q, const float *k, const float *v, const float *g,

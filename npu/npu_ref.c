@@ -189,8 +189,9 @@ static bool attn_visible(size_t i, size_t j, size_t Tq, size_t Tk, bool causal,
  * without ever holding a row of Tk scores. */
 svc_err_t npu_attention_ref(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                             size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
-                            const uint8_t *key_mask, float *out) {
-    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
+                            const uint8_t *key_mask, float *out, float *lse) {
+    SVC_ASSERT((!causal || Tq <= Tk) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+               head_dim > 0);
     size_t  group = n_heads / n_kv_heads;
     double  scale = 1.0 / sqrt((double)head_dim);
     double *acc = malloc((head_dim + ATTN_KEY_BLOCK) * sizeof *acc);
@@ -244,6 +245,8 @@ svc_err_t npu_attention_ref(const float *q, const float *k, const float *v, size
             float *oh = out + (i * n_heads + h) * head_dim;
             for (size_t d = 0; d < head_dim; d++)
                 oh[d] = l > 0.0 ? (float)(acc[d] / l) : 0.0f;
+            if (lse)
+                lse[i * n_heads + h] = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
         }
     }
     free(acc);
@@ -253,7 +256,8 @@ svc_err_t npu_attention_ref(const float *q, const float *k, const float *v, size
 svc_err_t npu_attention_naive(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                               size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                               const uint8_t *key_mask, float *out) {
-    SVC_ASSERT(Tq <= Tk && n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
+    SVC_ASSERT((!causal || Tq <= Tk) && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+               head_dim > 0);
     size_t  group = n_heads / n_kv_heads;
     double  scale = 1.0 / sqrt((double)head_dim);
     double *p = malloc((Tq * Tk + 1) * sizeof *p);
@@ -297,6 +301,26 @@ svc_err_t npu_attention_naive(const float *q, const float *k, const float *v, si
     }
     free(p);
     return SVC_OK;
+}
+
+/* o = (w1 o1 + w2 o2) / (w1 + w2) with w_i = exp(lse_i - max): softmax
+ * over the union of two disjoint key sets from the two halves' normalised
+ * outputs (a side that saw no key has lse -inf and weight 0). */
+void npu_attention_merge(const float *o1, const float *lse1, const float *o2, const float *lse2,
+                         size_t T, size_t n_heads, size_t head_dim, float *o, float *lse) {
+    for (size_t r = 0; r < T * n_heads; r++) {
+        float a = lse1[r], b = lse2[r], mx = a > b ? a : b;
+        float w1 = a == -INFINITY ? 0.0f : expf(a - mx), w2 = b == -INFINITY ? 0.0f : expf(b - mx);
+        float sum = w1 + w2, inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        w1 *= inv;
+        w2 *= inv;
+        const float *x = o1 + r * head_dim, *y = o2 + r * head_dim;
+        float       *z = o + r * head_dim;
+        for (size_t d = 0; d < head_dim; d++)
+            z[d] = w1 * x[d] + w2 * y[d];
+        if (lse)
+            lse[r] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    }
 }
 
 /* causal_conv1d_fn: F.conv1d(x, w, padding=K-1, groups=C)[..., :T] then

@@ -55,12 +55,12 @@ static void check(rng_t *r, size_t Tq, size_t Tk, size_t H, size_t Hkv, size_t D
     float   *q = rand_vec(r, Tq * H * D, -2, 2), *k = rand_vec(r, Tk * Hkv * D, -2, 2);
     float   *v = rand_vec(r, Tk * Hkv * D, -1, 1), *ref = nans(Tq * H * D);
     uint8_t *mask = make_mask(Tk, holes);
-    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, ref), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, ref, NULL), SVC_OK);
     for (size_t m = 0; m < N_MODES; m++) {
         float *a = nans(Tq * H * D);
-        cr_assert_eq(
-            npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, a, k_modes[m].mode),
-            SVC_OK);
+        cr_assert_eq(npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, a, NULL,
+                                              k_modes[m].mode),
+                     SVC_OK);
         double e = rel_err(a, ref, Tq * H * D);
         if (e > g_worst[m])
             g_worst[m] = e;
@@ -130,7 +130,7 @@ Test(npu_attn, no_key_zeros) {
     for (int causal = 0; causal < 2; causal++)
         for (size_t m = 0; m < N_MODES; m++) {
             float *o = nans(T * H * D);
-            cr_assert_eq(npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, causal, mask, o,
+            cr_assert_eq(npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, causal, mask, o, NULL,
                                                   k_modes[m].mode),
                          SVC_OK);
             for (size_t i = 0; i < T * H * D; i++)
@@ -154,9 +154,9 @@ Test(npu_attn, one_key_is_v) {
     uint8_t mask[70] = {0};
     mask[66] = 1;
     for (size_t m = 0; m < N_MODES; m++) {
-        cr_assert_eq(
-            npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, false, mask, o, k_modes[m].mode),
-            SVC_OK);
+        cr_assert_eq(npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, false, mask, o, NULL,
+                                              k_modes[m].mode),
+                     SVC_OK);
         for (size_t i = 0; i < T * H; i++)
             for (size_t d = 0; d < D; d++)
                 cr_assert_float_eq(o[i * D + d], v[66 * D + d], 4e-3, "%s", k_modes[m].name);
@@ -171,8 +171,9 @@ Test(npu_attn, default_is_bf16) {
     float *q = rand_vec(&r, T * H * D, -2, 2), *k = rand_vec(&r, T * Hkv * D, -2, 2);
     float *v = rand_vec(&r, T * Hkv * D, -1, 1), *a = nans(T * H * D), *b = nans(T * H * D);
     cr_assert_eq(npu_attention_tiled(q, k, v, T, T, H, Hkv, D, true, NULL, a), SVC_OK);
-    cr_assert_eq(npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, true, NULL, b, NPU_ATTN_BF16),
-                 SVC_OK);
+    cr_assert_eq(
+        npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, true, NULL, b, NULL, NPU_ATTN_BF16),
+        SVC_OK);
     cr_expect(memcmp(a, b, T * H * D * sizeof *a) == 0);
     free(q), free(k), free(v), free(a), free(b);
 }
@@ -183,4 +184,161 @@ Test(npu_attn, model_shape_2048, .timeout = 600) {
     rng_t r = {31};
     check(&r, 2048, 2048, 8, 2, 256, false, HOLES_NONE);
     report_worst("model_shape_2048");
+}
+
+/* ---- log-sum-exp and merging (npu_attention_lse, npu_attention_merge) ----
+ *
+ * Every kernel with an lse output, noncausal: the lse against a double
+ * sum by hand, out unchanged by asking for it, and the attention over the
+ * keys cut in two and merged against one call over all of them. Queries
+ * outnumber keys (Tq > Tk: a prefix's rows against a question's keys). */
+
+typedef svc_err_t (*lse_fn)(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                            size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
+                            float *lse);
+
+static svc_err_t lse_ref(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                         size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
+                         float *lse) {
+    return npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+}
+static svc_err_t lse_fp32(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                          size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
+                          float *lse) {
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse,
+                                    NPU_ATTN_FP32);
+}
+static svc_err_t lse_bf16x3(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                            size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
+                            float *lse) {
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse,
+                                    NPU_ATTN_BF16X3);
+}
+static svc_err_t lse_small(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                           size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
+                           float *lse) {
+    return npu_attention_small_avx512(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+}
+static svc_err_t lse_dnnl(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                          size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
+                          float *lse) {
+    return npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+}
+
+static const struct {
+    lse_fn      fn;
+    const char *name;
+    double      tol;   /* out, as the kernel's own (max-norm relative) */
+    double      ltol;  /* lse, absolute */
+    size_t      max_d; /* widest head it takes */
+} k_lse[] = {
+    {lse_ref, "ref", 1e-5, 1e-5, 1000},
+    {lse_fp32, "tiled fp32", 1e-4, 1e-4, 1000},
+    {lse_bf16x3, "tiled bf16x3", 1e-4, 2e-4, 1000},
+    {lse_small, "small avx512", 1e-4, 1e-4, 32},
+    {lse_dnnl, "dnnl", 1e-4, 1e-4, 1000},
+    {npu_attention_lse, "dispatched", 1e-4, 2e-4, 1000},
+};
+
+/* ln sum_j exp(q_i k_j / sqrt(D)) over the keys row (i, h) sees, in double. */
+static double lse_by_hand(const float *q, const float *k, size_t i, size_t h, size_t Tk, size_t H,
+                          size_t Hkv, size_t D, const uint8_t *mask) {
+    size_t kvh = h / (H / Hkv);
+    double s[512], mx = -INFINITY, sum = 0.0;
+    cr_assert(Tk <= 512);
+    for (size_t j = 0; j < Tk; j++) {
+        s[j] = -INFINITY;
+        if (mask && !mask[j])
+            continue;
+        double dot = 0.0;
+        for (size_t d = 0; d < D; d++)
+            dot += (double)q[(i * H + h) * D + d] * k[(j * Hkv + kvh) * D + d];
+        s[j] = dot / sqrt((double)D);
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    if (mx == -INFINITY)
+        return -INFINITY;
+    for (size_t j = 0; j < Tk; j++)
+        sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - mx);
+    return mx + log(sum);
+}
+
+/* Largest |lse - by hand| (inf where exactly one of them is -inf). */
+static double lse_err(const float *lse, const float *q, const float *k, size_t Tq, size_t Tk,
+                      size_t H, size_t Hkv, size_t D, const uint8_t *mask) {
+    double worst = 0.0;
+    for (size_t i = 0; i < Tq; i++)
+        for (size_t h = 0; h < H; h++) {
+            double want = lse_by_hand(q, k, i, h, Tk, H, Hkv, D, mask), got = lse[i * H + h];
+            double e = want == -INFINITY || got == -INFINITY ? (want == got ? 0.0 : INFINITY)
+                                                             : fabs(got - want);
+            worst = e > worst ? e : worst;
+        }
+    return worst;
+}
+
+static void check_lse(size_t ki, rng_t *r, size_t Tq, size_t Tk, size_t cut, size_t H, size_t Hkv,
+                      size_t D, int holes) {
+    if (D > k_lse[ki].max_d || (k_lse[ki].fn == lse_small && !npu_probe()->avx512f))
+        return;
+    const char *name = k_lse[ki].name;
+    size_t      no = Tq * H * D, nl = Tq * H, kd = Hkv * D;
+    float      *q = rand_vec(r, no, -2, 2), *k = rand_vec(r, Tk * kd, -2, 2);
+    float      *v = rand_vec(r, Tk * kd, -1, 1), *o = nans(no), *o0 = nans(no), *l = nans(nl);
+    float      *o1 = nans(no), *l1 = nans(nl), *o2 = nans(no), *l2 = nans(nl);
+    uint8_t    *mask = make_mask(Tk, holes);
+    cr_assert_eq(k_lse[ki].fn(q, k, v, Tq, Tk, H, Hkv, D, mask, o, l), SVC_OK);
+    double e = lse_err(l, q, k, Tq, Tk, H, Hkv, D, mask);
+    cr_expect(e <= k_lse[ki].ltol, "%s Tq=%zu Tk=%zu D=%zu holes=%d: lse off by %g", name, Tq, Tk,
+              D, holes, e);
+    if (k_lse[ki].fn != npu_attention_lse) { /* asking for lse leaves out alone */
+        cr_assert_eq(k_lse[ki].fn(q, k, v, Tq, Tk, H, Hkv, D, mask, o0, NULL), SVC_OK);
+        cr_expect(memcmp(o, o0, no * sizeof *o) == 0, "%s: out moved with lse", name);
+    }
+    /* keys [0, cut) and [cut, Tk) apart, merged (in place into the first) */
+    const uint8_t *m2 = mask ? mask + cut : NULL;
+    cr_assert_eq(k_lse[ki].fn(q, k, v, Tq, cut, H, Hkv, D, mask, o1, l1), SVC_OK);
+    cr_assert_eq(k_lse[ki].fn(q, k + cut * kd, v + cut * kd, Tq, Tk - cut, H, Hkv, D, m2, o2, l2),
+                 SVC_OK);
+    npu_attention_merge(o1, l1, o2, l2, Tq, H, D, o1, l1);
+    e = rel_err(o1, o, no);
+    cr_expect(e <= k_lse[ki].tol, "%s Tq=%zu Tk=%zu cut=%zu holes=%d: merged out rel err %g", name,
+              Tq, Tk, cut, holes, e);
+    e = lse_err(l1, q, k, Tq, Tk, H, Hkv, D, mask);
+    cr_expect(e <= k_lse[ki].ltol, "%s cut=%zu: merged lse off by %g", name, cut, e);
+    for (size_t i = 0; i < no; i++)
+        if (o[i] == 0.0f && o1[i] != 0.0f) { /* a row that sees no key stays 0 */
+            cr_expect(0, "%s cut=%zu: merged out[%zu] = %g where one call has 0", name, cut, i,
+                      (double)o1[i]);
+            break;
+        }
+    free(q), free(k), free(v), free(o), free(o0), free(l), free(o1), free(l1), free(o2), free(l2);
+    free(mask);
+}
+
+/* Cuts at one key, at a block edge and inside a block; every mask (the
+ * sparse one hides the first 20 keys: a cut at 1 leaves one side empty,
+ * lse -inf); heads of 16 (the small kernel), 64 and 256; Tq > Tk. */
+Test(npu_attn, lse_and_merge) {
+    rng_t        r = {4242};
+    const size_t Ds[] = {16, 64, 256}, cuts[] = {1, 64, 100};
+    for (size_t ki = 0; ki < sizeof k_lse / sizeof k_lse[0]; ki++)
+        for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; di++)
+            for (int holes = HOLES_NONE; holes <= HOLES_BLOCKS; holes++)
+                for (size_t ci = 0; ci < sizeof cuts / sizeof cuts[0]; ci++) {
+                    size_t Tk = holes == HOLES_BLOCKS ? 260 : 130;
+                    check_lse(ki, &r, 150, Tk, cuts[ci], 4, 2, Ds[di], holes);
+                }
+}
+
+/* No key at all (Tk = 0) through the entry point: zeros and -inf. */
+Test(npu_attn, lse_no_keys) {
+    rng_t  r = {6};
+    float *q = rand_vec(&r, 3 * 4 * 8, -1, 1), *o = nans(3 * 4 * 8), *l = nans(3 * 4);
+    cr_assert_eq(npu_attention_lse(q, NULL, NULL, 3, 0, 4, 2, 8, NULL, o, l), SVC_OK);
+    for (size_t i = 0; i < 3 * 4 * 8; i++)
+        cr_assert_eq(o[i], 0.0f);
+    for (size_t i = 0; i < 3 * 4; i++)
+        cr_assert(isinf(l[i]) && l[i] < 0);
+    free(q), free(o), free(l);
 }

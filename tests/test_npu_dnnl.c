@@ -162,8 +162,8 @@ static void check_attn(rng_t *r, size_t Tq, size_t Tk, size_t H, size_t Hkv, siz
         for (size_t j = 0; j < Tk; j++)
             mask[j] = masking == 1 ? j != 0 && j != 2 : j >= 600;
     }
-    cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, a), SVC_OK);
-    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, b), SVC_OK);
+    cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, a, NULL), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, b, NULL), SVC_OK);
     double e = rel_err(a, b, Tq * H * D);
     cr_expect(e <= 2e-5, "attention Tq=%zu Tk=%zu H=%zu/%zu D=%zu causal=%d mask=%d: rel err %g",
               Tq, Tk, H, Hkv, D, causal, masking, e);
@@ -194,7 +194,7 @@ Test(npu_dnnl, attention_dispatch_generic) {
     float *q = rand_vec(&r, Tq * H * D, -1, 1), *k = rand_vec(&r, Tk * Hkv * D, -1, 1);
     float *v = rand_vec(&r, Tk * Hkv * D, -1, 1), *a = nans(Tq * H * D), *b = nans(Tq * H * D);
     cr_assert_eq(npu_attention(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, a), SVC_OK);
-    cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, b), SVC_OK);
+    cr_assert_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, b, NULL), SVC_OK);
     cr_expect(memcmp(a, b, Tq * H * D * sizeof *a) == 0, "npu_attention is npu_attention_dnnl");
     /* the delta rule on the same q and k: 2 key heads of 64, 4 value heads
      * of 64 (g and beta in range, state from zeros) */

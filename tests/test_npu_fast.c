@@ -148,7 +148,7 @@ static void check_attention(rng_t *r, size_t Tq, size_t Tk, size_t H, size_t Hkv
             mask[j] = (j % 3 != 1) && j >= 20;
     }
     cr_assert_eq(npu_attention(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, a), SVC_OK);
-    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, b), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, b, NULL), SVC_OK);
     double e = rel_err(a, b, Tq * H * D);
     cr_expect(e <= 1e-4, "attention Tq=%zu Tk=%zu H=%zu/%zu D=%zu causal=%d holes=%d: rel err %g",
               Tq, Tk, H, Hkv, D, causal, holes, e);
@@ -201,7 +201,7 @@ Test(npu_fast, attention_small_no_key_mixed) {
     float  *v = rand_vec(&r, T * Hkv * D, -1, 1), *a = nans(T * H * D), *b = nans(T * H * D);
     uint8_t mask[6] = {0, 0, 0, 1, 1, 0};
     cr_assert_eq(npu_attention(q, k, v, T, T, H, Hkv, D, true, mask, a), SVC_OK);
-    cr_assert_eq(npu_attention_ref(q, k, v, T, T, H, Hkv, D, true, mask, b), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, T, T, H, Hkv, D, true, mask, b, NULL), SVC_OK);
     for (size_t i = 0; i < 3 * H * D; i++)
         cr_expect(a[i] == 0.0f, "token %zu: %g", i / (H * D), a[i]);
     cr_expect(rel_err(a, b, T * H * D) <= 1e-4, "%g", rel_err(a, b, T * H * D));
@@ -218,8 +218,9 @@ Test(npu_fast, attention_small_by_name) {
     size_t T = 270, H = 4, Hkv = 2, D = 16;
     float *q = rand_vec(&r, T * H * D, -2, 2), *k = rand_vec(&r, T * Hkv * D, -2, 2);
     float *v = rand_vec(&r, T * Hkv * D, -1, 1), *a = nans(T * H * D), *b = nans(T * H * D);
-    cr_assert_eq(npu_attention_small_avx512(q, k, v, T, T, H, Hkv, D, false, NULL, a), SVC_OK);
-    cr_assert_eq(npu_attention_ref(q, k, v, T, T, H, Hkv, D, false, NULL, b), SVC_OK);
+    cr_assert_eq(npu_attention_small_avx512(q, k, v, T, T, H, Hkv, D, false, NULL, a, NULL),
+                 SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, T, T, H, Hkv, D, false, NULL, b, NULL), SVC_OK);
     cr_expect(rel_err(a, b, T * H * D) <= 1e-4, "%g", rel_err(a, b, T * H * D));
     free(q), free(k), free(v), free(a), free(b);
 }
@@ -489,7 +490,7 @@ Test(npu_fast, env_ref_bit_identical) {
     cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "matmul_packed");
     npu_wpack_free(wp);
     cr_assert_eq(npu_attention(x, x, x, T, T, 4, 2, 25, true, NULL, a), SVC_OK);
-    cr_assert_eq(npu_attention_ref(x, x, x, T, T, 4, 2, 25, true, NULL, b), SVC_OK);
+    cr_assert_eq(npu_attention_ref(x, x, x, T, T, 4, 2, 25, true, NULL, b, NULL), SVC_OK);
     cr_expect(memcmp(a, b, T * K * sizeof *a) == 0, "attention");
     npu_silu_mul(x, w, 1, N * 5, a);
     npu_silu_mul_ref(x, w, 1, N * 5, b);

@@ -281,28 +281,28 @@ Test(npu_ref, attention_hand) {
     /* One head, head_dim 1, two tokens: q = k = 0 makes all scores equal. */
     const float q[2] = {0, 0}, k[2] = {0, 0}, v[2] = {2, 4};
     float       out[2];
-    cr_assert_eq(npu_attention_ref(q, k, v, 2, 2, 1, 1, 1, true, NULL, out), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, 2, 2, 1, 1, 1, true, NULL, out, NULL), SVC_OK);
     cr_expect_float_eq(out[0], 2.0f, 1e-6); /* sees only key 0 */
     cr_expect_float_eq(out[1], 3.0f, 1e-6); /* mean of both */
-    cr_assert_eq(npu_attention_ref(q, k, v, 2, 2, 1, 1, 1, false, NULL, out), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, 2, 2, 1, 1, 1, false, NULL, out, NULL), SVC_OK);
     cr_expect_float_eq(out[0], 3.0f, 1e-6);
     const uint8_t mask[2] = {0, 1};
-    cr_assert_eq(npu_attention_ref(q, k, v, 2, 2, 1, 1, 1, true, mask, out), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, 2, 2, 1, 1, 1, true, mask, out, NULL), SVC_OK);
     cr_expect_eq(out[0], 0.0f); /* sees nothing: zeros */
     cr_expect_float_eq(out[1], 4.0f, 1e-6);
     /* One query after a prefix of two keys: it is position 2 of 3, so
      * causal it sees all three; q = k = 0 gives their mean. */
     const float q0 = 0, k3[3] = {0, 0, 0}, v3[3] = {1, 2, 6};
-    cr_assert_eq(npu_attention_ref(&q0, k3, v3, 1, 3, 1, 1, 1, true, NULL, out), SVC_OK);
+    cr_assert_eq(npu_attention_ref(&q0, k3, v3, 1, 3, 1, 1, 1, true, NULL, out, NULL), SVC_OK);
     cr_expect_float_eq(out[0], 3.0f, 1e-6);
     /* Two queries over three keys, causal: query 0 is position 1. */
     const float q2[2] = {0, 0};
-    cr_assert_eq(npu_attention_ref(q2, k3, v3, 2, 3, 1, 1, 1, true, NULL, out), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q2, k3, v3, 2, 3, 1, 1, 1, true, NULL, out, NULL), SVC_OK);
     cr_expect_float_eq(out[0], 1.5f, 1e-6);
     cr_expect_float_eq(out[1], 3.0f, 1e-6);
     /* Scores 1 * 1 / sqrt(1) vs 0: weights e/(1+e), 1/(1+e). */
     const float q1[2] = {1, 1}, k1[2] = {1, 0};
-    cr_assert_eq(npu_attention_ref(q1, k1, v, 2, 2, 1, 1, 1, false, NULL, out), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q1, k1, v, 2, 2, 1, 1, 1, false, NULL, out, NULL), SVC_OK);
     double e = exp(1.0);
     cr_expect_float_eq(out[1], (float)((2 * e + 4) / (1 + e)), 1e-6);
 }
@@ -321,7 +321,7 @@ static void attention_case(size_t Tq, size_t Tk, size_t nh, size_t nkv, size_t h
             mask[j] = rng_uniform(&r, 0, 1) > 0.3f; /* ~30% padding, first key masked too */
         mask[0] = 0;
     }
-    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, nh, nkv, hd, causal, mask, o1), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, nh, nkv, hd, causal, mask, o1, NULL), SVC_OK);
     cr_assert_eq(npu_attention_naive(q, k, v, Tq, Tk, nh, nkv, hd, causal, mask, o2), SVC_OK);
     double err = rel_err_max(o1, o2, Tq * nh * hd);
     cr_expect_lt(err, 1e-6, "Tq=%zu Tk=%zu nh=%zu nkv=%zu causal=%d mask=%d: err %g", Tq, Tk, nh,
@@ -353,14 +353,14 @@ Test(npu_ref, attention_gqa_mapping) {
     float *q = rand_vec(&r, T * 4 * hd, -1, 1), *k = rand_vec(&r, T * 2 * hd, -1, 1);
     float *v = rand_vec(&r, T * 2 * hd, -1, 1), *o = zeros(T * 4 * hd);
     float *q1 = zeros(T * hd), *k1 = zeros(T * hd), *v1 = zeros(T * hd), *o1 = zeros(T * hd);
-    cr_assert_eq(npu_attention_ref(q, k, v, T, T, 4, 2, hd, true, NULL, o), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, T, T, 4, 2, hd, true, NULL, o, NULL), SVC_OK);
     for (size_t h = 0; h < 4; h++) {
         for (size_t t = 0; t < T; t++) {
             memcpy(q1 + t * hd, q + (t * 4 + h) * hd, hd * sizeof *q);
             memcpy(k1 + t * hd, k + (t * 2 + h / 2) * hd, hd * sizeof *k);
             memcpy(v1 + t * hd, v + (t * 2 + h / 2) * hd, hd * sizeof *v);
         }
-        cr_assert_eq(npu_attention_ref(q1, k1, v1, T, T, 1, 1, hd, true, NULL, o1), SVC_OK);
+        cr_assert_eq(npu_attention_ref(q1, k1, v1, T, T, 1, 1, hd, true, NULL, o1, NULL), SVC_OK);
         for (size_t t = 0; t < T; t++)
             cr_expect_eq(memcmp(o1 + t * hd, o + (t * 4 + h) * hd, hd * sizeof *o), 0, "h=%zu", h);
     }

@@ -98,11 +98,17 @@ static double time_attention(attn_fn fn, size_t T, size_t H, size_t Hkv, size_t 
     return dt * 1e3;
 }
 
+static svc_err_t attn_ref(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                          size_t H, size_t Hkv, size_t D, bool causal, const uint8_t *mask,
+                          float *out) {
+    return npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NULL);
+}
+
 /* The dispatched kernel (the small-head path for D <= 32) vs the reference. */
 static void bench_attention(size_t T, size_t H, size_t Hkv, size_t D, bool causal, int iters,
                             int iters_ref) {
     double fast = time_attention(npu_attention, T, H, Hkv, D, causal, iters);
-    double ref = time_attention(npu_attention_ref, T, H, Hkv, D, causal, iters_ref);
+    double ref = time_attention(attn_ref, T, H, Hkv, D, causal, iters_ref);
     /* T (T + 1) / 2 query-key pairs per head causal, T^2 not; 4 D flops each */
     double pairs = causal ? (double)T * (double)(T + 1) / 2.0 : (double)T * (double)T;
     double fl = 4.0 * pairs * (double)H * (double)D;
@@ -114,13 +120,15 @@ static void bench_attention(size_t T, size_t H, size_t Hkv, size_t D, bool causa
 static svc_err_t attn_tiled_bf16x3(const float *q, const float *k, const float *v, size_t Tq,
                                    size_t Tk, size_t H, size_t Hkv, size_t D, bool causal,
                                    const uint8_t *mask, float *out) {
-    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NPU_ATTN_BF16X3);
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NULL,
+                                    NPU_ATTN_BF16X3);
 }
 
 static svc_err_t attn_tiled_fp32(const float *q, const float *k, const float *v, size_t Tq,
                                  size_t Tk, size_t H, size_t Hkv, size_t D, bool causal,
                                  const uint8_t *mask, float *out) {
-    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NPU_ATTN_FP32);
+    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, causal, mask, out, NULL,
+                                    NPU_ATTN_FP32);
 }
 
 /* The tiled kernel (npu_attn_fast.c) at d3-nano's full-attention shape,
