@@ -22,8 +22,8 @@
  * conv and recurrent states of the positions run before, so that a shared
  * prompt prefix runs once. eng_model_forward starts from an empty one.
  * noncausal_full_attention states keep only the layers before the first
- * full-attention layer plus the residual rows at its input
- * (forward_noncausal).
+ * full-attention layer F plus the residual rows at its input and layer F's
+ * attention among those rows (forward_noncausal, attn_shared).
  */
 #include "eng_fwd_int.h"
 #include "eng_model_int.h"
@@ -44,8 +44,12 @@ struct eng_fwd_state {
     float            **rec;       /* (L): (nv, dk, dv) for linear layers < n_pre */
     float             *xs;        /* noncausal: (cap, H) residual stream at layer n_pre's input */
     int32_t           *pos3;      /* noncausal: (cap, 3) mrope positions of those rows */
-    int64_t            next;      /* the position the next text token takes (text: len) */
-    int64_t            base;      /* the first position of the image a run of image tokens is in */
+    bool               keep_f;    /* noncausal and a layer after F: ao, alse kept */
+    float             *ao;        /* keep_f: (cap, nh * hd) layer F's attention of each row held
+                                     over the keys of the rows held (before the output gate) */
+    float  *alse;                 /* keep_f: (cap, nh) its log-sum-exp per head */
+    int64_t next;                 /* the position the next text token takes (text: len) */
+    int64_t base;                 /* the first position of the image a run of image tokens is in */
 };
 
 #define FWD_CHUNK ENG_FWD_CHUNK
@@ -62,6 +66,9 @@ typedef struct fwd_seq {
     float           *rec;  /* (nv, dk, dv) its running recurrent state */
     int64_t          next; /* after its rows: the next text position (get_rope_index) */
     int64_t          base; /* and the current image's first position */
+    eng_fwd_state_t *fst;  /* forward_noncausal's second pass: the state whose layer-F
+                              attention (ao, alse) covers this sequence's rows [0, fP) */
+    size_t fP;
 } fwd_seq_t;
 
 /* A run of one sequence's rows inside a chunk: rows [r, r + n) of the
@@ -115,11 +122,16 @@ typedef struct fwd {
     float             *d;         /* (C, W) */
     float             *s1;        /* (C, nv) beta */
     float             *s2;        /* (C, nv) g */
+    float             *lse;       /* (C, n_heads) log-sum-exp of a layer-F attention */
     float             *conv;      /* (S, K - 1, conv channels) the sequences' running conv states */
     float             *rec;       /* (S, nv, dk, dv) their running recurrent states */
     int32_t           *pos3;      /* (T, 3) mrope positions (t, h, w) */
     bool               last_rows; /* the last layer ran on the last rows only: sequence
                                      s's is row s of x (full_layer_last) */
+    size_t f_layer;               /* the layer whose rows covered by a seq's fst take their
+                                     attention from it (attn_shared; SIZE_MAX: none) */
+    bool f_keep;                  /* that layer writes its attention into the fst (update) */
+    bool f_only;                  /* and stops after it: no output, no MLP (a prefix run) */
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -148,6 +160,7 @@ static void fwd_free(fwd_t *f) {
     free(f->d);
     free(f->s1);
     free(f->s2);
+    free(f->lse);
     free(f->conv);
     free(f->rec);
     free(f->pos3);
@@ -254,6 +267,7 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, const fwd_seq_t *in, 
     f->m = m;
     f->S = S;
     f->kv_of = SIZE_MAX;
+    f->f_layer = SIZE_MAX;
     f->seq = calloc(S, sizeof *f->seq);
     if (!f->seq)
         return SVC_ERR_NOMEM;
@@ -298,7 +312,8 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, const fwd_seq_t *in, 
     if (has_full_layer(c)) {
         f->kn = malloc(T * kvd * sizeof *f->kn);
         f->vn = malloc(T * kvd * sizeof *f->vn);
-        if (!f->kn || !f->vn)
+        f->lse = malloc(C * c->n_heads * sizeof *f->lse);
+        if (!f->kn || !f->vn || !f->lse)
             return SVC_ERR_NOMEM;
     }
     if (kv_rows) {
@@ -480,6 +495,45 @@ static void kv_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
                   c->interleaved);
 }
 
+/* Layer F's noncausal attention of piece pc (queries q, output o; Tk
+ * keys K, V of its sequence) when its sequence's state fst ran the
+ * sequence's rows [0, fP) through it over their own fP keys (ao, alse):
+ * those rows of the piece attend only to the keys after fP, merged with
+ * what fst holds (npu_attention_merge); the others attend to every key.
+ * f_keep (the pass extends fst): fst takes the merged rows and the new
+ * ones' attention and log-sum-exp in. */
+static svc_err_t attn_shared(fwd_t *f, const fwd_piece_t *pc, const float *q, const float *K,
+                             const float *V, size_t Tk, float *o) {
+    const eng_model_cfg_t *c = &f->m->cfg;
+    const fwd_seq_t       *sq = &f->seq[pc->s];
+    eng_fwd_state_t       *st = sq->fst;
+    size_t    hd = c->head_dim, nh = c->n_heads, qd = nh * hd, kvd = c->n_kv * hd, fP = sq->fP;
+    size_t    nc = fP > pc->t ? (fP - pc->t < pc->n ? fP - pc->t : pc->n) : 0; /* covered rows */
+    svc_err_t err = SVC_OK;
+    if (nc) {
+        float *ao = st->ao + pc->t * qd, *al = st->alse + pc->t * nh;
+        err = npu_attention_lse(q, K + fP * kvd, V + fP * kvd, nc, Tk - fP, nh, c->n_kv, hd, NULL,
+                                f->d, f->lse);
+        if (!err && f->f_keep) {
+            npu_attention_merge(ao, al, f->d, f->lse, nc, nh, hd, ao, al);
+            memcpy(o, ao, nc * qd * sizeof *o);
+        } else if (!err) {
+            npu_attention_merge(ao, al, f->d, f->lse, nc, nh, hd, o, NULL);
+        }
+    }
+    if (!err && nc < pc->n && f->f_keep) {
+        size_t t = pc->t + nc, n = pc->n - nc;
+        err = npu_attention_lse(q + nc * qd, K, V, n, Tk, nh, c->n_kv, hd, NULL, o + nc * qd,
+                                st->alse + t * nh);
+        if (!err)
+            memcpy(st->ao + t * qd, o + nc * qd, n * qd * sizeof *o);
+    } else if (!err && nc < pc->n) {
+        err = npu_attention(q + nc * qd, K, V, pc->n - nc, Tk, nh, c->n_kv, hd, false, NULL,
+                            o + nc * qd);
+    }
+    return err;
+}
+
 /* Gated softmax attention (Qwen3_5Attention.forward) of chunk ch, each
  * piece against the keys and values of its own sequence (kv_of); the
  * mixer output lands in f->b (n, H). */
@@ -511,11 +565,15 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_
         /* Causal: the queries are positions P + t .. of the keys up to the
          * piece's end; SPEC d.3 noncausal: every key (never with a prefix). */
         size_t    Tk = noncausal ? sq->P + sq->T : sq->P + pc->t + pc->n;
-        svc_err_t err = npu_attention(q + r * qd, K, V, pc->n, Tk, nh, c->n_kv, hd, !noncausal,
-                                      NULL, f->a + r * qd);
+        svc_err_t err = li == f->f_layer && sq->fst
+                            ? attn_shared(f, pc, q + r * qd, K, V, Tk, f->a + r * qd)
+                            : npu_attention(q + r * qd, K, V, pc->n, Tk, nh, c->n_kv, hd,
+                                            !noncausal, NULL, f->a + r * qd);
         if (err)
             return err;
     }
+    if (f->f_only)
+        return SVC_OK;
     if (c->attn_gate)
         npu_sigmoid_mul(gate, f->a, n * qd);
     npu_matmul_packed(f->a, l->o_proj, n, f->b);
@@ -542,7 +600,7 @@ static svc_err_t query_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const fw
                              bool noncausal) {
     size_t    H = f->m->cfg.hidden;
     svc_err_t err = attn_rows(f, l, li, ch, noncausal);
-    if (err)
+    if (err || f->f_only)
         return err;
     add_into(f->x + ch->r * H, f->b, ch->n * H);
     mlp_rows(f, l, ch->r, ch->n);
@@ -655,6 +713,7 @@ eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m, bool noncausal) {
     st->m = m;
     st->noncausal = noncausal;
     st->n_pre = eng_fwd_shared_layers(m, noncausal);
+    st->keep_f = noncausal && st->n_pre + 1 < L;
     st->k = calloc(L, sizeof *st->k);
     st->v = calloc(L, sizeof *st->v);
     st->conv = calloc(L, sizeof *st->conv);
@@ -693,6 +752,8 @@ void eng_fwd_state_free(eng_fwd_state_t *st) {
     free(st->rec);
     free(st->xs);
     free(st->pos3);
+    free(st->ao);
+    free(st->alse);
     free(st);
 }
 
@@ -707,7 +768,8 @@ static svc_err_t state_reserve(eng_fwd_state_t *st, size_t n) {
     size_t                 kvd = c->n_kv * c->head_dim;
     if (n <= st->cap)
         return SVC_OK;
-    if (n > SIZE_MAX / sizeof(float) / (st->noncausal ? c->hidden : kvd))
+    if (n > SIZE_MAX / sizeof(float) /
+                (st->noncausal ? max_z(c->hidden, c->n_heads * c->head_dim) : kvd))
         return SVC_ERR_NOMEM;
     if (st->noncausal) {
         float *xs = realloc(st->xs, n * c->hidden * sizeof *xs);
@@ -718,6 +780,16 @@ static svc_err_t state_reserve(eng_fwd_state_t *st, size_t n) {
         if (!p3)
             return SVC_ERR_NOMEM;
         st->pos3 = p3;
+        if (st->keep_f) {
+            float *ao = realloc(st->ao, n * c->n_heads * c->head_dim * sizeof *ao);
+            if (!ao)
+                return SVC_ERR_NOMEM;
+            st->ao = ao;
+            float *al = realloc(st->alse, n * c->n_heads * sizeof *al);
+            if (!al)
+                return SVC_ERR_NOMEM;
+            st->alse = al;
+        }
         st->cap = n;
         return SVC_OK;
     }
@@ -751,6 +823,10 @@ svc_err_t eng_fwd_state_copy(eng_fwd_state_t *dst, const eng_fwd_state_t *src) {
     if (src->noncausal && src->len) {
         memcpy(dst->xs, src->xs, src->len * c->hidden * sizeof *dst->xs);
         memcpy(dst->pos3, src->pos3, src->len * 3 * sizeof *dst->pos3);
+    }
+    if (src->keep_f && src->len) {
+        memcpy(dst->ao, src->ao, src->len * c->n_heads * c->head_dim * sizeof *dst->ao);
+        memcpy(dst->alse, src->alse, src->len * c->n_heads * sizeof *dst->alse);
     }
     for (size_t i = 0; i < c->n_layers; i++) {
         if (c->kinds[i] == ENG_LAYER_LINEAR) {
@@ -804,10 +880,12 @@ static void state_advance(eng_fwd_state_t *st, const fwd_seq_t *q) {
 /* A noncausal pass from the sequences' states (eng_fwd_int.h; a NULL
  * state is an empty one): layers [0, F) on each sequence's T new tokens
  * continuing its linear states (f), then layers [F, L) over its P prefix
- * rows of st->xs and its T new rows from scratch (g, attention over all
- * of them). With update (one sequence), st takes in the T rows before
- * layers [F, L) run, and those are skipped when nothing reads their
- * output (no final_last, no trace). trace: one sequence only. */
+ * rows of st->xs and its T new rows (g, attention over all of them), the
+ * prefix rows' attention in layer F merged from the state's (attn_shared)
+ * where it keeps one. With update (one sequence), st takes in the T rows
+ * before layers [F, L) run, and layer F's attention of all its rows over
+ * all its keys; the rest is skipped when nothing reads its output (no
+ * final_last, no trace). trace: one sequence only. */
 static svc_err_t forward_noncausal(const eng_model_t *m, const fwd_seq_t *in, size_t S, bool update,
                                    const eng_media_t *md, float *const *fin, eng_trace_fn trace,
                                    void *user) {
@@ -836,11 +914,20 @@ static svc_err_t forward_noncausal(const eng_model_t *m, const fwd_seq_t *in, si
         if (!err && trace)
             trace((int)i, f.x, f.T, H, user);
     }
-    for (size_t s = 0; !err && tail && s < S; s++)
+    /* layer F's attention goes into st even when nothing reads the rest */
+    bool keep = f.update && st->keep_f, second = tail || keep;
+    for (size_t s = 0; !err && second && s < S; s++) {
+        eng_fwd_state_t *qs = f.seq[s].st;
         gin[s].T = f.seq[s].P + f.seq[s].T;
-    if (!err && tail)
+        gin[s].fst = qs && qs->keep_f ? qs : NULL;
+        gin[s].fP = f.seq[s].P;
+    }
+    if (!err && second)
         err = fwd_alloc(&g, m, gin, S, false);
-    for (size_t s = 0; !err && tail && s < S; s++) {
+    g.f_layer = F;
+    g.f_keep = keep;
+    g.f_only = !tail;
+    for (size_t s = 0; !err && second && s < S; s++) {
         /* layers [F, L) over every row of each sequence, at its own position */
         const fwd_seq_t *q = &f.seq[s];
         size_t           o = g.seq[s].off;
@@ -860,7 +947,7 @@ static svc_err_t forward_noncausal(const eng_model_t *m, const fwd_seq_t *in, si
     }
     size_t P0 = f.seq ? f.seq[0].P : 0;
     fwd_free(&f);
-    for (size_t i = F; !err && tail && i < c->n_layers; i++) {
+    for (size_t i = F; !err && second && i < (tail ? c->n_layers : F + 1); i++) {
         err = layer_forward(&g, i, true, !trace);
         if (!err && trace)
             trace((int)i, g.x + P0 * H, g.T - P0, H, user);

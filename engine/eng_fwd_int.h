@@ -19,11 +19,23 @@
  * follows. The state holds
  *  - every layer i < F: its conv and recurrent states (as above);
  *  - the residual stream at layer F's input of every position run,
- *    (len, hidden).
+ *    (len, hidden);
+ *  - when a layer follows F: layer F's attention of every position run
+ *    over the keys of the positions run, (len, n_heads * head_dim) before
+ *    the output gate, and its log-sum-exp per head (len, n_heads).
  * A pass from it runs layers [0, F) on its T new tokens only, continuing
- * the linear states, then layers [F, L) over all len + T rows from scratch
- * (plain positions 0..len+T-1, noncausal attention over all of them). With
- * F = 0 the state holds only the embedding rows and nothing is saved.
+ * the linear states, then layers [F, L) over all len + T rows (plain
+ * positions 0..len+T-1, noncausal attention over all of them), except
+ * that in layer F the len prefix rows attend only to the T new keys and
+ * merge that with the state's attention (npu_attention_merge: the softmax
+ * over both key sets, to fp32 rounding). What that saves per question:
+ * layer F's attention among the prefix rows, most of that layer's
+ * attention (at 4,000 tokens ~1% of a nano pass; the attention's share
+ * grows with the length). With F = 0 the state holds the embedding rows
+ * and layer 0's attention. A pass with update also extends the state's
+ * layer-F attention (its new rows' queries over all keys, and the old
+ * rows' over the new keys, merged): it runs layer F's norm and q, k, v
+ * projections over all len + T rows.
  *
  * Positions are transformers' get_rope_index: text tokens take plain
  * positions (t = h = w), an image's tokens (negative ids, ENG_IMAGE_ID)

@@ -26,9 +26,11 @@
  *
  * noncausal_full_attention packages use the same trie with noncausal
  * states (eng_fwd_int.h): a shared segment runs once through the layers
- * before the first full-attention layer (F), and every question still
- * runs layers [F, L) over its whole prompt. tokens_computed counts the
- * former, token_layers the work of both.
+ * before the first full-attention layer (F), and through layer F's
+ * attention among its own rows; every question still runs layers [F, L)
+ * over its whole prompt, its prefix rows attending in layer F to its new
+ * keys only. tokens_computed counts the former, token_layers the work of
+ * both in whole layers (layer F counted as unshared).
  *
  * Locking: one mutex (s->mu) guards the queue, the requests' counters,
  * deadlines and stats. Forward passes run unlocked; a question's result

@@ -309,17 +309,17 @@ svc_err_t npu_attention_naive(const float *q, const float *k, const float *v, si
 void npu_attention_merge(const float *o1, const float *lse1, const float *o2, const float *lse2,
                          size_t T, size_t n_heads, size_t head_dim, float *o, float *lse) {
     for (size_t r = 0; r < T * n_heads; r++) {
-        float a = lse1[r], b = lse2[r], mx = a > b ? a : b;
-        float w1 = a == -INFINITY ? 0.0f : expf(a - mx), w2 = b == -INFINITY ? 0.0f : expf(b - mx);
-        float sum = w1 + w2, inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        double a = lse1[r], b = lse2[r], mx = a > b ? a : b;
+        double w1 = a == -INFINITY ? 0.0 : exp(a - mx), w2 = b == -INFINITY ? 0.0 : exp(b - mx);
+        double sum = w1 + w2, inv = sum > 0.0 ? 1.0 / sum : 0.0;
         w1 *= inv;
         w2 *= inv;
         const float *x = o1 + r * head_dim, *y = o2 + r * head_dim;
         float       *z = o + r * head_dim;
         for (size_t d = 0; d < head_dim; d++)
-            z[d] = w1 * x[d] + w2 * y[d];
+            z[d] = (float)(w1 * x[d] + w2 * y[d]);
         if (lse)
-            lse[r] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+            lse[r] = sum > 0.0 ? (float)(mx + log(sum)) : -INFINITY;
     }
 }
 

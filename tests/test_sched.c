@@ -29,6 +29,12 @@
 
 #define PROB_TOL   1e-5
 #define HIDDEN_TOL 1e-5
+/* Noncausal states keep their rows' attention in the first full-attention
+ * layer F over their own keys, and a pass merges it with the attention
+ * over its new keys (npu_attention_merge): ~1e-7 of fp32 rounding per
+ * value that the random tiny model's later layers amplify (up to 3e-5
+ * seen with F = 0, 2e-6 with F = 3). A wrong prefix is off by > 1e-3. */
+#define MERGE_TOL 1e-4
 
 /* ------------------------------------------------------------ fixtures */
 
@@ -255,7 +261,7 @@ static void check_rest(const loaded_t *l, const eng_fwd_state_t *st, const eng_i
                                         ids->n - P, true, h, NULL, NULL, errstr, sizeof errstr),
                  SVC_OK, "%s: %s", what, errstr);
     double d = rel_diff(h, want, H);
-    cr_assert(d <= HIDDEN_TOL, "%s (prefix %zu of %zu): rel diff %g", what, P, ids->n, d);
+    cr_assert(d <= MERGE_TOL, "%s (prefix %zu of %zu): rel diff %g", what, P, ids->n, d);
     cr_assert_eq(eng_fwd_state_len(st), P, "%s: read-only", what);
     free(h);
 }
@@ -326,7 +332,7 @@ static void noncausal_states(const char *dir, size_t F) {
     cr_assert_eq(eng_model_forward_from(l.model, s4, true, b.v + P, b.n - P, true, h, NULL, NULL,
                                         errstr, sizeof errstr),
                  SVC_OK, "%s", errstr);
-    cr_assert(rel_diff(h, hb, H) <= HIDDEN_TOL, "update with final: %g", rel_diff(h, hb, H));
+    cr_assert(rel_diff(h, hb, H) <= MERGE_TOL, "update with final: %g", rel_diff(h, hb, H));
     cr_assert_eq(eng_fwd_state_len(s4), b.n);
     /* a wrong prefix must show: a's suffix after all of b */
     cr_assert_eq(eng_model_forward_from(l.model, s4, false, a.v + P, a.n - P, true, h, NULL, NULL,
