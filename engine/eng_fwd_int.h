@@ -59,7 +59,8 @@ typedef struct eng_fwd_state eng_fwd_state_t;
 /* An empty state (0 positions) for m's passes in the given attention mode;
  * NULL when out of memory. Memory: the linear layers' states at once (all
  * of them, or those before F when noncausal), the KV rows (causal) or the
- * residual rows (noncausal) as positions are added. */
+ * residual rows and layer F's attention rows (noncausal; for nano 2 x 8 KiB
+ * per position) as positions are added. */
 eng_fwd_state_t *eng_fwd_state_new(const eng_model_t *m, bool noncausal);
 /* Frees st. NULL is a no-op. */
 void eng_fwd_state_free(eng_fwd_state_t *st);

@@ -193,51 +193,42 @@ Test(npu_attn, model_shape_2048, .timeout = 600) {
  * keys cut in two and merged against one call over all of them. Queries
  * outnumber keys (Tq > Tk: a prefix's rows against a question's keys). */
 
-typedef svc_err_t (*lse_fn)(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
-                            size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
-                            float *lse);
+/* The kernels with an lse output. */
+enum { LSE_REF, LSE_FP32, LSE_BF16X3, LSE_SMALL, LSE_DNNL, LSE_DISPATCH };
 
-static svc_err_t lse_ref(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
-                         size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
-                         float *lse) {
-    return npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
-}
-static svc_err_t lse_fp32(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
-                          size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
-                          float *lse) {
-    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse,
-                                    NPU_ATTN_FP32);
-}
-static svc_err_t lse_bf16x3(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
-                            size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
-                            float *lse) {
-    return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse,
-                                    NPU_ATTN_BF16X3);
-}
-static svc_err_t lse_small(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
-                           size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
-                           float *lse) {
-    return npu_attention_small_avx512(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
-}
-static svc_err_t lse_dnnl(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
-                          size_t H, size_t Hkv, size_t D, const uint8_t *mask, float *out,
-                          float *lse) {
-    return npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+static svc_err_t lse_call(int kind, const float *q, const float *k, const float *v, size_t Tq,
+                          size_t Tk, size_t H, size_t Hkv, size_t D, const uint8_t *mask,
+                          float *out, float *lse) {
+    switch (kind) {
+    case LSE_REF:
+        return npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+    case LSE_FP32:
+    case LSE_BF16X3:
+        return npu_attention_tiled_mode(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse,
+                                        kind == LSE_FP32 ? NPU_ATTN_FP32 : NPU_ATTN_BF16X3);
+    case LSE_SMALL:
+        return npu_attention_small_avx512(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+    case LSE_DNNL:
+        return npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out, lse);
+    default: /* the entry point wants an lse; without one it is npu_attention */
+        return lse ? npu_attention_lse(q, k, v, Tq, Tk, H, Hkv, D, mask, out, lse)
+                   : npu_attention(q, k, v, Tq, Tk, H, Hkv, D, false, mask, out);
+    }
 }
 
 static const struct {
-    lse_fn      fn;
+    int         kind;
     const char *name;
     double      tol;   /* out, as the kernel's own (max-norm relative) */
     double      ltol;  /* lse, absolute */
     size_t      max_d; /* widest head it takes */
 } k_lse[] = {
-    {lse_ref, "ref", 1e-5, 1e-5, 1000},
-    {lse_fp32, "tiled fp32", 1e-4, 1e-4, 1000},
-    {lse_bf16x3, "tiled bf16x3", 1e-4, 2e-4, 1000},
-    {lse_small, "small avx512", 1e-4, 1e-4, 32},
-    {lse_dnnl, "dnnl", 1e-4, 1e-4, 1000},
-    {npu_attention_lse, "dispatched", 1e-4, 2e-4, 1000},
+    {LSE_REF, "ref", 1e-5, 1e-5, 1000},
+    {LSE_FP32, "tiled fp32", 1e-4, 1e-4, 1000},
+    {LSE_BF16X3, "tiled bf16x3", 1e-4, 2e-4, 1000},
+    {LSE_SMALL, "small avx512", 1e-4, 1e-4, 32},
+    {LSE_DNNL, "dnnl", 1e-4, 1e-4, 1000},
+    {LSE_DISPATCH, "dispatched", 1e-4, 2e-4, 1000},
 };
 
 /* ln sum_j exp(q_i k_j / sqrt(D)) over the keys row (i, h) sees, in double. */
@@ -279,7 +270,7 @@ static double lse_err(const float *lse, const float *q, const float *k, size_t T
 
 static void check_lse(size_t ki, rng_t *r, size_t Tq, size_t Tk, size_t cut, size_t H, size_t Hkv,
                       size_t D, int holes) {
-    if (D > k_lse[ki].max_d || (k_lse[ki].fn == lse_small && !npu_probe()->avx512f))
+    if (D > k_lse[ki].max_d || (k_lse[ki].kind == LSE_SMALL && !npu_probe()->avx512f))
         return;
     const char *name = k_lse[ki].name;
     size_t      no = Tq * H * D, nl = Tq * H, kd = Hkv * D;
@@ -287,18 +278,18 @@ static void check_lse(size_t ki, rng_t *r, size_t Tq, size_t Tk, size_t cut, siz
     float      *v = rand_vec(r, Tk * kd, -1, 1), *o = nans(no), *o0 = nans(no), *l = nans(nl);
     float      *o1 = nans(no), *l1 = nans(nl), *o2 = nans(no), *l2 = nans(nl);
     uint8_t    *mask = make_mask(Tk, holes);
-    cr_assert_eq(k_lse[ki].fn(q, k, v, Tq, Tk, H, Hkv, D, mask, o, l), SVC_OK);
+    cr_assert_eq(lse_call(k_lse[ki].kind, q, k, v, Tq, Tk, H, Hkv, D, mask, o, l), SVC_OK);
     double e = lse_err(l, q, k, Tq, Tk, H, Hkv, D, mask);
     cr_expect(e <= k_lse[ki].ltol, "%s Tq=%zu Tk=%zu D=%zu holes=%d: lse off by %g", name, Tq, Tk,
               D, holes, e);
-    if (k_lse[ki].fn != npu_attention_lse) { /* asking for lse leaves out alone */
-        cr_assert_eq(k_lse[ki].fn(q, k, v, Tq, Tk, H, Hkv, D, mask, o0, NULL), SVC_OK);
-        cr_expect(memcmp(o, o0, no * sizeof *o) == 0, "%s: out moved with lse", name);
-    }
+    /* asking for lse leaves out alone */
+    cr_assert_eq(lse_call(k_lse[ki].kind, q, k, v, Tq, Tk, H, Hkv, D, mask, o0, NULL), SVC_OK);
+    cr_expect(memcmp(o, o0, no * sizeof *o) == 0, "%s: out moved with lse", name);
     /* keys [0, cut) and [cut, Tk) apart, merged (in place into the first) */
     const uint8_t *m2 = mask ? mask + cut : NULL;
-    cr_assert_eq(k_lse[ki].fn(q, k, v, Tq, cut, H, Hkv, D, mask, o1, l1), SVC_OK);
-    cr_assert_eq(k_lse[ki].fn(q, k + cut * kd, v + cut * kd, Tq, Tk - cut, H, Hkv, D, m2, o2, l2),
+    cr_assert_eq(lse_call(k_lse[ki].kind, q, k, v, Tq, cut, H, Hkv, D, mask, o1, l1), SVC_OK);
+    cr_assert_eq(lse_call(k_lse[ki].kind, q, k + cut * kd, v + cut * kd, Tq, Tk - cut, H, Hkv, D,
+                          m2, o2, l2),
                  SVC_OK);
     npu_attention_merge(o1, l1, o2, l2, Tq, H, D, o1, l1);
     e = rel_err(o1, o, no);

@@ -20,6 +20,7 @@
 #include "eng_fwd_int.h"
 #include "engine.h"
 #include "npu.h"
+#include "bench_model.h"
 
 static double now_ms(void) {
     struct timespec t;
@@ -119,15 +120,10 @@ int main(int argc, char **argv) {
             Ts[nT] = DEF[nT];
     if (n == 0 || runs == 0)
         return usage();
-    eng_package_t *pkg = NULL;
-    eng_model_t   *m = NULL;
-    char           err[512];
-    if (eng_package_open(argv[1], &pkg, err, sizeof err) ||
-        eng_model_load(argv[1], &m, err, sizeof err)) {
-        fprintf(stderr, "bench_batch: %s\n", err);
-        eng_package_free(pkg);
+    eng_package_t *pkg;
+    eng_model_t   *m;
+    if (bench_open_model("bench_batch", argv[1], &pkg, &m))
         return 1;
-    }
     size_t H = eng_model_hidden_size(m), maxT = 0;
     for (size_t i = 0; i < nT; i++)
         maxT = Ts[i] > maxT ? Ts[i] : maxT;

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "bench_model.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -104,13 +105,10 @@ int main(int argc, char **argv) {
     size_t         n_workers = argc > 3 ? strtoul(argv[3], NULL, 10) : 2;
     size_t         max_group = argc > 4 ? strtoul(argv[4], NULL, 10) : 32;
     char           errstr[1024];
-    eng_package_t *pkg = NULL;
-    eng_model_t   *m = NULL;
-    if (eng_package_open(argv[1], &pkg, errstr, sizeof errstr) ||
-        eng_model_load(argv[1], &m, errstr, sizeof errstr)) {
-        fprintf(stderr, "bench_sched: %s\n", errstr);
+    eng_package_t *pkg;
+    eng_model_t   *m;
+    if (bench_open_model("bench_sched", argv[1], &pkg, &m))
         return 1;
-    }
     job_t          *jobs = calloc(n_req, sizeof *jobs);
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t  cv = PTHREAD_COND_INITIALIZER;

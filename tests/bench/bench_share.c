@@ -30,6 +30,7 @@
 #include "eng_fwd_int.h"
 #include "engine.h"
 #include "npu.h"
+#include "bench_model.h"
 
 static double now_s(void) {
     struct timespec t;
@@ -150,15 +151,10 @@ int main(int argc, char **argv) {
         Ps[nP++] = 3936;
     if (n_q == 0 || runs == 0 || S == 0)
         return usage();
-    eng_package_t *pkg = NULL;
-    eng_model_t   *m = NULL;
-    char           err[512];
-    if (eng_package_open(argv[1], &pkg, err, sizeof err) ||
-        eng_model_load(argv[1], &m, err, sizeof err)) {
-        fprintf(stderr, "bench_share: %s\n", err);
-        eng_package_free(pkg);
+    eng_package_t *pkg;
+    eng_model_t   *m;
+    if (bench_open_model("bench_share", argv[1], &pkg, &m))
         return 1;
-    }
     size_t maxP = 0;
     for (size_t i = 0; i < nP; i++)
         maxP = Ps[i] > maxP ? Ps[i] : maxP;
