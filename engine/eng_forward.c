@@ -45,11 +45,10 @@ struct eng_fwd_state {
     float             *xs;        /* noncausal: (cap, H) residual stream at layer n_pre's input */
     int32_t           *pos3;      /* noncausal: (cap, 3) mrope positions of those rows */
     bool               keep_f;    /* noncausal and a layer after F: ao, alse kept */
-    float             *ao;        /* keep_f: (cap, nh * hd) layer F's attention of each row held
-                                     over the keys of the rows held (before the output gate) */
-    float  *alse;                 /* keep_f: (cap, nh) its log-sum-exp per head */
-    int64_t next;                 /* the position the next text token takes (text: len) */
-    int64_t base;                 /* the first position of the image a run of image tokens is in */
+    float             *ao;        /* keep_f: (cap, nh * hd) layer F's attention, rows x keys held */
+    float             *alse;      /* keep_f: (cap, nh) its log-sum-exp per head */
+    int64_t            next;      /* the position the next text token takes (text: len) */
+    int64_t            base;      /* the first position of the image a run of image tokens is in */
 };
 
 #define FWD_CHUNK ENG_FWD_CHUNK
@@ -66,9 +65,8 @@ typedef struct fwd_seq {
     float           *rec;  /* (nv, dk, dv) its running recurrent state */
     int64_t          next; /* after its rows: the next text position (get_rope_index) */
     int64_t          base; /* and the current image's first position */
-    eng_fwd_state_t *fst;  /* forward_noncausal's second pass: the state whose layer-F
-                              attention (ao, alse) covers this sequence's rows [0, fP) */
-    size_t fP;
+    eng_fwd_state_t *fst;  /* second noncausal pass: ao, alse of its rows [0, fP), or NULL */
+    size_t           fP;
 } fwd_seq_t;
 
 /* A run of one sequence's rows inside a chunk: rows [r, r + n) of the
@@ -128,10 +126,9 @@ typedef struct fwd {
     int32_t           *pos3;      /* (T, 3) mrope positions (t, h, w) */
     bool               last_rows; /* the last layer ran on the last rows only: sequence
                                      s's is row s of x (full_layer_last) */
-    size_t f_layer;               /* the layer whose rows covered by a seq's fst take their
-                                     attention from it (attn_shared; SIZE_MAX: none) */
-    bool f_keep;                  /* that layer writes its attention into the fst (update) */
-    bool f_only;                  /* and stops after it: no output, no MLP (a prefix run) */
+    size_t f_layer;               /* where covered rows merge fst's attention (SIZE_MAX: none) */
+    bool   f_keep;                /* that layer writes its attention into the fst (update) */
+    bool   f_only;                /* and stops after it: no output, no MLP (a prefix run) */
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -509,27 +506,23 @@ static svc_err_t attn_shared(fwd_t *f, const fwd_piece_t *pc, const float *q, co
     eng_fwd_state_t       *st = sq->fst;
     size_t    hd = c->head_dim, nh = c->n_heads, qd = nh * hd, kvd = c->n_kv * hd, fP = sq->fP;
     size_t    nc = fP > pc->t ? (fP - pc->t < pc->n ? fP - pc->t : pc->n) : 0; /* covered rows */
+    bool      keep = f->f_keep;
     svc_err_t err = SVC_OK;
     if (nc) {
         float *ao = st->ao + pc->t * qd, *al = st->alse + pc->t * nh;
         err = npu_attention_lse(q, K + fP * kvd, V + fP * kvd, nc, Tk - fP, nh, c->n_kv, hd, NULL,
                                 f->d, f->lse);
-        if (!err && f->f_keep) {
-            npu_attention_merge(ao, al, f->d, f->lse, nc, nh, hd, ao, al);
+        if (!err) /* into the state (keep) or straight into o */
+            npu_attention_merge(ao, al, f->d, f->lse, nc, nh, hd, keep ? ao : o, keep ? al : NULL);
+        if (!err && keep)
             memcpy(o, ao, nc * qd * sizeof *o);
-        } else if (!err) {
-            npu_attention_merge(ao, al, f->d, f->lse, nc, nh, hd, o, NULL);
-        }
     }
-    if (!err && nc < pc->n && f->f_keep) {
+    if (!err && nc < pc->n) { /* the rest over every key; their lse only kept */
         size_t t = pc->t + nc, n = pc->n - nc;
         err = npu_attention_lse(q + nc * qd, K, V, n, Tk, nh, c->n_kv, hd, NULL, o + nc * qd,
-                                st->alse + t * nh);
-        if (!err)
+                                keep ? st->alse + t * nh : f->lse);
+        if (!err && keep)
             memcpy(st->ao + t * qd, o + nc * qd, n * qd * sizeof *o);
-    } else if (!err && nc < pc->n) {
-        err = npu_attention(q + nc * qd, K, V, pc->n - nc, Tk, nh, c->n_kv, hd, false, NULL,
-                            o + nc * qd);
     }
     return err;
 }
