@@ -344,8 +344,15 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    ("avx512-int8x3", npu_vnni_i8.c: same bits as amx-int8x3, half the
  *    bytes of fp32 panels); D3_NPU_KERNELS=avx512-vnni picks that path on
  *    a CPU with AMX too (the tests' and benchmarks' switch);
- *  - fp32 weights where the tiles are not used (no AMX, a CPU without
- *    AVX-512, D3_NPU_KERNELS=avx512 or generic): w as given, multiplied
+ *  - without usable AMX but with AVX512-BF16 (Zen 4 and 5, Cooper Lake;
+ *    D3_NPU_KERNELS=avx512-vnni or avx512-bf16 on a CPU with AMX too):
+ *    the AMX-BF16 pack and split, multiplied by VDPBF16PS
+ *    ("avx512-bf16x2", "avx512-bf16" with D3_NPU_MATMUL=bf16;
+ *    npu_avx512_bf16.c: half the bytes of fp32 weights, as fast as
+ *    oneDNN's sgemm where the rows are many and faster where they are few);
+ *    D3_NPU_MATMUL=onednn keeps fp32 weights on sgemm there instead;
+ *  - fp32 weights where neither kernel is used (a CPU without AVX512-BF16
+ *    or AVX-512, D3_NPU_KERNELS=avx512 or generic): w as given, multiplied
  *    by oneDNN's sgemm in blocks of 256 output columns over the pool
  *    ("onednn-f32", npu_dnnl.c: 1.4-1.7x our fp32 panels per thread with
  *    AVX-512, and on every core where the panels took one; ~70x the
@@ -477,6 +484,16 @@ void   npu_matmul_amx_bf16(const float *x, const uint16_t *pk, size_t T, size_t 
                            float *out);
 void   npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N, bool split,
                       float *out);
+
+/* The same product on AVX512-BF16's VDPBF16PS, for a CPU without usable
+ * AMX (npu_avx512_bf16.c, "avx512-bf16x2"): the AMX-BF16 pack
+ * (npu_amx_pack_bf16), x rounded to bf16 or split into hi + lo as
+ * npu_matmul_amx does, fp32 accumulation, a row's result independent of
+ * the other rows; not the same bits as the tiles. Needs about (1 or 2) x
+ * 504 x K bf16 of scratch per call (one product at a time without it;
+ * never fails). Undefined without avx512_bf16 (check npu_probe()). */
+void npu_matmul_bf16_avx512(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N,
+                            bool split, float *out);
 
 /* Attention as npu_attention_ref (online softmax, GQA, causal with the
  * Tq <= Tk prefix offset, key_mask, zeros for a query that sees no key).

@@ -181,6 +181,7 @@ typedef enum wpack_layout {
     WPACK_AMX_I8 = 3,  /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
     WPACK_VNNI_I8 = 4, /* the same bytes, npu_matmul_vnni_i8 (quantised packs, no AMX) */
     WPACK_DNNL = 5,    /* w as given, oneDNN's sgemm over the pool, npu_matmul_dnnl */
+    WPACK_BF16 = 6,    /* the bf16 tiles' bytes, npu_matmul_bf16_avx512 (no AMX) */
 } wpack_layout_t;
 
 struct npu_wpack {
@@ -198,23 +199,29 @@ static bool           g_vnni;   /* quantised packs on AVX-512 VNNI (no AMX) */
 static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
- * D3_NPU_KERNELS asks for the fp32 kernels ("avx512") or the references.
+ * D3_NPU_KERNELS asks for the fp32 kernels ("avx512"), the kernels of a
+ * CPU without AMX ("avx512-vnni", "avx512-bf16") or the references.
  * D3_NPU_MATMUL=bf16 rounds the activations to one bf16 (one tile product,
  * twice as fast); the default splits them into two (npu.h: why). Without
- * the tiles, fp32 weights go to oneDNN's sgemm (npu_dnnl.c: why), on any
- * CPU; D3_NPU_KERNELS=ref keeps the scalar reference and
- * D3_NPU_MATMUL=panels our AVX-512 fp32 panels (the benchmarks' switch). */
+ * the tiles, the same bf16 pack on VDPBF16PS where the CPU has AVX512-BF16
+ * (npu_avx512_bf16.c: why), unless D3_NPU_MATMUL=onednn; else fp32
+ * weights on oneDNN's sgemm (npu_dnnl.c: why), on any CPU;
+ * D3_NPU_KERNELS=ref keeps the scalar reference and D3_NPU_MATMUL=panels
+ * our AVX-512 fp32 panels (the benchmarks' switch). */
 static void layout_pick(void) {
     const char           *env = getenv("D3_NPU_KERNELS"), *mm = getenv("D3_NPU_MATMUL");
     const npu_features_t *f = npu_probe();
     bool                  fp32 = env && strcmp(env, "avx512") == 0;
-    bool                  no_amx = env && strcmp(env, "avx512-vnni") == 0;
-    bool                  bf16_env = mm && strncmp(mm, "bf16", 4) == 0;
-    bool                  panels = mm && strcmp(mm, "panels") == 0;
+    bool no_amx = env && (strcmp(env, "avx512-vnni") == 0 || strcmp(env, "avx512-bf16") == 0);
+    bool bf16_env = mm && strncmp(mm, "bf16", 4) == 0;
+    bool panels = mm && strcmp(mm, "panels") == 0;
+    bool onednn = mm && strcmp(mm, "onednn") == 0;
     if (kernels() != &k_avx512)
         g_layout = kernels() == &k_ref ? WPACK_PLAIN : WPACK_DNNL;
     else if (!fp32 && !no_amx && f->amx_bf16 && f->amx_usable && f->avx512_bf16)
         g_layout = WPACK_AMX;
+    else if (!fp32 && !panels && !onednn && f->avx512_bf16)
+        g_layout = WPACK_BF16;
     else
         g_layout = panels ? WPACK_PANELS : WPACK_DNNL;
     g_split = !(mm && strcmp(mm, "bf16") == 0);
@@ -225,8 +232,8 @@ static void layout_pick(void) {
      * the nano q4nx package in its memory bound), unless fp32 everywhere
      * was asked for (the accuracy reference) or D3_NPU_MATMUL keeps them
      * off int8. */
-    g_vnni = (g_layout == WPACK_PANELS || g_layout == WPACK_DNNL) && kernels() == &k_avx512 &&
-             !fp32 && f->avx512_vnni && !bf16_env;
+    g_vnni = (g_layout == WPACK_PANELS || g_layout == WPACK_DNNL || g_layout == WPACK_BF16) &&
+             kernels() == &k_avx512 && !fp32 && f->avx512_vnni && !bf16_env;
     /* D3_NPU_MATMUL=int8x3 puts every weight there, BF16 and F32 ones too
      * (npu.h: what that costs in accuracy). */
     g_i8_all = g_i8 && mm && strcmp(mm, "int8x3") == 0;
@@ -244,10 +251,13 @@ bool npu_amx_enabled(void) {
 }
 
 const char *npu_matmul_name(void) {
-    static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16", "", "", "onednn-f32"};
+    static const char *names[] = {"ref-f32", "avx512-f32", "amx-bf16",   "",
+                                  "",        "onednn-f32", "avx512-bf16"};
     if (layout() == WPACK_AMX && g_i8_all)
         return "amx-int8x3";
-    return layout() == WPACK_AMX && g_split ? "amx-bf16x2" : names[layout()];
+    if (layout() == WPACK_AMX && g_split)
+        return "amx-bf16x2";
+    return layout() == WPACK_BF16 && g_split ? "avx512-bf16x2" : names[layout()];
 }
 
 const char *npu_matmul_quantised_name(void) {
@@ -278,7 +288,7 @@ static void wpack_panels(const float *w, size_t N, size_t K, float *panels) {
  * wants; at least 64 when N or K is 0). */
 static size_t wpack_size(wpack_layout_t l, size_t N, size_t K) {
     size_t b = l == WPACK_AMX_I8 || l == WPACK_VNNI_I8 ? npu_amx_i8_pack_bytes(N, K)
-               : l == WPACK_AMX
+               : l == WPACK_AMX || l == WPACK_BF16
                    ? npu_amx_pack_elems(N, K) * sizeof(uint16_t)
                    : (N + NPU_WPACK_NR - 1) / NPU_WPACK_NR * NPU_WPACK_NR * K * sizeof(float);
     return (b + 63) / 64 * 64 + (b ? 0 : 64);
@@ -310,7 +320,7 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
     }
     if (wp->layout == WPACK_AMX_I8 || wp->layout == WPACK_VNNI_I8)
         npu_amx_i8_pack(w, N, K, wp->data);
-    else if (wp->layout == WPACK_AMX)
+    else if (wp->layout == WPACK_AMX || wp->layout == WPACK_BF16)
         npu_amx_pack_bf16(w, N, K, wp->data);
     else
         wpack_panels(w, N, K, wp->data);
@@ -354,6 +364,9 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
     switch (w->layout) {
     case WPACK_AMX:
         npu_matmul_amx(x, w->data, T, w->K, w->N, g_split, out);
+        break;
+    case WPACK_BF16:
+        npu_matmul_bf16_avx512(x, w->data, T, w->K, w->N, g_split, out);
         break;
     case WPACK_AMX_I8:
         npu_matmul_amx_i8(x, w->data, T, w->K, w->N, out);

@@ -200,7 +200,8 @@ Test(npu_i8, wpack_quantised) {
 }
 
 /* D3_NPU_KERNELS=avx512-vnni (what a CPU without AMX gets): the AVX-512
- * kernels, plain packs on oneDNN's sgemm, quantised ones on VNNI with the int8
+ * kernels, plain packs on VDPBF16PS where the CPU has AVX512-BF16 (else
+ * oneDNN's sgemm), quantised ones on VNNI with the int8
  * bytes, npu_matmul_packed giving the VNNI kernel's bits. (Each test runs
  * in its own process, so the dispatch is decided here.) */
 Test(npu_i8, wpack_vnni_dispatch) {
@@ -216,7 +217,7 @@ Test(npu_i8, wpack_vnni_dispatch) {
     npu_wpack_t *wp;
     cr_assert_eq(npu_wpack_new_quantised(wc, N, K, &wp), SVC_OK);
     cr_assert_str_eq(npu_matmul_quantised_name(), "avx512-int8x3");
-    cr_assert_str_eq(npu_matmul_name(), "onednn-f32");
+    cr_assert_str_eq(npu_matmul_name(), npu_probe()->avx512_bf16 ? "avx512-bf16x2" : "onednn-f32");
     cr_expect(!npu_amx_enabled());
     cr_expect(npu_wpack_is_int8(wp));
     cr_expect_eq(npu_wpack_bytes(wp), (npu_amx_i8_pack_bytes(N, K) + 63) / 64 * 64);
@@ -227,7 +228,7 @@ Test(npu_i8, wpack_vnni_dispatch) {
     npu_wpack_free(wp);
     memcpy(wc = malloc(N * K * sizeof *wc), w, N * K * sizeof *w);
     cr_assert_eq(npu_wpack_new(wc, N, K, &wp), SVC_OK);
-    cr_expect(!npu_wpack_is_int8(wp), "a plain pack stays fp32");
+    cr_expect(!npu_wpack_is_int8(wp), "a plain pack stays off the int8 layout");
     npu_wpack_free(wp);
     free(x), free(w), free(pk), free(a), free(b);
 }

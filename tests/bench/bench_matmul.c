@@ -2,7 +2,8 @@
  * bench_matmul.c -- the projection matmuls at d3-nano's shapes: AMX-BF16
  * (npu_matmul_amx_bf16, the default split npu_matmul_amx, and the int8
  * kernels of quantised weights npu_matmul_amx_i8 and, for CPUs without
- * AMX, npu_matmul_vnni_i8) against the fp32 ones where the tiles are not
+ * AMX, npu_matmul_vnni_i8 and the bf16 pack on VDPBF16PS,
+ * npu_matmul_bf16_avx512 split) against the fp32 ones where the tiles are not
  * used (npu_matmul_dnnl, oneDNN's sgemm, the default there, and our
  * AVX-512 panels, one thread, D3_NPU_MATMUL=panels), on one thread
  * (D3_NPU_THREADS=1 in the environment) or the whole pool. Built, never
@@ -66,6 +67,10 @@ static void vnni_i8(const float *x, const void *w, size_t T, size_t K, size_t N,
     npu_matmul_vnni_i8(x, w, T, K, N, out);
 }
 
+static void bf16_x2(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
+    npu_matmul_bf16_avx512(x, w, T, K, N, true, out);
+}
+
 static void panels(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
     npu_matmul_panels_avx512(x, w, T, K, N, out);
 }
@@ -77,17 +82,21 @@ static void dnnl(const float *x, const void *w, size_t T, size_t K, size_t N, fl
 static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool have_amx) {
     float *x = bench_rand_vec(T * K), *w = bench_rand_vec(N * K), *out = bench_rand_vec(T * N);
     double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_x2 = 0, s_i8 = 0, s_vn = 0,
-           s_f32, s_dn;
-    if (have_amx) {
+           s_b2 = 0, s_f32, s_dn;
+    const npu_features_t *f = npu_probe();
+    if (have_amx || f->avx512_bf16) {
         uint16_t *pk = aligned_alloc(64, (npu_amx_pack_elems(N, K) * 2 + 63) / 64 * 64);
         if (!pk)
             exit(1);
         npu_amx_pack_bf16(w, N, K, pk);
-        s_amx = median_s(amx, x, pk, T, K, N, out);
-        s_x2 = median_s(amx_x2, x, pk, T, K, N, out);
+        if (have_amx) {
+            s_amx = median_s(amx, x, pk, T, K, N, out);
+            s_x2 = median_s(amx_x2, x, pk, T, K, N, out);
+        }
+        if (f->avx512_bf16)
+            s_b2 = median_s(bf16_x2, x, pk, T, K, N, out);
         free(pk);
     }
-    const npu_features_t *f = npu_probe();
     if ((have_amx && f->amx_int8) || f->avx512_vnni) {
         void *pi = aligned_alloc(64, (npu_amx_i8_pack_bytes(N, K) + 63) / 64 * 64);
         if (!pi)
@@ -113,18 +122,20 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
     if (json)
         printf("{\"what\":\"%s\",\"T\":%zu,\"K\":%zu,\"N\":%zu,\"threads\":%zu,\"amx_gflops\":%.1f,"
                "\"amx_x2_gflops\":%.1f,\"amx_i8x3_gflops\":%.1f,\"vnni_i8x3_gflops\":%.1f,"
-               "\"onednn_f32_gflops\":%.1f,\"f32_1thread_gflops\":%.1f}\n",
+               "\"avx512_bf16x2_gflops\":%.1f,\"onednn_f32_gflops\":%.1f,\"f32_1thread_gflops\":%."
+               "1f}\n",
                what, T, K, N, npu_threads(), have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
-               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, flop / s_dn * 1e-9, flop / s_f32 * 1e-9);
+               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0,
+               flop / s_dn * 1e-9, flop / s_f32 * 1e-9);
     else
-        printf(
-            "%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
-            " avx512-int8x3 %7.1f  onednn-f32 %6.1f GFLOP/s (%zu thr)  f32 panels %6.1f (1 thr)\n",
-            what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
-            have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
-            s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, flop / s_dn * 1e-9, npu_threads(),
-            flop / s_f32 * 1e-9);
+        printf("%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
+               " avx512-int8x3 %7.1f  avx512-bf16x2 %7.1f  onednn-f32 %6.1f GFLOP/s (%zu thr)  f32 "
+               "panels %6.1f (1 thr)\n",
+               what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
+               have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
+               s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0,
+               flop / s_dn * 1e-9, npu_threads(), flop / s_f32 * 1e-9);
     fflush(stdout);
     free(pan), free(x), free(w), free(out);
 }
