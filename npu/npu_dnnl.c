@@ -1,7 +1,8 @@
 /*
  * npu_dnnl.c -- kernels on oneDNN's sgemm (npu.h): the projection matmul
- * (npu_matmul_dnnl, "onednn-f32"), what fp32 weights run on where the AMX
- * tiles are not used; and, for CPUs without AVX-512 (the "generic"
+ * (npu_matmul_dnnl, "onednn-f32"), what fp32 weights run on where neither
+ * the AMX tiles nor AVX512-BF16 (npu_avx512_bf16.c) are used; and, for
+ * CPUs without AVX-512 (the "generic"
  * kernels), attention (npu_attention_dnnl) and the chunked delta rule
  * (npu_delta_rule_dnnl), each with its own section below.
  *
