@@ -490,7 +490,7 @@ void   npu_matmul_amx(const float *x, const uint16_t *pk, size_t T, size_t K, si
  * (npu_amx_pack_bf16), x rounded to bf16 or split into hi + lo as
  * npu_matmul_amx does, fp32 accumulation, a row's result independent of
  * the other rows; not the same bits as the tiles. Needs about (1 or 2) x
- * 504 x K bf16 of scratch per call (one product at a time without it;
+ * 516 x K bf16 of scratch per call (one product at a time without it;
  * never fails). Undefined without avx512_bf16 (check npu_probe()). */
 void npu_matmul_bf16_avx512(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N,
                             bool split, float *out);

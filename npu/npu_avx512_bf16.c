@@ -20,7 +20,7 @@
  * the AMX kernel does (npu.h: why one bf16 rounding is not enough), and
  * both products accumulate in the same fp32 registers.
  *
- * Blocking: a chunk of MC rows is converted once, in parallel, into row
+ * Blocking: a chunk of up to MC rows is converted once, in parallel, into row
  * blocks of MR = 6 rows whose pairs are interleaved (pair q of the block:
  * the hi of its 6 rows, then their lo: one 48-byte run per q, so the
  * micro-kernel's broadcasts come from one pointer at fixed offsets).
@@ -59,7 +59,10 @@
 #define B_KB   32  /* K per tile of the pack (16 pairs) */
 #define B_TILE 512 /* bf16 per tile: 16 pairs x 16 columns x 2 */
 #define B_MR   6   /* rows per micro-kernel */
-#define B_MC   504 /* rows per chunk (84 row blocks) */
+/* Rows per chunk at most (86 row blocks). Why not 504 = 84 x 6: the
+ * engine's layers run 512 rows at a time, and a 504 + 8 split streams
+ * every weight a second time for the 8 rows. */
+#define B_MC 516
 
 static size_t round_up(size_t v, size_t m) {
     return (v + m - 1) / m * m;
@@ -252,7 +255,8 @@ void npu_matmul_bf16_avx512(const float *x, const uint16_t *pk, size_t T, size_t
                  .out = out,
                  .w32 = split ? 2 * B_MR : B_MR,
                  .split = split};
-    size_t  chunk = round_up(T < B_MC ? T : B_MC, B_MR);
+    /* Equal chunks: 1,000 rows are 500 + 500, not 516 + 484. */
+    size_t n_chunk = (T + B_MC - 1) / B_MC, chunk = round_up((T + n_chunk - 1) / n_chunk, B_MR);
     j.a = npu_scratch(NPU_SCRATCH_MM_A, chunk / B_MR * (Kp / 2) * j.w32 * sizeof *j.a);
     if (!j.a) {
         b_scalar(&j);
@@ -260,8 +264,8 @@ void npu_matmul_bf16_avx512(const float *x, const uint16_t *pk, size_t T, size_t
     }
     /* Below ~2 M multiply-adds the pool's wake-up costs more than it gains. */
     bool par = (double)T * (double)N * (double)K >= 2e6;
-    for (j.t0 = 0; j.t0 < T; j.t0 += B_MC) {
-        j.mc = T - j.t0 < B_MC ? T - j.t0 : B_MC;
+    for (j.t0 = 0; j.t0 < T; j.t0 += chunk) {
+        j.mc = T - j.t0 < chunk ? T - j.t0 : chunk;
         npu_run_items(par, round_up(j.mc, B_MR) / B_MR, b_convert, &j);
         npu_run_items(par, (n_pan + 1) / 2, b_item, &j);
     }

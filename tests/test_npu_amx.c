@@ -106,7 +106,7 @@ static void shapes(mm_t mm) {
                 check(mm, &r, Ts[i], Ks[j], Ns[l]);
 }
 
-/* Several row chunks (512 for the tiles, 504 for VDPBF16PS) and column
+/* Several row chunks (512 rows for the tiles, up to 516 for VDPBF16PS) and column
  * items, K blocks with a tail, large enough to go through the pool. */
 static void blocked(mm_t mm) {
     rng_t r = {0xb4};
