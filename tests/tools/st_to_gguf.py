@@ -235,6 +235,8 @@ def convert(pkg, out, outtype):
             order.append((short, f"blk.{parts[1]}.{LAYER_NAMES[parts[2]]}"))
         elif short.startswith("mtp."):
             continue  # multi-token prediction head: not used for prefill
+        elif short.startswith("visual."):
+            continue  # the vision tower: llama.cpp keeps it in a separate mmproj file
         else:
             raise SystemExit(f'st_to_gguf: tensor "{names[short]}" has no qwen35 name')
 
