@@ -233,6 +233,7 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
     pthread_mutex_init(&h->lock, NULL);
     atomic_init(&h->state, HTTP_LOADING);
     atomic_init(&h->in_flight, 0);
+    atomic_init(&h->in_engine, 0);
     atomic_init(&h->body_bytes, 0);
     device_label(h);
     if (!http_listen(h)) {

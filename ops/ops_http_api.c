@@ -45,6 +45,7 @@ static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const cha
     http_req_t *r = user;
     http_t     *h = r->h;
     double      t = ops_http_now_s();
+    atomic_fetch_sub(&h->in_engine, 1);
     if (err) {
         internal_error(r, errstr && errstr[0] ? errstr : svc_err_name(err));
     } else {
@@ -96,9 +97,16 @@ bool ops_http_decisions(http_req_t *r) {
     MHD_suspend_connection(r->con);
     sch_error_t reject;
     sch_error_init(&reject);
+    /* Counted before the submit: done may run before it returns. */
+    atomic_fetch_add(&h->in_engine, 1);
     svc_err_t err = eng_sched_submit(h->sched, r->req, engine_done, r, &reject);
-    if (err == SVC_OK)
+    if (err == SVC_OK) {
+        pthread_mutex_lock(&h->lock);
+        h->n.submitted++;
+        pthread_mutex_unlock(&h->lock);
         return true;
+    }
+    atomic_fetch_sub(&h->in_engine, 1);
     sch_request_free(r->req);
     r->req = NULL;
     if (err == SVC_ERR_INVALID && reject.code) { /* an image the contract refuses: its 400 */

@@ -67,6 +67,7 @@ typedef struct http_counts {
     uint64_t   questions[HTTP_N_OUTCOME];
     uint64_t   input_tokens;
     uint64_t   overloaded; /* 429s: scheduler full or body budget spent */
+    uint64_t   submitted;  /* decision requests the engine took */
     ops_hist_t queue_s, forward_s, total_s;
 } http_counts_t;
 
@@ -90,6 +91,7 @@ typedef struct http {
     _Atomic int        state;      /* http_state_t */
     bool               quiesced;   /* the listening socket is closed */
     atomic_size_t      in_flight;  /* requests begun, not completed */
+    atomic_size_t      in_engine;  /* requests the engine holds: submitted, not done */
     atomic_size_t      body_bytes; /* request body bytes held (bounded by o->body_budget) */
     pthread_mutex_t    lock;       /* counts */
     http_counts_t      n;

@@ -110,6 +110,12 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
     ops_prom_metric(&m, "d3stream_http_in_flight_requests", "gauge",
                     "Requests begun and not yet completed.", "",
                     (double)atomic_load(&h->in_flight));
+    ops_prom_metric(&m, "d3stream_http_engine_requests", "gauge",
+                    "Decision requests the engine holds (submitted, not yet answered).", "",
+                    (double)atomic_load(&h->in_engine));
+    ops_prom_metric(&m, "d3stream_http_engine_submitted_total", "counter",
+                    "Decision requests handed to the engine (a SIGTERM finishes them).", "",
+                    (double)n.submitted);
     const union MHD_DaemonInfo *di =
         h->mhd ? MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
     ops_prom_metric(&m, "d3stream_http_connections", "gauge", "Open client connections.", "",
