@@ -11,6 +11,8 @@
  *              2 B tiles (16 x 64 int8), 16 x 16 x 64 multiply-adds each;
  *   amx-bf16   TDPBF16PS: the same tiles as bf16 pairs, 16 x 16 x 32 each;
  *   avx512-vnni-int8  VPDPBUSD zmm, 12 independent accumulators;
+ *   avx512-bf16       VDPBF16PS zmm, 12 independent accumulators (the
+ *                     peak of avx512-bf16x2, the bf16 matmul without AMX);
  *   avx512-fp32       VFMADD231PS zmm, 12 independent accumulators.
  * An operation is a multiply or an add (a multiply-add counts 2), so int8
  * rows are TOPS and the others TFLOP/s.
@@ -59,6 +61,7 @@
 typedef struct {
     bool avx512;   /* AVX-512 F + BW, OS-enabled zmm state */
     bool vnni;     /* AVX-512 VNNI */
+    bool bf16;     /* AVX512-BF16 */
     bool amx_tile; /* AMX-TILE, INT8 and BF16 in CPUID, tile state in XCR0 */
     bool amx_int8;
     bool amx_bf16;
@@ -89,6 +92,10 @@ static cpu_t cpu_probe(void) {
     bool zmm_os = (xcr0 & 0xe6) == 0xe6; /* SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
     c.avx512 = zmm_os && (b & (1u << 16)) && (b & (1u << 30));
     c.vnni = c.avx512 && (cx & (1u << 11));
+    unsigned a1 = 0, b1, c1, d1;
+    if (a >= 1) /* leaf 7's highest subleaf */
+        __cpuid_count(7, 1, a1, b1, c1, d1);
+    c.bf16 = c.avx512 && (a1 & (1u << 5));
     bool tile_os = (xcr0 & (3ull << 17)) == (3ull << 17); /* XTILECFG, XTILEDATA */
     c.amx_tile = tile_os && (d & (1u << 24));
     c.amx_int8 = c.amx_tile && (d & (1u << 25));
@@ -204,6 +211,33 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double vnni_loop(d
     volatile int32_t sink = _mm512_reduce_add_epi32(s);
     (void)sink;
     return (double)n * VEC_ACCUMS * 64 * 2;
+#undef DECL
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static double bf16_loop(double seconds) {
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80),
+             b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+#define DECL(j) __m512 acc##j = _mm512_set1_ps((float)(j));
+#define STEP(j)                                                                                    \
+    acc##j = _mm512_dpbf16_ps(acc##j, a, b);                                                       \
+    KEEP(acc##j);
+#define SUM(j) s = _mm512_add_ps(s, acc##j);
+    REP12(DECL)
+    double   t_end = now_s() + seconds;
+    uint64_t n = 0;
+    do {
+        for (int i = 0; i < VEC_INNER; i++) {
+            REP12(STEP)
+        }
+        n += VEC_INNER;
+    } while (now_s() < t_end);
+    __m512 s = _mm512_setzero_ps();
+    REP12(SUM)
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return (double)n * VEC_ACCUMS * 32 * 2;
 #undef DECL
 #undef STEP
 #undef SUM
@@ -514,6 +548,7 @@ int main(int argc, char **argv) {
         {"amx-int8", "TOPS", amx_int8_loop, c.amx_usable && c.amx_int8},
         {"amx-bf16", "TFLOP/s", amx_bf16_loop, c.amx_usable && c.amx_bf16},
         {"avx512-vnni-int8", "TOPS", vnni_loop, c.vnni},
+        {"avx512-bf16", "TFLOP/s", bf16_loop, c.bf16},
         {"avx512-fp32", "TFLOP/s", fma_loop, c.avx512},
     };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
@@ -541,8 +576,11 @@ int main(int argc, char **argv) {
     if (matmul) {
         int         pool = (int)npu_threads();
         bool        amx = strncmp(npu_matmul_name(), "amx-", 4) == 0;
+        bool        vbf = strncmp(npu_matmul_name(), "avx512-bf16", 11) == 0;
         bool        i8 = strcmp(npu_matmul_quantised_name(), "amx-int8x3") == 0;
-        const char *pk = amx ? "amx-bf16" : "avx512-fp32";
+        bool        vi8 = strcmp(npu_matmul_quantised_name(), "avx512-int8x3") == 0;
+        const char *pk = amx ? "amx-bf16" : vbf ? "avx512-bf16" : "avx512-fp32";
+        const char *qk = i8 ? "amx-int8" : "avx512-vnni-int8";
         size_t      Ts[2] = {330, 1024};
         for (int i = 0; i < 2; i++)
             ours[nours++] = (ours_t){"npu_matmul_packed",
@@ -551,13 +589,13 @@ int main(int argc, char **argv) {
                                      time_ours(true, false, Ts[i], 2048, 6144, pool, 2.0),
                                      find_row(rows, nrows, pk, pool),
                                      pk};
-        for (int i = 0; i < 2 && i8; i++)
+        for (int i = 0; i < 2 && (i8 || vi8); i++)
             ours[nours++] = (ours_t){"packed, q4/q8",
                                      Ts[i],
                                      pool,
                                      time_ours(true, true, Ts[i], 2048, 6144, pool, 2.0),
-                                     find_row(rows, nrows, "amx-int8", pool),
-                                     "amx-int8"};
+                                     find_row(rows, nrows, qk, pool),
+                                     qk};
         ours[nours++] = (ours_t){"npu_matmul",
                                  330,
                                  1,
@@ -572,16 +610,18 @@ int main(int argc, char **argv) {
                 printf("  %-17s T=%-4zu %2d thread%s %7.1f / %7.1f GFLOP/s", ours[i].name,
                        ours[i].T, ours[i].threads, ours[i].threads == 1 ? " " : "s",
                        ours[i].r.wall * 1e-9, ours[i].r.cpu * 1e-9);
-                /* amx-bf16x2 runs two tile products per product and amx-int8x3
-                 * three where one would do (npu.h): the tiles are that much
-                 * busier than the FLOPs say. */
-                double busy = strcmp(ours[i].peak_name, "amx-int8") == 0 ? 3
-                              : strcmp(ours[i].peak_name, "amx-bf16") == 0 &&
-                                      strcmp(npu_matmul_name(), "amx-bf16x2") == 0
-                                  ? 2
-                                  : 1;
+                /* the bf16x2 layouts run two products per product and the
+                 * int8x3 ones three where one would do (npu.h): the units
+                 * are that much busier than the FLOPs say. */
+                const char *pn = ours[i].peak_name;
+                bool        x2 = strcmp(npu_matmul_name(), "amx-bf16x2") == 0 ||
+                          strcmp(npu_matmul_name(), "avx512-bf16x2") == 0;
+                double busy =
+                    strcmp(pn, "amx-int8") == 0 || strcmp(pn, "avx512-vnni-int8") == 0      ? 3
+                    : (strcmp(pn, "amx-bf16") == 0 || strcmp(pn, "avx512-bf16") == 0) && x2 ? 2
+                                                                                            : 1;
                 if (ours[i].peak && busy > 1)
-                    printf("  %5.1f%% of the %s peak (%.1f%% in tile products)\n",
+                    printf("  %5.1f%% of the %s peak (%.1f%% in products)\n",
                            100 * ours[i].r.cpu / ours[i].peak->r.cpu, ours[i].peak_name,
                            100 * busy * ours[i].r.cpu / ours[i].peak->r.cpu);
                 else if (ours[i].peak)
