@@ -190,6 +190,25 @@ static double amx_bf16_loop(double seconds) {
 #define KEEP(v)  __asm__ volatile("" : "+v"(v))
 #define REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 
+/* The timed part of each vector loop: DECL, STEP and SUM (defined around
+ * each use) declare, advance and add up the 12 accumulators; ZERO is the
+ * sum's start, REDUCE its horizontal sum, OPS the operations per STEP. */
+#define PEAK_BODY(ZERO, REDUCE, SINK_T, OPS)                                                       \
+    REP12(DECL)                                                                                    \
+    double   t_end = now_s() + seconds;                                                            \
+    uint64_t n = 0;                                                                                \
+    do {                                                                                           \
+        for (int i = 0; i < VEC_INNER; i++) {                                                      \
+            REP12(STEP)                                                                            \
+        }                                                                                          \
+        n += VEC_INNER;                                                                            \
+    } while (now_s() < t_end);                                                                     \
+    __typeof__(ZERO) s = ZERO;                                                                     \
+    REP12(SUM)                                                                                     \
+    volatile SINK_T sink = REDUCE(s);                                                              \
+    (void)sink;                                                                                    \
+    return (double)n * VEC_ACCUMS * (OPS)
+
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double vnni_loop(double seconds) {
     __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
 #define DECL(j) __m512i acc##j = _mm512_setzero_si512();
@@ -197,20 +216,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double vnni_loop(d
     acc##j = _mm512_dpbusd_epi32(acc##j, a, b);                                                    \
     KEEP(acc##j);
 #define SUM(j) s = _mm512_add_epi32(s, acc##j);
-    REP12(DECL)
-    double   t_end = now_s() + seconds;
-    uint64_t n = 0;
-    do {
-        for (int i = 0; i < VEC_INNER; i++) {
-            REP12(STEP)
-        }
-        n += VEC_INNER;
-    } while (now_s() < t_end);
-    __m512i s = _mm512_setzero_si512();
-    REP12(SUM)
-    volatile int32_t sink = _mm512_reduce_add_epi32(s);
-    (void)sink;
-    return (double)n * VEC_ACCUMS * 64 * 2;
+    PEAK_BODY(_mm512_setzero_si512(), _mm512_reduce_add_epi32, int32_t, 64 * 2);
 #undef DECL
 #undef STEP
 #undef SUM
@@ -224,20 +230,7 @@ __attribute__((target("avx512f,avx512bf16"))) static double bf16_loop(double sec
     acc##j = _mm512_dpbf16_ps(acc##j, a, b);                                                       \
     KEEP(acc##j);
 #define SUM(j) s = _mm512_add_ps(s, acc##j);
-    REP12(DECL)
-    double   t_end = now_s() + seconds;
-    uint64_t n = 0;
-    do {
-        for (int i = 0; i < VEC_INNER; i++) {
-            REP12(STEP)
-        }
-        n += VEC_INNER;
-    } while (now_s() < t_end);
-    __m512 s = _mm512_setzero_ps();
-    REP12(SUM)
-    volatile float sink = _mm512_reduce_add_ps(s);
-    (void)sink;
-    return (double)n * VEC_ACCUMS * 32 * 2;
+    PEAK_BODY(_mm512_setzero_ps(), _mm512_reduce_add_ps, float, 32 * 2);
 #undef DECL
 #undef STEP
 #undef SUM
@@ -250,20 +243,7 @@ __attribute__((target("avx512f"))) static double fma_loop(double seconds) {
     acc##j = _mm512_fmadd_ps(acc##j, a, b);                                                        \
     KEEP(acc##j);
 #define SUM(j) s = _mm512_add_ps(s, acc##j);
-    REP12(DECL)
-    double   t_end = now_s() + seconds;
-    uint64_t n = 0;
-    do {
-        for (int i = 0; i < VEC_INNER; i++) {
-            REP12(STEP)
-        }
-        n += VEC_INNER;
-    } while (now_s() < t_end);
-    __m512 s = _mm512_setzero_ps();
-    REP12(SUM)
-    volatile float sink = _mm512_reduce_add_ps(s);
-    (void)sink;
-    return (double)n * VEC_ACCUMS * 16 * 2;
+    PEAK_BODY(_mm512_setzero_ps(), _mm512_reduce_add_ps, float, 16 * 2);
 #undef DECL
 #undef STEP
 #undef SUM
