@@ -477,8 +477,11 @@ const char *npu_matmul_quantised_name(void);
  * accumulation; split over the pool above ~2 M multiply-adds; needs about
  * (1 or 2) x 512 x K bf16 per call and 1 MiB per item of work, and computes
  * one product at a time instead if an allocation fails (never fails).
- * npu_matmul_amx_bf16 is npu_matmul_amx with split false. */
+ * npu_matmul_amx_bf16 is npu_matmul_amx with split false.
+ * npu_amx_pack_at: the bf16 value of w[n][k] in such a pack (any CPU: the
+ * kernels' fallbacks without scratch). */
 size_t npu_amx_pack_elems(size_t N, size_t K);
+float  npu_amx_pack_at(const uint16_t *pk, size_t K, size_t n, size_t k);
 void   npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst);
 void   npu_matmul_amx_bf16(const float *x, const uint16_t *pk, size_t T, size_t K, size_t N,
                            float *out);

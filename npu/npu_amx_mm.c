@@ -132,8 +132,8 @@ void npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst) {
     free(rows);
 }
 
-/* The weight's bf16 value for (n, k) in the packed layout. */
-static float pack_at(const uint16_t *pk, size_t n_kb, size_t n, size_t k) {
+float npu_amx_pack_at(const uint16_t *pk, size_t K, size_t n, size_t k) {
+    size_t n_kb = round_up(K, AMX_KB) / AMX_KB;
     size_t p = n / 32, h = n % 32 / 16, c = n % 16, kb = k / AMX_KB, r = k % AMX_KB / 2, j = k % 2;
     return npu_bf16_to_f32(pk[((p * n_kb + kb) * 2 + h) * AMX_TILE + r * 32 + c * 2 + j]);
 }
@@ -260,7 +260,7 @@ static void rows_scalar(const mm_job_t *j, size_t t0, size_t mc, size_t n0, size
             for (size_t k = 0; k < j->K; k++)
                 s += (j->split ? j->x[t * j->K + k]
                                : npu_bf16_to_f32(npu_f32_to_bf16(j->x[t * j->K + k]))) *
-                     pack_at(j->pk, j->n_kb, n, k);
+                     npu_amx_pack_at(j->pk, j->K, n, k);
             j->out[t * j->N + n] = s;
         }
 }

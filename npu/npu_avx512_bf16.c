@@ -213,12 +213,6 @@ static void b_item(void *ctx, size_t i) {
     }
 }
 
-/* The weight's bf16 value for (n, k) in the packed layout. */
-static float b_pack_at(const uint16_t *pk, size_t n_kb, size_t n, size_t k) {
-    size_t p = n / 32, h = n % 32 / 16, c = n % 16, kb = k / B_KB, r = k % B_KB / 2, e = k % 2;
-    return npu_bf16_to_f32(pk[((p * n_kb + kb) * 2 + h) * B_TILE + r * 32 + c * 2 + e]);
-}
-
 /* Without scratch (an allocation failed): the same products, one at a
  * time, in fp32 (split) or on the bf16-rounded inputs. Slow, but the
  * matmul never fails. */
@@ -229,7 +223,7 @@ static void b_scalar(const b_job_t *j) {
             for (size_t k = 0; k < j->K; k++) {
                 float xv = j->x[t * j->K + k];
                 s += (j->split ? xv : npu_bf16_to_f32(npu_f32_to_bf16(xv))) *
-                     b_pack_at(j->pk, j->n_kb, n, k);
+                     npu_amx_pack_at(j->pk, j->K, n, k);
             }
             j->out[t * j->N + n] = s;
         }
