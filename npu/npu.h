@@ -450,6 +450,29 @@ void   npu_matmul_i8_ref(const float *x, const void *pk, size_t T, size_t K, siz
  * it without avx512_vnni, avx512bw and avx512vl is a bug. */
 void npu_matmul_vnni_i8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 
+/* The group layout's pieces (npu_vnni_grp.c, "avx512-grp8x2"), used by
+ * npu_wpack_new_groups where the CPU has AVX-512 VNNI but no AMX: the
+ * package's codes u (one byte each) with d and m per output column and
+ * group of NPU_GRP_K along K, w = d u + m; activations per row as the
+ * int8x3 scheme's 16-bit integers, two VPDPBUSD per 4 of K (the file's
+ * header has the scheme and its error).
+ * npu_grp_pack_bytes: bytes of a packed (N, K) weight (a multiple of 64);
+ * npu_grp_pack: u (N, K), d and m (N, G = ceil(K / NPU_GRP_K)) into dst
+ * (64-byte aligned); npu_grp_pack_at: the pack's w[n][k], d u + m in fp32.
+ * npu_matmul_vnni_grp: out (T, N) = x (T, K) times the packed w^T (needs
+ * avx512_vnni, avx512bw and avx512vl; never fails: one row at a time if
+ * its scratch cannot be had). npu_matmul_grp_ref: the same integers and
+ * fp32 operations in scalar code, bit for bit the kernel's result (the
+ * tests' reference; any CPU). */
+#define NPU_GRP_K 32
+size_t npu_grp_pack_bytes(size_t N, size_t K);
+void   npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K,
+                    void *dst);
+float  npu_grp_pack_at(const void *pk, size_t K, size_t n, size_t k);
+void   npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N,
+                           float *out);
+void   npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+
 /* Whether the fast kernels use AMX tiles in this process: the CPU has
  * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512
  * kernels are in use and D3_NPU_KERNELS is neither "avx512" nor

@@ -1,0 +1,378 @@
+/*
+ * npu_vnni_grp.c -- the projection matmul for weights stored in groups of
+ * 32 along K (Q4_1, Q4_K, Q8 tiles: Q4NX.md §3-4) on AVX-512 VNNI, on
+ * the package's own codes ("avx512-grp8x2"; npu.h, npu_wpack_new_groups).
+ *
+ * A weight is w[n][k] = d[n][g] u[n][k] + m[n][g], g = k / 32, u an
+ * unsigned byte (0..15 for the 4-bit kinds). The activations are quantised
+ * per row as the int8x3 scheme does them (npu_vec_int.h): xq = 256 xh + xl,
+ * x ~ sx xq. Then, exactly in integers per group,
+ *
+ *     A[g] = sum_k u xq = 256 (sum_k u xh) + sum_k u xl
+ *     I[g] = sum_k xq
+ *
+ * and out[t][n] = sx sum_g (d A[g] + m I[g]), the two terms fused in fp32
+ * per group (one FMA each, in g order). Two VPDPBUSD per 4 of K (the
+ * codes are VPDPBUSD's unsigned operand as they are, xh and xl its signed
+ * one) where int8x3 on the same weights dequantised to 16-bit columns
+ * takes three; the weights are the package's exactly (int8x3 keeps them to
+ * 2^-16 of a column's range), and a code is one byte where int8x3 needs
+ * two. What is left is the activations' rounding, 2^-16 of a row's largest
+ * value, as int8x3's. Why not on AMX: a group's scale changes every 32 of
+ * K, inside one 64-deep tile product (npu_amx_i8.c); VPDPBUSD's 4-deep
+ * steps leave room for the per-group FMAs.
+ *
+ * Bounds: |A[g]| <= 32 * 255 * 32639 < 2^28 and the intermediate
+ * 256 sum u xh as well, so the int32 sums never wrap; |I[g]| <= 32 * 32639
+ * < 2^24, exact in fp32.
+ *
+ * Weight layout (npu_grp_pack): panels of 32 output columns; in a panel,
+ * one 1,280-byte block per group: 8 quads x 2 column halves of 64 bytes
+ * (for 16 columns the 4 codes of k = 4q .. 4q + 3: VPDPBUSD's 64-byte
+ * operand), then d and m of the 32 columns (fp32). Columns past N and k
+ * past K are code 0, d = m = 0.
+ *
+ * Blocking: as npu_vnni_i8.c -- a chunk of MC = 512 rows is quantised once
+ * (xh, xl row-major, Kp = K rounded up to 32 bytes each; I per row and
+ * group); items of NPB panels go to the pool and walk the chunk 6 rows at
+ * a time, each panel a 6 x 32 micro-kernel over all of K: 12 int32 group
+ * sums and 12 fp32 accumulators in registers; per group the 8 quads run
+ * twice (xh, then the sums shifted by 8, then xl: the block's 1 KiB of
+ * codes is in L1 the second time), then the 24 FMAs.
+ *
+ * Each output element is the same sum in the same order whatever T and the
+ * chunking are, and npu_matmul_grp_ref computes it with the same integers
+ * and the same fp32 operations: test_npu_grp holds the two to equal bits.
+ *
+ * The kernel is compiled for AVX-512 VNNI by the target pragma below; only
+ * called after npu_probe() said avx512_vnni, avx512bw and avx512vl.
+ */
+#include "npu.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define G_K     NPU_GRP_K /* K per group */
+#define G_NR    32        /* columns per panel */
+#define G_CODES 1024      /* code bytes per (panel, group): 8 quads x 2 halves x 64 */
+#define G_BLK   1280      /* bytes per (panel, group): codes, then d and m */
+#define G_MC    512       /* rows per chunk */
+#define G_NPB   4         /* panels per item */
+#define G_MR    6         /* rows per micro-kernel */
+#define G_QMAX  32639.0f  /* npu_vec_int.h's NPU_I8_QMAX, for the scalar reference */
+
+static size_t g_round_up(size_t v, size_t m) {
+    return (v + m - 1) / m * m;
+}
+
+size_t npu_grp_pack_bytes(size_t N, size_t K) {
+    return g_round_up(N, G_NR) / G_NR * g_round_up(K, G_K) / G_K * G_BLK;
+}
+
+/* Offset of w[n][k]'s code in the pack of K (G groups). */
+static size_t g_code_at(size_t G, size_t n, size_t k) {
+    size_t q = k % G_K / 4, half = n % G_NR / 16;
+    return (n / G_NR * G + k / G_K) * G_BLK + (q * 2 + half) * 64 + n % 16 * 4 + k % 4;
+}
+
+/* Offset of the d of column n, group g (its m follows 128 bytes on). */
+static size_t g_scale_at(size_t G, size_t n, size_t g) {
+    return (n / G_NR * G + g) * G_BLK + G_CODES + n % G_NR * sizeof(float);
+}
+
+void npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K,
+                  void *dst) {
+    size_t   G = g_round_up(K, G_K) / G_K;
+    uint8_t *p = dst;
+    memset(p, 0, npu_grp_pack_bytes(N, K));
+    for (size_t n = 0; n < N; n++) {
+        for (size_t k = 0; k < K; k++)
+            p[g_code_at(G, n, k)] = u[n * K + k];
+        for (size_t g = 0; g < G; g++) {
+            memcpy(p + g_scale_at(G, n, g), &d[n * G + g], sizeof(float));
+            memcpy(p + g_scale_at(G, n, g) + G_NR * sizeof(float), &m[n * G + g], sizeof(float));
+        }
+    }
+}
+
+float npu_grp_pack_at(const void *pk, size_t K, size_t n, size_t k) {
+    size_t         G = g_round_up(K, G_K) / G_K;
+    const uint8_t *p = pk;
+    float          d, m;
+    memcpy(&d, p + g_scale_at(G, n, k / G_K), sizeof d);
+    memcpy(&m, p + g_scale_at(G, n, k / G_K) + G_NR * sizeof(float), sizeof m);
+    return d * (float)p[g_code_at(G, n, k)] + m;
+}
+
+/* ---- the reference: the kernel's integers and fp32 steps, one by one ---- */
+
+/* The row scale and the 16-bit integers of npu_vec_int.h's scheme, in
+ * scalar code: the max is exact, the product and the nearest-even
+ * rounding those of the vector code (cvtps2dq under the default MXCSR). */
+static void g_ref_row(const float *xr, size_t K, int32_t *q, float *sx) {
+    float mx = 0.0f;
+    for (size_t k = 0; k < K; k++)
+        mx = fmaxf(mx, fabsf(xr[k]));
+    float inv = mx > 0.0f ? (float)G_QMAX / mx : 0.0f;
+    *sx = mx / (float)G_QMAX;
+    for (size_t k = 0; k < K; k++) {
+        float v = nearbyintf(xr[k] * inv);
+        v = v > G_QMAX ? G_QMAX : v;
+        v = v < -G_QMAX ? -G_QMAX : v;
+        q[k] = (int32_t)v;
+    }
+}
+
+void npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
+    size_t         G = g_round_up(K, G_K) / G_K;
+    const uint8_t *p = pk;
+    int32_t       *q = malloc((K ? K : 1) * sizeof *q);
+    SVC_ASSERT(q); /* the tests' reference: a failure here is the test's */
+    for (size_t t = 0; t < T; t++) {
+        float sx;
+        g_ref_row(x + t * K, K, q, &sx);
+        for (size_t n = 0; n < N; n++) {
+            float f = 0.0f;
+            for (size_t g = 0; g < G; g++) {
+                int32_t a = 0, s = 0;
+                for (size_t k = g * G_K; k < K && k < (g + 1) * G_K; k++) {
+                    a += (int32_t)p[g_code_at(G, n, k)] * q[k];
+                    s += q[k];
+                }
+                float d, m;
+                memcpy(&d, p + g_scale_at(G, n, g), sizeof d);
+                memcpy(&m, p + g_scale_at(G, n, g) + G_NR * sizeof(float), sizeof m);
+                f = fmaf(d, (float)a, f);
+                f = fmaf(m, (float)s, f);
+            }
+            out[t * N + n] = f * sx;
+        }
+    }
+    free(q);
+}
+
+/* ---- the VNNI kernel ------------------------------------------------------ */
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma"))),                  \
+    apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")
+#endif
+
+#include "npu_vec_int.h"
+
+_Static_assert(NPU_I8_QMAX == (int)G_QMAX, "the reference's QMAX is the kernel's");
+
+typedef struct g_job {
+    const float   *x;
+    const uint8_t *pk;
+    size_t         T, K, N, Kp, G, n_item;
+    float         *out;
+    /* the chunk in flight: rows [t0, t0 + mc); xh, xl (mc, Kp) signed
+     * bytes, row-major; I (mc, G) the groups' sums of xq; sx the row
+     * scales */
+    size_t  t0, mc;
+    int8_t *xh, *xl;
+    float  *I, *sx;
+} g_job_t;
+
+/* Rows [16 i, 16 i + 16) of the chunk (those below mc) quantised as
+ * npu_vnni_i8.c's v_quant does them (zero past K), with each group's sum
+ * of xq = 256 xh + xl. */
+static void g_quant(void *ctx, size_t i) {
+    const g_job_t *j = ctx;
+    for (size_t r = 16 * i; r < 16 * i + 16 && r < j->mc; r++) {
+        const float *xr = j->x + (j->t0 + r) * j->K;
+        float        sx, inv;
+        npu_i8_row_scale(xr, j->K, &sx, &inv);
+        j->sx[r] = sx;
+        __m512 vi = _mm512_set1_ps(inv);
+        for (size_t g = 0; g < j->G; g++) {
+            __m512i s = _mm512_setzero_si512();
+            for (size_t k = g * G_K; k < (g + 1) * G_K; k += 16) {
+                size_t  left = k < j->K ? j->K - k : 0;
+                __m128i h, l;
+                npu_i8_split16_x16(
+                    _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? xr + k : xr), vi),
+                    &h, &l);
+                _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k), h);
+                _mm_storeu_si128((__m128i *)(void *)(j->xl + r * j->Kp + k), l);
+                s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_slli_epi32(_mm512_cvtepi8_epi32(h), 8),
+                                                         _mm512_cvtepi8_epi32(l)));
+            }
+            j->I[r * j->G + g] = (float)_mm512_reduce_add_epi32(s);
+        }
+    }
+}
+
+/* The 4 activation bytes at p, broadcast. */
+static inline __m512i g_bc(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+#define G_DP(r, a, k)                                                                              \
+    do {                                                                                           \
+        __m512i b_ = g_bc((a) + (r)*j->Kp + (k));                                                                \
+        s0_##r = _mm512_dpbusd_epi32(s0_##r, w0, b_);                                              \
+        s1_##r = _mm512_dpbusd_epi32(s1_##r, w1, b_);                                              \
+    } while (0)
+#define G_ROWS(MR, a, k)                                                                           \
+    do {                                                                                           \
+        G_DP(0, a, k);                                                                             \
+        if (MR > 1)                                                                                \
+            G_DP(1, a, k);                                                                         \
+        if (MR > 2)                                                                                \
+            G_DP(2, a, k);                                                                         \
+        if (MR > 3)                                                                                \
+            G_DP(3, a, k);                                                                         \
+        if (MR > 4)                                                                                \
+            G_DP(4, a, k);                                                                         \
+        if (MR > 5)                                                                                \
+            G_DP(5, a, k);                                                                         \
+    } while (0)
+/* One pass of a group's 8 quads over plane a. */
+#define G_PASS(MR, a)                                                                              \
+    _Pragma("GCC unroll 8") for (size_t q = 0; q < G_K / 4; q++) {                                 \
+        __m512i w0 = _mm512_loadu_si512(blk + q * 128), w1 = _mm512_loadu_si512(blk + q * 128 + 64); \
+        G_ROWS(MR, a, k0 + 4 * q);                                                                 \
+    }
+#define G_SHL(r)                                                                                   \
+    do {                                                                                           \
+        s0_##r = _mm512_slli_epi32(s0_##r, 8);                                                     \
+        s1_##r = _mm512_slli_epi32(s1_##r, 8);                                                     \
+    } while (0)
+/* f += d A + m I, in that order (the reference's); the sums restart at 0. */
+#define G_FMA(r)                                                                                   \
+    do {                                                                                           \
+        __m512 i_ = _mm512_set1_ps(Ig[(r)*j->G]);                                                  \
+        f0_##r = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(s0_##r), f0_##r);                          \
+        f1_##r = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(s1_##r), f1_##r);                          \
+        f0_##r = _mm512_fmadd_ps(m0, i_, f0_##r);                                                  \
+        f1_##r = _mm512_fmadd_ps(m1, i_, f1_##r);                                                  \
+        s0_##r = _mm512_setzero_si512(), s1_##r = _mm512_setzero_si512();                          \
+    } while (0)
+#define G_EACH(MR, OP)                                                                             \
+    do {                                                                                           \
+        OP(0);                                                                                     \
+        if (MR > 1)                                                                                \
+            OP(1);                                                                                 \
+        if (MR > 2)                                                                                \
+            OP(2);                                                                                 \
+        if (MR > 3)                                                                                \
+            OP(3);                                                                                 \
+        if (MR > 4)                                                                                \
+            OP(4);                                                                                 \
+        if (MR > 5)                                                                                \
+            OP(5);                                                                                 \
+    } while (0)
+#define G_DECL(r)                                                                                  \
+    __m512i s0_##r = z, s1_##r = z;                                                                \
+    __m512  f0_##r = _mm512_setzero_ps(), f1_##r = _mm512_setzero_ps()
+#define G_STORE(r)                                                                                 \
+    do {                                                                                           \
+        __m512 sx_ = _mm512_set1_ps(j->sx[r0 + (r)]);                                              \
+        float *o_ = j->out + (j->t0 + r0 + (r)) * j->N + n0;                                       \
+        _mm512_mask_storeu_ps(o_, npu_mask16(cols), _mm512_mul_ps(f0_##r, sx_));                   \
+        if (cols > 16)                                                                             \
+            _mm512_mask_storeu_ps(o_ + 16, npu_mask16(cols - 16), _mm512_mul_ps(f1_##r, sx_));     \
+    } while (0)
+
+/* Rows [r0, r0 + MR) of the chunk times panel pan (32 columns from n0,
+ * cols of them real) into out, for MR = 1 .. G_MR (a constant in each
+ * instance), written out row by row so that the accumulators stay in
+ * registers (npu_vnni_i8.c: GCC keeps arrays of them in memory). */
+#define G_MICRO(MR)                                                                                \
+    static void g_micro_##MR(const g_job_t *j, size_t r0, const uint8_t *pan, size_t n0,           \
+                             size_t cols) {                                                        \
+        const __m512i z = _mm512_setzero_si512();                                                  \
+        G_DECL(0);                                                                                 \
+        G_DECL(1);                                                                                 \
+        G_DECL(2);                                                                                 \
+        G_DECL(3);                                                                                 \
+        G_DECL(4);                                                                                 \
+        G_DECL(5);                                                                                 \
+        const int8_t *ah = j->xh + r0 * j->Kp, *al = j->xl + r0 * j->Kp;                           \
+        for (size_t g = 0; g < j->G; g++) {                                                        \
+            const uint8_t *blk = pan + g * G_BLK;                                                  \
+            const float   *Ig = j->I + r0 * j->G + g;                                              \
+            size_t         k0 = g * G_K;                                                           \
+            G_PASS(MR, ah);                                                                        \
+            G_EACH(MR, G_SHL);                                                                     \
+            G_PASS(MR, al);                                                                        \
+            const float *sc = (const float *)(const void *)(blk + G_CODES);                        \
+            __m512       d0 = _mm512_loadu_ps(sc), d1 = _mm512_loadu_ps(sc + 16);                  \
+            __m512       m0 = _mm512_loadu_ps(sc + 32), m1 = _mm512_loadu_ps(sc + 48);             \
+            G_EACH(MR, G_FMA);                                                                     \
+        }                                                                                          \
+        G_EACH(MR, G_STORE);                                                                       \
+    }
+
+G_MICRO(1)
+G_MICRO(2)
+G_MICRO(3)
+G_MICRO(4)
+G_MICRO(5)
+G_MICRO(6)
+
+typedef void (*g_micro_fn)(const g_job_t *, size_t, const uint8_t *, size_t, size_t);
+static const g_micro_fn G_MICROS[G_MR + 1] = {NULL,      g_micro_1, g_micro_2, g_micro_3,
+                                              g_micro_4, g_micro_5, g_micro_6};
+
+/* Item i: the chunk's rows times panels [i NPB, i NPB + NPB). */
+static void g_item(void *ctx, size_t i) {
+    const g_job_t *j = ctx;
+    size_t         n_pan = g_round_up(j->N, G_NR) / G_NR, p0 = i * G_NPB;
+    size_t         np = n_pan - p0 < G_NPB ? n_pan - p0 : G_NPB;
+    for (size_t r0 = 0; r0 < j->mc; r0 += G_MR) {
+        size_t mr = j->mc - r0 < G_MR ? j->mc - r0 : G_MR;
+        for (size_t p = 0; p < np; p++) {
+            size_t n0 = (p0 + p) * G_NR;
+            G_MICROS[mr](j, r0, j->pk + (p0 + p) * j->G * G_BLK, n0,
+                         j->N - n0 < G_NR ? j->N - n0 : G_NR);
+        }
+    }
+}
+
+void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N,
+                         float *out) {
+    if (npu_i8_trivial(T, K, N, out))
+        return;
+    size_t  n_pan = g_round_up(N, G_NR) / G_NR, Kp = g_round_up(K, G_K);
+    g_job_t j = {.x = x,
+                 .pk = pk,
+                 .T = T,
+                 .K = K,
+                 .N = N,
+                 .Kp = Kp,
+                 .G = Kp / G_K,
+                 .n_item = (n_pan + G_NPB - 1) / G_NPB,
+                 .out = out};
+    size_t  chunk = T < G_MC ? T : G_MC;
+    char   *a = npu_scratch(NPU_SCRATCH_MM_A, 2 * chunk * Kp + chunk * (j.G + 1) * sizeof(float));
+    if (!a) { /* out of memory: the reference needs only a row of K */
+        npu_matmul_grp_ref(x, pk, T, K, N, out);
+        return;
+    }
+    j.xh = (int8_t *)a;
+    j.xl = (int8_t *)a + chunk * Kp;
+    j.I = (float *)(void *)(a + 2 * chunk * Kp);
+    j.sx = j.I + chunk * j.G;
+    bool par = (double)T * (double)N * (double)K >= 2e6;
+    for (j.t0 = 0; j.t0 < T; j.t0 += G_MC) {
+        j.mc = T - j.t0 < G_MC ? T - j.t0 : G_MC;
+        npu_run_items(par, (j.mc + 15) / 16, g_quant, &j);
+        npu_run_items(par, j.n_item, g_item, &j);
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
