@@ -13,7 +13,9 @@
  *
  * Both weight files go through one table of tensors and shapes (ld_tower
  * and below); only ld_take differs: a safetensors tensor is converted
- * as stored, a q4nx one is dequantised by eng_q4nx_tensor_f32, which also
+ * as stored, a q4nx one is dequantised by eng_q4nx_tensor_f32 (or, for a
+ * projection in Q4/Q8 tiles, read as its group codes for the kernel that
+ * multiplies them: ld_pack_groups), which also
  * undoes the converter's transforms (norm + 1, -exp(A_log), conv1d
  * transpose, q_proj regroup) and follows the tied embedding to the Q8
  * lm_head, so both paths fill the same HF-convention fp32 arrays.
@@ -158,8 +160,42 @@ static bool bf16_exact(const float *w, size_t n) {
     return any == 0;
 }
 
+/* A q4nx matrix stored in Q4/Q8 tiles, packed on its group codes
+ * (npu_wpack_new_groups: the codes stay where the kernel can use them,
+ * and are dequantised to the same values as eng_ld_take's where not).
+ * SVC_ERR_UNSUPPORTED: not stored in tiles, nothing done. */
+static svc_err_t ld_pack_groups(const eng_ld_t *ld, const char *name, const uint64_t *dims,
+                                npu_wpack_t **dst) {
+    size_t   R = (size_t)dims[0], K = (size_t)dims[1], G = (K + NPU_GRP_K - 1) / NPU_GRP_K;
+    uint8_t *u = malloc(R * K);
+    float   *d = malloc(R * G * sizeof *d), *m = malloc(R * G * sizeof *m);
+    if (!u || !d || !m) {
+        free(u), free(d), free(m);
+        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+    }
+    svc_err_t err = eng_q4nx_tensor_groups(ld->q, name, dims, u, d, m, ld->errstr, ld->errstr_size);
+    if (!err)
+        err = npu_wpack_new_groups(u, d, m, R, K, dst);
+    if (err) {
+        free(u), free(d), free(m);
+        if (err == SVC_ERR_NOMEM)
+            return eng_ld_fail(ld, err, "out of memory packing tensor \"%s\"", name);
+        return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
+    }
+    if (ld->numel)
+        *ld->numel += (uint64_t)R * K;
+    return SVC_OK;
+}
+
 svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
                       npu_wpack_t **dst) {
+    if (ld->q && rank == 2 && dims[0] && dims[1]) {
+        char name[256];
+        snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
+        svc_err_t err = ld_pack_groups(ld, name, dims, dst);
+        if (err != SVC_ERR_UNSUPPORTED)
+            return err;
+    }
     float    *w = NULL;
     svc_err_t err = eng_ld_take(ld, suffix, rank, dims, &w);
     if (err)

@@ -141,9 +141,12 @@ SVC_WUR svc_err_t eng_ld_mat(const eng_ld_t *ld, const char *suffix, size_t r, s
 
 /* As eng_ld_take, then packed for npu_matmul_packed as a (dims[0], the
  * product of the rest) matrix: the fp32 copy goes to the pack (kept or
- * freed there), so a weight is held once at rest. A q4nx tensor stored as
- * Q4/Q8 tiles goes through npu_wpack_new_quantised (int8 tiles where the
- * CPU has AMX-INT8), every other through npu_wpack_new. */
+ * freed there), so a weight is held once at rest. A q4nx matrix stored as
+ * Q4/Q8 tiles is read as its group codes (eng_q4nx_tensor_groups) and
+ * goes through npu_wpack_new_groups (the codes kept on VNNI without AMX,
+ * else dequantised to eng_ld_take's values and packed as quantised); any
+ * other weight bf16 cannot hold through npu_wpack_new_quantised (int8
+ * tiles where the CPU has AMX-INT8), the rest through npu_wpack_new. */
 SVC_WUR svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank,
                               const uint64_t *dims, npu_wpack_t **dst);
 

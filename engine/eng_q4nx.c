@@ -500,44 +500,69 @@ static size_t head_dim_of(const eng_q4nx_t *q, const char *qname) {
     return qn && qn->st->rank == 1 && qn->st->shape[0] ? (size_t)qn->st->shape[0] : HD_FALLBACK;
 }
 
-/* Packed tensor -> (R, K) in out, checked against the tile grid. */
-static svc_err_t rd_packed(const rd_t *r, size_t rank, const uint64_t *dims, float *out) {
+/* A packed tensor's tile grid checked against the HF shape (R, K): its
+ * kind (5120-byte tiles told apart by K) and raster in *kind, *ra, and
+ * the head size of a q_proj to regroup in *hd (0: none). */
+static svc_err_t rd_grid(const rd_t *r, size_t rank, const uint64_t *dims, eng_q4nx_kind_t *kind,
+                         eng_q4nx_raster_t *ra, size_t *hd) {
     const eng_st_tensor_t *t = r->in->st;
     char                   want[96];
     dims_str(want, sizeof want, rank, dims);
     if (rank != 2 || !dims[0] || !dims[1])
         return rd_fail(r, SVC_ERR_INVALID, "packed matrix read as %s, expected a 2-D shape", want);
-    uint64_t        P = t->shape[0], Q = t->shape[1], R = dims[0], K = dims[1];
-    eng_q4nx_kind_t kind = kind_for_k(r->in->kind, Q, K);
-    uint64_t        tc = eng_q4nx_tile_cols(kind);
+    uint64_t P = t->shape[0], Q = t->shape[1], R = dims[0], K = dims[1];
+    *kind = kind_for_k(r->in->kind, Q, K);
+    uint64_t tc = eng_q4nx_tile_cols(*kind);
     if (ceil_div(R, ENG_Q4NX_ROWS) != P || ceil_div(K, tc) != Q)
         return rd_fail(r, SVC_ERR_INVALID,
                        "stored as [%llu, %llu, %llu] %s tiles, which cannot hold %s (expected "
                        "[%llu, %llu, %zu], Q4NX.md §3.1)",
                        (unsigned long long)P, (unsigned long long)Q,
-                       (unsigned long long)t->shape[2], eng_q4nx_kind_name(kind), want,
+                       (unsigned long long)t->shape[2], eng_q4nx_kind_name(*kind), want,
                        (unsigned long long)ceil_div(R, ENG_Q4NX_ROWS),
-                       (unsigned long long)ceil_div(K, tc), eng_q4nx_tile_bytes(kind));
-    eng_q4nx_raster_t ra = kind == ENG_Q4NX_Q8 ? r->q->q8_raster : r->q->q41_raster;
-    if (r->in->xform != ENG_Q4NX_X_Q_REGROUP) {
-        eng_q4nx_decode_ref(kind, ra, t->data, P, Q, R, K, out);
+                       (unsigned long long)ceil_div(K, tc), eng_q4nx_tile_bytes(*kind));
+    *ra = *kind == ENG_Q4NX_Q8 ? r->q->q8_raster : r->q->q41_raster;
+    *hd = 0;
+    if (r->in->xform != ENG_Q4NX_X_Q_REGROUP)
         return SVC_OK;
-    }
-    /* §2.2: stored row p*(R/2) + g*hd + h holds HF row g*2hd + p*hd + h. */
-    size_t hd = head_dim_of(r->q, r->in->name);
-    if (R % (2 * hd))
+    *hd = head_dim_of(r->q, r->in->name);
+    if (R % (2 * *hd))
         return rd_fail(r, SVC_ERR_INVALID,
                        "q_proj has %llu rows, not a multiple of 2 x head_dim %zu (Q4NX.md §2.2)",
-                       (unsigned long long)R, hd);
-    float *tmp = malloc(R * K * sizeof *tmp);
-    if (!tmp)
-        return rd_fail(r, SVC_ERR_NOMEM, "out of memory for %s", want);
-    eng_q4nx_decode_ref(kind, ra, t->data, P, Q, R, K, tmp);
+                       (unsigned long long)R, *hd);
+    return SVC_OK;
+}
+
+/* §2.2: stored row p*(R/2) + g*hd + h holds HF row g*2hd + p*hd + h; each
+ * row is rb bytes. */
+static void regroup_rows(const void *stored, size_t R, size_t hd, size_t rb, void *out) {
     size_t half = R / 2;
     for (size_t g = 0; g < half / hd; g++)
         for (size_t p = 0; p < 2; p++)
-            memcpy(out + (g * 2 * hd + p * hd) * K, tmp + (p * half + g * hd) * K,
-                   hd * K * sizeof *out);
+            memcpy((char *)out + (g * 2 * hd + p * hd) * rb,
+                   (const char *)stored + (p * half + g * hd) * rb, hd * rb);
+}
+
+/* Packed tensor -> (R, K) in out, checked against the tile grid. */
+static svc_err_t rd_packed(const rd_t *r, size_t rank, const uint64_t *dims, float *out) {
+    const eng_st_tensor_t *t = r->in->st;
+    eng_q4nx_kind_t        kind;
+    eng_q4nx_raster_t      ra;
+    size_t                 hd;
+    svc_err_t              err = rd_grid(r, rank, dims, &kind, &ra, &hd);
+    if (err)
+        return err;
+    uint64_t P = t->shape[0], Q = t->shape[1], R = dims[0], K = dims[1];
+    if (!hd) {
+        eng_q4nx_decode_ref(kind, ra, t->data, P, Q, R, K, out);
+        return SVC_OK;
+    }
+    float *tmp = malloc(R * K * sizeof *tmp);
+    if (!tmp)
+        return rd_fail(r, SVC_ERR_NOMEM, "out of memory for a %llu x %llu q_proj",
+                       (unsigned long long)R, (unsigned long long)K);
+    eng_q4nx_decode_ref(kind, ra, t->data, P, Q, R, K, tmp);
+    regroup_rows(tmp, R, hd, K * sizeof *tmp, out);
     free(tmp);
     return SVC_OK;
 }
@@ -623,4 +648,38 @@ svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t r
     /* The stored tensor's own transform applies: the tied lm_head and the
      * BF16 alpha/beta copies carry none. */
     return err ? err : rd_values(&r, out, (size_t)numel);
+}
+
+svc_err_t eng_q4nx_tensor_groups(const eng_q4nx_t *q, const char *hf_name, const uint64_t dims[2],
+                                 uint8_t *u, float *d, float *m, char *errstr, size_t errstr_size) {
+    eng_q4nx_xform_t xf = ENG_Q4NX_X_NONE;
+    rd_t             r = {q, hf_name, resolve(q, hf_name, &xf), errstr, errstr_size};
+    /* what the values path would transform further is not a projection */
+    if (!r.in || !eng_q4nx_kind_packed(r.in->kind) || r.in->xform == ENG_Q4NX_X_PLUS1 ||
+        r.in->xform == ENG_Q4NX_X_NEG_EXP)
+        return SVC_ERR_UNSUPPORTED;
+    eng_q4nx_kind_t   kind;
+    eng_q4nx_raster_t ra;
+    size_t            hd;
+    svc_err_t         err = rd_grid(&r, 2, dims, &kind, &ra, &hd);
+    if (err)
+        return err;
+    const eng_st_tensor_t *t = r.in->st;
+    size_t R = (size_t)dims[0], K = (size_t)dims[1], G = (K + ENG_Q4NX_GROUP - 1) / ENG_Q4NX_GROUP;
+    if (!hd) {
+        eng_q4nx_decode_groups_ref(kind, ra, t->data, t->shape[0], t->shape[1], R, K, u, d, m);
+        return SVC_OK;
+    }
+    uint8_t *tu = malloc(R * K);
+    float   *td = malloc(R * G * sizeof *td), *tm = malloc(R * G * sizeof *tm);
+    if (!tu || !td || !tm) {
+        free(tu), free(td), free(tm);
+        return rd_fail(&r, SVC_ERR_NOMEM, "out of memory for a %zu x %zu q_proj", R, K);
+    }
+    eng_q4nx_decode_groups_ref(kind, ra, t->data, t->shape[0], t->shape[1], R, K, tu, td, tm);
+    regroup_rows(tu, R, hd, K, u);
+    regroup_rows(td, R, hd, G * sizeof *td, d);
+    regroup_rows(tm, R, hd, G * sizeof *tm, m);
+    free(tu), free(td), free(tm);
+    return SVC_OK;
 }

@@ -102,6 +102,18 @@ uint16_t eng_f32_to_bf16_up(float x);
 void eng_q4nx_decode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const void *packed,
                          size_t P, size_t Q, size_t rows, size_t cols, float *out);
 
+/**
+ * @brief As eng_q4nx_decode_ref, into the tiles' own codes and group
+ *   parameters: u (rows, cols) bytes, d and m (rows, G = ceil(cols / 32))
+ *   fp32, with w = d * u + m (fp32 product, then sum) the very value
+ *   eng_q4nx_decode_ref gives. Q4_1: u the nibble, (d, m) the bf16 pair;
+ *   Q4_K: d = S*s8, m = M*m8 (exact in fp32); Q8 and legacy Q8: u = c + 128
+ *   and m = -128 d.
+ */
+void eng_q4nx_decode_groups_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const void *packed,
+                                size_t P, size_t Q, size_t rows, size_t cols, uint8_t *u, float *d,
+                                float *m);
+
 /* Packed bytes for a (rows, cols) matrix: ceil(rows/32) * ceil(cols/tc) tiles. */
 size_t eng_q4nx_packed_bytes(eng_q4nx_kind_t kind, size_t rows, size_t cols);
 
@@ -218,6 +230,20 @@ const eng_q4nx_info_t *eng_q4nx_find_hf(const eng_q4nx_t *q, const char *hf_name
 SVC_WUR svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t rank,
                                       const uint64_t *dims, float *out, char *errstr,
                                       size_t errstr_size);
+
+/**
+ * @brief As eng_q4nx_tensor_f32 for a matrix stored as Q4/Q8 tiles, as its
+ *   group codes (eng_q4nx_decode_groups_ref) with the q_proj regroup
+ *   undone: u (R, K) bytes, d and m (R, ceil(K / 32)) fp32, w = d u + m
+ *   bit for bit the values eng_q4nx_tensor_f32 returns.
+ * @param dims (R, K), the HF shape.
+ * @returns SVC_OK; SVC_ERR_UNSUPPORTED, with nothing written and errstr
+ *   untouched, when the tensor is not stored in tiles (read it with
+ *   eng_q4nx_tensor_f32); otherwise as eng_q4nx_tensor_f32.
+ */
+SVC_WUR svc_err_t eng_q4nx_tensor_groups(const eng_q4nx_t *q, const char *hf_name,
+                                         const uint64_t dims[2], uint8_t *u, float *d, float *m,
+                                         char *errstr, size_t errstr_size);
 
 /* ======================================================================
  * Writer (Gen-B)

@@ -249,6 +249,80 @@ void eng_q4nx_decode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const v
 }
 
 /* ---------------------------------------------------------------------
+ * Group decoder: one tile -> codes and per-group (d, m), w = d*u + m
+ * --------------------------------------------------------------------- */
+
+/* Tile rows [0, nr) and columns [0, nc) into u (row stride ucols, column
+ * offset uc0) and groups [0, ceil(nc / 32)) into d, m (row stride G,
+ * group offset g0). Q8's signed code c becomes u = c + 128 with m = -128 d:
+ * d*u + m is then d*c exactly (both products and the sum fit bf16's 8 bits
+ * times 8 bits), as dec_q8 gives it. */
+typedef struct grp_out {
+    uint8_t *u;
+    float   *d, *m;
+    size_t   ucols, uc0, G, g0;
+} grp_out_t;
+
+static void dgrp_par(const uint8_t *t, eng_q4nx_kind_t kind, size_t rt, size_t gi, float *d,
+                     float *m) {
+    size_t s = gi * ENG_Q4NX_ROWS + rt;
+    if (kind == ENG_Q4NX_Q4_1) {
+        *d = bf16(rd16(t + 2 * s));
+        *m = bf16(rd16(t + 512 + 2 * s));
+    } else if (kind == ENG_Q4NX_Q4_K) {
+        *d = bf16(rd16(t + 4608 + 2 * rt)) * (float)t[s];
+        *m = bf16(rd16(t + 4672 + 2 * rt)) * (float)t[256 + s];
+    } else { /* Q8, legacy Q8 */
+        *d = bf16(rd16(t + 2 * s));
+        *m = -128.0f * *d;
+    }
+}
+
+static uint8_t dgrp_code(const uint8_t *t, eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, size_t rt,
+                         size_t kt) {
+    switch (kind) {
+    case ENG_Q4NX_Q4_1:
+        return (uint8_t)get_nib(t, q41_nib(ra, rt, kt), rt);
+    case ENG_Q4NX_Q4_K:
+        return (uint8_t)get_nib(t, q4k_nib(rt, kt), rt);
+    case ENG_Q4NX_Q8:
+        return (uint8_t)(t[q8_code(ra, rt, kt)] ^ 0x80u); /* (int8) c + 128 */
+    default:
+        return (uint8_t)(t[q8l_code(rt, kt)] ^ 0x80u);
+    }
+}
+
+static void dgrp_tile(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const uint8_t *t, size_t r0,
+                      size_t nr, size_t nc, const grp_out_t *o) {
+    for (size_t rt = 0; rt < nr; rt++) {
+        uint8_t *ur = o->u + (r0 + rt) * o->ucols + o->uc0;
+        for (size_t kt = 0; kt < nc; kt++)
+            ur[kt] = dgrp_code(t, kind, ra, rt, kt);
+        for (size_t gi = 0; gi * ENG_Q4NX_GROUP < nc; gi++)
+            dgrp_par(t, kind, rt, gi, &o->d[(r0 + rt) * o->G + o->g0 + gi],
+                     &o->m[(r0 + rt) * o->G + o->g0 + gi]);
+    }
+}
+
+void eng_q4nx_decode_groups_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const void *packed,
+                                size_t P, size_t Q, size_t rows, size_t cols, uint8_t *u, float *d,
+                                float *m) {
+    size_t tb = eng_q4nx_tile_bytes(kind), tc = eng_q4nx_tile_cols(kind);
+    SVC_ASSERT(tb && rows <= P * ENG_Q4NX_ROWS && cols <= Q * tc);
+    if (kind == ENG_Q4NX_Q4_K)
+        raster = ENG_Q4NX_RASTER_B;
+    const uint8_t *base = packed;
+    size_t         G = (cols + ENG_Q4NX_GROUP - 1) / ENG_Q4NX_GROUP;
+    for (size_t p = 0; p * ENG_Q4NX_ROWS < rows; p++)
+        for (size_t q = 0; q * tc < cols; q++) {
+            size_t    nr = rows - p * ENG_Q4NX_ROWS, nc = cols - q * tc;
+            grp_out_t o = {u, d, m, cols, q * tc, G, q * tc / ENG_Q4NX_GROUP};
+            dgrp_tile(kind, raster, base + (p * Q + q) * tb, p * ENG_Q4NX_ROWS,
+                      nr < ENG_Q4NX_ROWS ? nr : ENG_Q4NX_ROWS, nc < tc ? nc : tc, &o);
+        }
+}
+
+/* ---------------------------------------------------------------------
  * Encoders: f32 -> one tile, zero padding outside (rows, cols)
  * --------------------------------------------------------------------- */
 

@@ -339,11 +339,17 @@ void npu_matmul(const float *x, const float *w, size_t T, size_t K, size_t N, fl
  *    says "amx-int8x3"): on the synthetic nano BF16 package the hidden
  *    state stays at cosine 0.99999 of the fp32 path, but a probability
  *    moves by 4.1e-3 instead of bf16x2's 8.4e-5 (its weights are exact);
- *  - without AMX but with AVX-512 VNNI, weights stored as 4- or 8-bit
- *    groups take the same int8x3 layout and product on VNNI
- *    ("avx512-int8x3", npu_vnni_i8.c: same bits as amx-int8x3, half the
- *    bytes of fp32 panels); D3_NPU_KERNELS=avx512-vnni picks that path on
- *    a CPU with AMX too (the tests' and benchmarks' switch);
+ *  - without AMX but with AVX-512 VNNI, weights a q4nx package stored as
+ *    4- or 8-bit groups keep the package's codes, one byte each, with
+ *    their groups' scales and mins (npu_wpack_new_groups,
+ *    "avx512-grp8x2", npu_vnni_grp.c: two VPDPBUSD per 4 of K where
+ *    int8x3 takes three, the weights exact; measured 1.2x int8x3's
+ *    GFLOP/s at the nano shapes on a Zen 5, 1.25 bytes per weight against
+ *    2); other quantised weights (F32 values, D3_NPU_MATMUL=int8x3) take
+ *    the int8x3 layout and product on VNNI ("avx512-int8x3",
+ *    npu_vnni_i8.c: same bits as amx-int8x3, half the bytes of fp32
+ *    panels); D3_NPU_KERNELS=avx512-vnni picks these paths on a CPU with
+ *    AMX too (the tests' and benchmarks' switch);
  *  - without usable AMX but with AVX512-BF16 (Zen 4 and 5, Cooper Lake;
  *    D3_NPU_KERNELS=avx512-vnni or avx512-bf16 on a CPU with AMX too):
  *    the AMX-BF16 pack and split, multiplied by VDPBF16PS
@@ -408,7 +414,24 @@ SVC_WUR svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out)
  */
 SVC_WUR svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out);
 
-/* Whether the pack took an int8x3 layout, AMX or VNNI (npu_wpack_new_quantised). */
+/**
+ * @brief Packs a weight the package stored in groups of NPU_GRP_K along K:
+ *   w[n][k] = d[n][g] u[n][k] + m[n][g], g = k / NPU_GRP_K, G = ceil(K /
+ *   NPU_GRP_K) groups per row (Q4_1, Q4_K and Q8 tiles, Q4NX.md §3-4).
+ *   Where quantised packs run on AVX-512 VNNI (no AMX; npu_matmul_quantised_name()
+ *   "avx512-grp8x2") the codes are kept and multiplied as they are
+ *   (npu_vnni_grp.c); elsewhere w is dequantised (d u + m in fp32: the
+ *   q4nx decoder's values) and packed by npu_wpack_new_quantised.
+ * @param u malloc'd (N, K) codes; d and m malloc'd (N, G) fp32.
+ * @returns SVC_OK with *out set: u, d and m now belong to the pack (freed);
+ *   SVC_ERR_NOMEM with *out NULL: the caller still owns them.
+ * @remark free with npu_wpack_free.
+ */
+SVC_WUR svc_err_t npu_wpack_new_groups(uint8_t *u, float *d, float *m, size_t N, size_t K,
+                                       npu_wpack_t **out);
+
+/* Whether the pack took an int8x3 layout, AMX or VNNI, or the group codes
+ * (npu_wpack_new_quantised, npu_wpack_new_groups). */
 bool npu_wpack_is_int8(const npu_wpack_t *wp);
 
 /* Frees a pack and its weight; NULL is a no-op. */
@@ -466,12 +489,10 @@ void npu_matmul_vnni_i8(const float *x, const void *pk, size_t T, size_t K, size
  * tests' reference; any CPU). */
 #define NPU_GRP_K 32
 size_t npu_grp_pack_bytes(size_t N, size_t K);
-void   npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K,
-                    void *dst);
-float  npu_grp_pack_at(const void *pk, size_t K, size_t n, size_t k);
-void   npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N,
-                           float *out);
-void   npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+void  npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K, void *dst);
+float npu_grp_pack_at(const void *pk, size_t K, size_t n, size_t k);
+void  npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+void  npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 
 /* Whether the fast kernels use AMX tiles in this process: the CPU has
  * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512
@@ -489,6 +510,11 @@ const char *npu_matmul_name(void);
  * "avx512-int8x3" (VNNI, no AMX), or npu_matmul_name() where they take
  * the same layout as the others. */
 const char *npu_matmul_quantised_name(void);
+
+/* The layout of group-coded packs (npu_wpack_new_groups): "avx512-grp8x2"
+ * where they keep their codes (VNNI, no AMX, D3_NPU_MATMUL not int8x3),
+ * else npu_matmul_quantised_name(). */
+const char *npu_matmul_groups_name(void);
 
 /* The AMX-BF16 layout's pieces (npu_amx_mm.c), for the pack, tests and
  * benchmarks. Calling the matmul on a CPU or process without usable AMX

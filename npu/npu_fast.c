@@ -175,13 +175,14 @@ void npu_sigmoid_mul(const float *gate, float *x, size_t n) {
 /* ---- packed weights ------------------------------------------------------- */
 
 typedef enum wpack_layout {
-    WPACK_PLAIN = 0,   /* w as given, the reference matmul */
-    WPACK_PANELS = 1,  /* fp32 K-major panels, npu_matmul_panels_avx512 */
-    WPACK_AMX = 2,     /* bf16 tiles, npu_matmul_amx_bf16 */
-    WPACK_AMX_I8 = 3,  /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
-    WPACK_VNNI_I8 = 4, /* the same bytes, npu_matmul_vnni_i8 (quantised packs, no AMX) */
-    WPACK_DNNL = 5,    /* w as given, oneDNN's sgemm over the pool, npu_matmul_dnnl */
-    WPACK_BF16 = 6,    /* the bf16 tiles' bytes, npu_matmul_bf16_avx512 (no AMX) */
+    WPACK_PLAIN = 0,    /* w as given, the reference matmul */
+    WPACK_PANELS = 1,   /* fp32 K-major panels, npu_matmul_panels_avx512 */
+    WPACK_AMX = 2,      /* bf16 tiles, npu_matmul_amx_bf16 */
+    WPACK_AMX_I8 = 3,   /* int8 tiles + column scales, npu_matmul_amx_i8 (quantised packs) */
+    WPACK_VNNI_I8 = 4,  /* the same bytes, npu_matmul_vnni_i8 (quantised packs, no AMX) */
+    WPACK_DNNL = 5,     /* w as given, oneDNN's sgemm over the pool, npu_matmul_dnnl */
+    WPACK_BF16 = 6,     /* the bf16 tiles' bytes, npu_matmul_bf16_avx512 (no AMX) */
+    WPACK_VNNI_GRP = 7, /* a package's group codes, npu_matmul_vnni_grp (no AMX) */
 } wpack_layout_t;
 
 struct npu_wpack {
@@ -196,6 +197,7 @@ static bool           g_split;  /* AMX: activations as bf16 hi + lo (two product
 static bool           g_i8;     /* quantised packs on AMX-INT8 (npu_wpack_new_quantised) */
 static bool           g_i8_all; /* every pack on AMX-INT8 (D3_NPU_MATMUL=int8x3) */
 static bool           g_vnni;   /* quantised packs on AVX-512 VNNI (no AMX) */
+static bool           g_grp;    /* group-coded packs on their codes (VNNI, no AMX) */
 static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
@@ -237,6 +239,10 @@ static void layout_pick(void) {
     /* D3_NPU_MATMUL=int8x3 puts every weight there, BF16 and F32 ones too
      * (npu.h: what that costs in accuracy). */
     g_i8_all = g_i8 && mm && strcmp(mm, "int8x3") == 0;
+    /* Weights given as group codes keep them where int8 runs on VNNI
+     * (npu_vnni_grp.c: why not on AMX); D3_NPU_MATMUL=int8x3 sends them
+     * to int8x3 like any quantised weight (the comparisons' switch). */
+    g_grp = g_vnni && !(mm && strcmp(mm, "int8x3") == 0);
 }
 
 static wpack_layout_t layout(void) {
@@ -265,6 +271,10 @@ const char *npu_matmul_quantised_name(void) {
     if (layout() != WPACK_AMX && g_vnni)
         return "avx512-int8x3";
     return layout() == WPACK_AMX && g_i8 ? "amx-int8x3" : npu_matmul_name();
+}
+
+const char *npu_matmul_groups_name(void) {
+    return layout() != WPACK_AMX && g_grp ? "avx512-grp8x2" : npu_matmul_quantised_name();
 }
 
 /* panels[p][k][c] = w[p * NR + c][k], 0 past N. */
@@ -337,8 +347,55 @@ svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **ou
     return wpack_make(w, N, K, true, out);
 }
 
+/* w = d u + m, as the q4nx decoder computes it (fp32 product, then sum). */
+static float *grp_dequant(const uint8_t *u, const float *d, const float *m, size_t N, size_t K) {
+    size_t G = (K + NPU_GRP_K - 1) / NPU_GRP_K;
+    float *w = malloc((N && K ? N * K : 1) * sizeof *w);
+    if (!w)
+        return NULL;
+    for (size_t n = 0; n < N; n++)
+        for (size_t k = 0; k < K; k++)
+            w[n * K + k] =
+                d[n * G + k / NPU_GRP_K] * (float)u[n * K + k] + m[n * G + k / NPU_GRP_K];
+    return w;
+}
+
+svc_err_t npu_wpack_new_groups(uint8_t *u, float *d, float *m, size_t N, size_t K,
+                               npu_wpack_t **out) {
+    *out = NULL;
+    if (layout() == WPACK_AMX || !g_grp || N == 0 || K == 0) {
+        float *w = grp_dequant(u, d, m, N, K);
+        if (!w)
+            return SVC_ERR_NOMEM;
+        svc_err_t err = npu_wpack_new_quantised(w, N, K, out);
+        if (err) {
+            free(w);
+            return err;
+        }
+        free(u), free(d), free(m);
+        return SVC_OK;
+    }
+    npu_wpack_t *wp = calloc(1, sizeof *wp);
+    if (!wp)
+        return SVC_ERR_NOMEM;
+    wp->N = N;
+    wp->K = K;
+    wp->layout = WPACK_VNNI_GRP;
+    wp->bytes = npu_grp_pack_bytes(N, K);
+    wp->data = aligned_alloc(64, wp->bytes);
+    if (!wp->data) {
+        free(wp);
+        return SVC_ERR_NOMEM;
+    }
+    npu_grp_pack(u, d, m, N, K, wp->data);
+    free(u), free(d), free(m);
+    *out = wp;
+    return SVC_OK;
+}
+
 bool npu_wpack_is_int8(const npu_wpack_t *wp) {
-    return wp->layout == WPACK_AMX_I8 || wp->layout == WPACK_VNNI_I8;
+    return wp->layout == WPACK_AMX_I8 || wp->layout == WPACK_VNNI_I8 ||
+           wp->layout == WPACK_VNNI_GRP;
 }
 
 void npu_wpack_free(npu_wpack_t *wp) {
@@ -373,6 +430,9 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
         break;
     case WPACK_VNNI_I8:
         npu_matmul_vnni_i8(x, w->data, T, w->K, w->N, out);
+        break;
+    case WPACK_VNNI_GRP:
+        npu_matmul_vnni_grp(x, w->data, T, w->K, w->N, out);
         break;
     case WPACK_PANELS:
         npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);

@@ -72,6 +72,80 @@ static inline void npu_i8_split16_x16(__m512 v, __m128i *hi, __m128i *lo) {
     *lo = _mm512_cvtepi32_epi8(_mm512_sub_epi32(q, _mm512_slli_epi32(h, 8)));
 }
 
+/* Row xr (K) quantised as the int8x3 scheme does it: its scale (the
+ * return value, sx = max |x| / QMAX) and its high and low bytes into xh
+ * and xl (Kp >= K bytes each, a multiple of 16; zero past K). Shared by
+ * the VNNI kernels (npu_vnni_i8.c, npu_vnni_grp.c), which take their row
+ * or group sums from the bytes. */
+static inline float npu_i8_quant_row(const float *xr, size_t K, size_t Kp, int8_t *xh, int8_t *xl) {
+    float sx, inv;
+    npu_i8_row_scale(xr, K, &sx, &inv);
+    __m512 vi = _mm512_set1_ps(inv);
+    for (size_t k = 0; k < Kp; k += 16) {
+        size_t  left = k < K ? K - k : 0;
+        __m128i h, l;
+        npu_i8_split16_x16(
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? xr + k : xr), vi), &h, &l);
+        _mm_storeu_si128((__m128i *)(void *)(xh + k), h);
+        _mm_storeu_si128((__m128i *)(void *)(xl + k), l);
+    }
+    return sx;
+}
+
+/* 16 signed bytes at p widened to int32. */
+static inline __m512i npu_i8_widen16(const int8_t *p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+/* OP(0), then OP(1) .. OP(MR - 1) for a constant MR <= 6: a micro-kernel's
+ * rows written out one by one, so that GCC keeps each row's accumulators
+ * in registers (npu_vnni_i8.c: with arrays and a loop it kept them in
+ * memory). */
+#define NPU_ROWS6(MR, OP)                                                                          \
+    do {                                                                                           \
+        OP(0);                                                                                     \
+        if ((MR) > 1)                                                                              \
+            OP(1);                                                                                 \
+        if ((MR) > 2)                                                                              \
+            OP(2);                                                                                 \
+        if ((MR) > 3)                                                                              \
+            OP(3);                                                                                 \
+        if ((MR) > 4)                                                                              \
+            OP(4);                                                                                 \
+        if ((MR) > 5)                                                                              \
+            OP(5);                                                                                 \
+    } while (0)
+
+/* A VNNI micro-kernel (npu_vnni_i8.c, npu_vnni_grp.c): rows [r0, r0 + MR)
+ * of its job's chunk times panel pan (32 columns from n0, cols of them
+ * real), MR fixed per instance. */
+typedef void (*npu_vnni_micro_fn)(const void *job, size_t r0, size_t pan, size_t n0, size_t cols);
+
+/* The six instances MICRO(1) .. MICRO(6), which define P##_micro_1 ..
+ * P##_micro_6, and their table P##_micros for npu_vnni_item. */
+#define NPU_VNNI_MICROS(P, MICRO)                                                                  \
+    MICRO(1)                                                                                       \
+    MICRO(2)                                                                                       \
+    MICRO(3)                                                                                       \
+    MICRO(4)                                                                                       \
+    MICRO(5)                                                                                       \
+    MICRO(6)                                                                                       \
+    static const npu_vnni_micro_fn P##_micros[7] = {                                               \
+        NULL, P##_micro_1, P##_micro_2, P##_micro_3, P##_micro_4, P##_micro_5, P##_micro_6};
+
+/* One item of those kernels: the chunk's mc rows, 6 at a time (micros[mr]
+ * for the last mr < 6), times panels [p0, p0 + npb) of the N columns'
+ * panels of 32. The panels' weights stay in L2 across the row blocks. */
+static inline void npu_vnni_item(const void *job, size_t mc, size_t N, size_t p0, size_t npb,
+                                 const npu_vnni_micro_fn micros[7]) {
+    size_t n_pan = (N + 31) / 32, np = n_pan - p0 < npb ? n_pan - p0 : npb;
+    for (size_t r0 = 0; r0 < mc; r0 += 6) {
+        size_t mr = mc - r0 < 6 ? mc - r0 : 6;
+        for (size_t p = p0; p < p0 + np; p++)
+            micros[mr](job, r0, p, p * 32, N - p * 32 < 32 ? N - p * 32 : 32);
+    }
+}
+
 /* Items [0, n) of fn on the pool (par) or one after another on the
  * caller: below ~2 M multiply-adds the pool's wake-up costs more than it
  * gains, and the matmul kernels decide par from that. */
@@ -97,6 +171,21 @@ static inline bool npu_i8_trivial(size_t T, size_t K, size_t N, float *out) {
 static inline const float *npu_i8_pack_scales(const void *pk, size_t N, size_t K) {
     return (const float *)(const void *)((const char *)pk + npu_amx_i8_pack_bytes(N, K) -
                                          (N + 31) / 32 * 32 * sizeof(float));
+}
+
+/* The VNNI kernels' outer loop: the T rows in chunks of mc <= MC (*t0,
+ * *mc: the job's fields, set before each chunk), each quantised in
+ * parallel (quant, one item per 16 rows) and then multiplied by the
+ * n_item items (item), over the pool when the product is large enough. */
+static inline void npu_vnni_chunks(void *job, size_t *t0, size_t *mc, size_t T, size_t K, size_t N,
+                                   size_t MC, void (*quant)(void *, size_t),
+                                   void (*item)(void *, size_t), size_t n_item) {
+    bool par = (double)T * (double)N * (double)K >= 2e6;
+    for (*t0 = 0; *t0 < T; *t0 += MC) {
+        *mc = T - *t0 < MC ? T - *t0 : MC;
+        npu_run_items(par, (*mc + 15) / 16, quant, job);
+        npu_run_items(par, n_item, item, job);
+    }
 }
 
 #endif /* D3STREAM_NPU_VEC_INT_H */

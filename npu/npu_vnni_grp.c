@@ -60,7 +60,7 @@
 #define G_BLK   1280      /* bytes per (panel, group): codes, then d and m */
 #define G_MC    512       /* rows per chunk */
 #define G_NPB   4         /* panels per item */
-#define G_MR    6         /* rows per micro-kernel */
+#define G_MR    6         /* rows per micro-kernel (npu_vnni_item walks 6 at a time) */
 #define G_QMAX  32639.0f  /* npu_vec_int.h's NPU_I8_QMAX, for the scalar reference */
 
 static size_t g_round_up(size_t v, size_t m) {
@@ -82,8 +82,7 @@ static size_t g_scale_at(size_t G, size_t n, size_t g) {
     return (n / G_NR * G + g) * G_BLK + G_CODES + n % G_NR * sizeof(float);
 }
 
-void npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K,
-                  void *dst) {
+void npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K, void *dst) {
     size_t   G = g_round_up(K, G_K) / G_K;
     uint8_t *p = dst;
     memset(p, 0, npu_grp_pack_bytes(N, K));
@@ -187,24 +186,14 @@ typedef struct g_job {
 static void g_quant(void *ctx, size_t i) {
     const g_job_t *j = ctx;
     for (size_t r = 16 * i; r < 16 * i + 16 && r < j->mc; r++) {
-        const float *xr = j->x + (j->t0 + r) * j->K;
-        float        sx, inv;
-        npu_i8_row_scale(xr, j->K, &sx, &inv);
-        j->sx[r] = sx;
-        __m512 vi = _mm512_set1_ps(inv);
+        int8_t *xh = j->xh + r * j->Kp, *xl = j->xl + r * j->Kp;
+        j->sx[r] = npu_i8_quant_row(j->x + (j->t0 + r) * j->K, j->K, j->Kp, xh, xl);
         for (size_t g = 0; g < j->G; g++) {
             __m512i s = _mm512_setzero_si512();
-            for (size_t k = g * G_K; k < (g + 1) * G_K; k += 16) {
-                size_t  left = k < j->K ? j->K - k : 0;
-                __m128i h, l;
-                npu_i8_split16_x16(
-                    _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? xr + k : xr), vi),
-                    &h, &l);
-                _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k), h);
-                _mm_storeu_si128((__m128i *)(void *)(j->xl + r * j->Kp + k), l);
-                s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_slli_epi32(_mm512_cvtepi8_epi32(h), 8),
-                                                         _mm512_cvtepi8_epi32(l)));
-            }
+            for (size_t k = g * G_K; k < (g + 1) * G_K; k += 16)
+                s = _mm512_add_epi32(s,
+                                     _mm512_add_epi32(_mm512_slli_epi32(npu_i8_widen16(xh + k), 8),
+                                                      npu_i8_widen16(xl + k)));
             j->I[r * j->G + g] = (float)_mm512_reduce_add_epi32(s);
         }
     }
@@ -216,31 +205,21 @@ static inline __m512i g_bc(const int8_t *p) {
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
-#define G_DP(r, a, k)                                                                              \
+/* Row r's products for the quad at kq of plane pl (both column halves). */
+#define G_DP(r)                                                                                    \
     do {                                                                                           \
-        __m512i b_ = g_bc((a) + (r)*j->Kp + (k));                                                                \
+        __m512i b_ = g_bc(pl + (r)*j->Kp + kq);                                                    \
         s0_##r = _mm512_dpbusd_epi32(s0_##r, w0, b_);                                              \
         s1_##r = _mm512_dpbusd_epi32(s1_##r, w1, b_);                                              \
-    } while (0)
-#define G_ROWS(MR, a, k)                                                                           \
-    do {                                                                                           \
-        G_DP(0, a, k);                                                                             \
-        if (MR > 1)                                                                                \
-            G_DP(1, a, k);                                                                         \
-        if (MR > 2)                                                                                \
-            G_DP(2, a, k);                                                                         \
-        if (MR > 3)                                                                                \
-            G_DP(3, a, k);                                                                         \
-        if (MR > 4)                                                                                \
-            G_DP(4, a, k);                                                                         \
-        if (MR > 5)                                                                                \
-            G_DP(5, a, k);                                                                         \
     } while (0)
 /* One pass of a group's 8 quads over plane a. */
 #define G_PASS(MR, a)                                                                              \
     _Pragma("GCC unroll 8") for (size_t q = 0; q < G_K / 4; q++) {                                 \
-        __m512i w0 = _mm512_loadu_si512(blk + q * 128), w1 = _mm512_loadu_si512(blk + q * 128 + 64); \
-        G_ROWS(MR, a, k0 + 4 * q);                                                                 \
+        __m512i w0 = _mm512_loadu_si512(blk + q * 128),                                            \
+                w1 = _mm512_loadu_si512(blk + q * 128 + 64);                                       \
+        const int8_t *pl = (a);                                                                    \
+        size_t        kq = k0 + 4 * q;                                                             \
+        NPU_ROWS6(MR, G_DP);                                                                       \
     }
 #define G_SHL(r)                                                                                   \
     do {                                                                                           \
@@ -256,20 +235,6 @@ static inline __m512i g_bc(const int8_t *p) {
         f0_##r = _mm512_fmadd_ps(m0, i_, f0_##r);                                                  \
         f1_##r = _mm512_fmadd_ps(m1, i_, f1_##r);                                                  \
         s0_##r = _mm512_setzero_si512(), s1_##r = _mm512_setzero_si512();                          \
-    } while (0)
-#define G_EACH(MR, OP)                                                                             \
-    do {                                                                                           \
-        OP(0);                                                                                     \
-        if (MR > 1)                                                                                \
-            OP(1);                                                                                 \
-        if (MR > 2)                                                                                \
-            OP(2);                                                                                 \
-        if (MR > 3)                                                                                \
-            OP(3);                                                                                 \
-        if (MR > 4)                                                                                \
-            OP(4);                                                                                 \
-        if (MR > 5)                                                                                \
-            OP(5);                                                                                 \
     } while (0)
 #define G_DECL(r)                                                                                  \
     __m512i s0_##r = z, s1_##r = z;                                                                \
@@ -288,9 +253,10 @@ static inline __m512i g_bc(const int8_t *p) {
  * instance), written out row by row so that the accumulators stay in
  * registers (npu_vnni_i8.c: GCC keeps arrays of them in memory). */
 #define G_MICRO(MR)                                                                                \
-    static void g_micro_##MR(const g_job_t *j, size_t r0, const uint8_t *pan, size_t n0,           \
-                             size_t cols) {                                                        \
-        const __m512i z = _mm512_setzero_si512();                                                  \
+    static void g_micro_##MR(const void *job, size_t r0, size_t p, size_t n0, size_t cols) {       \
+        const g_job_t *j = job;                                                                    \
+        const uint8_t *pan = j->pk + p * j->G * G_BLK;                                             \
+        const __m512i  z = _mm512_setzero_si512();                                                 \
         G_DECL(0);                                                                                 \
         G_DECL(1);                                                                                 \
         G_DECL(2);                                                                                 \
@@ -303,44 +269,25 @@ static inline __m512i g_bc(const int8_t *p) {
             const float   *Ig = j->I + r0 * j->G + g;                                              \
             size_t         k0 = g * G_K;                                                           \
             G_PASS(MR, ah);                                                                        \
-            G_EACH(MR, G_SHL);                                                                     \
+            NPU_ROWS6(MR, G_SHL);                                                                  \
             G_PASS(MR, al);                                                                        \
             const float *sc = (const float *)(const void *)(blk + G_CODES);                        \
             __m512       d0 = _mm512_loadu_ps(sc), d1 = _mm512_loadu_ps(sc + 16);                  \
             __m512       m0 = _mm512_loadu_ps(sc + 32), m1 = _mm512_loadu_ps(sc + 48);             \
-            G_EACH(MR, G_FMA);                                                                     \
+            NPU_ROWS6(MR, G_FMA);                                                                  \
         }                                                                                          \
-        G_EACH(MR, G_STORE);                                                                       \
+        NPU_ROWS6(MR, G_STORE);                                                                    \
     }
 
-G_MICRO(1)
-G_MICRO(2)
-G_MICRO(3)
-G_MICRO(4)
-G_MICRO(5)
-G_MICRO(6)
-
-typedef void (*g_micro_fn)(const g_job_t *, size_t, const uint8_t *, size_t, size_t);
-static const g_micro_fn G_MICROS[G_MR + 1] = {NULL,      g_micro_1, g_micro_2, g_micro_3,
-                                              g_micro_4, g_micro_5, g_micro_6};
+NPU_VNNI_MICROS(g, G_MICRO)
 
 /* Item i: the chunk's rows times panels [i NPB, i NPB + NPB). */
 static void g_item(void *ctx, size_t i) {
     const g_job_t *j = ctx;
-    size_t         n_pan = g_round_up(j->N, G_NR) / G_NR, p0 = i * G_NPB;
-    size_t         np = n_pan - p0 < G_NPB ? n_pan - p0 : G_NPB;
-    for (size_t r0 = 0; r0 < j->mc; r0 += G_MR) {
-        size_t mr = j->mc - r0 < G_MR ? j->mc - r0 : G_MR;
-        for (size_t p = 0; p < np; p++) {
-            size_t n0 = (p0 + p) * G_NR;
-            G_MICROS[mr](j, r0, j->pk + (p0 + p) * j->G * G_BLK, n0,
-                         j->N - n0 < G_NR ? j->N - n0 : G_NR);
-        }
-    }
+    npu_vnni_item(j, j->mc, j->N, i * G_NPB, G_NPB, g_micros);
 }
 
-void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N,
-                         float *out) {
+void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
     if (npu_i8_trivial(T, K, N, out))
         return;
     size_t  n_pan = g_round_up(N, G_NR) / G_NR, Kp = g_round_up(K, G_K);
@@ -363,12 +310,7 @@ void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, siz
     j.xl = (int8_t *)a + chunk * Kp;
     j.I = (float *)(void *)(a + 2 * chunk * Kp);
     j.sx = j.I + chunk * j.G;
-    bool par = (double)T * (double)N * (double)K >= 2e6;
-    for (j.t0 = 0; j.t0 < T; j.t0 += G_MC) {
-        j.mc = T - j.t0 < G_MC ? T - j.t0 : G_MC;
-        npu_run_items(par, (j.mc + 15) / 16, g_quant, &j);
-        npu_run_items(par, j.n_item, g_item, &j);
-    }
+    npu_vnni_chunks(&j, &j.t0, &j.mc, T, K, N, G_MC, g_quant, g_item, j.n_item);
 }
 
 #if defined(__clang__)

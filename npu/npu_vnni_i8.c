@@ -55,7 +55,7 @@
 #define V_TILE 1024 /* bytes per tile of the pack: 16 rows x 64 */
 #define V_MC   512  /* rows per chunk */
 #define V_NPB  4    /* panels (of 32 columns) per item */
-#define V_MR   6    /* rows per micro-kernel */
+#define V_MR   6    /* rows per micro-kernel (npu_vnni_item walks 6 at a time) */
 
 static size_t round_up(size_t v, size_t m) {
     return (v + m - 1) / m * m;
@@ -80,22 +80,12 @@ typedef struct v_job {
 static void v_quant(void *ctx, size_t i) {
     const v_job_t *j = ctx;
     for (size_t r = 16 * i; r < 16 * i + 16 && r < j->mc; r++) {
-        const float *xr = j->x + (j->t0 + r) * j->K;
-        float        sx, inv;
-        npu_i8_row_scale(xr, j->K, &sx, &inv);
-        j->sx[r] = sx;
-        __m512  vi = _mm512_set1_ps(inv);
+        int8_t *xh = j->xh + r * j->Kp, *xl = j->xl + r * j->Kp;
+        j->sx[r] = npu_i8_quant_row(j->x + (j->t0 + r) * j->K, j->K, j->Kp, xh, xl);
         __m512i sum_h = _mm512_setzero_si512(), sum_l = _mm512_setzero_si512();
         for (size_t k = 0; k < j->Kp; k += 16) {
-            size_t  left = k < j->K ? j->K - k : 0;
-            __m128i h, l;
-            npu_i8_split16_x16(
-                _mm512_mul_ps(_mm512_maskz_loadu_ps(npu_mask16(left), left ? xr + k : xr), vi), &h,
-                &l);
-            _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k), h);
-            _mm_storeu_si128((__m128i *)(void *)(j->xl + r * j->Kp + k), l);
-            sum_h = _mm512_add_epi32(sum_h, _mm512_cvtepi8_epi32(h));
-            sum_l = _mm512_add_epi32(sum_l, _mm512_cvtepi8_epi32(l));
+            sum_h = _mm512_add_epi32(sum_h, npu_i8_widen16(xh + k));
+            sum_l = _mm512_add_epi32(sum_l, npu_i8_widen16(xl + k));
         }
         j->sh[r] = _mm512_reduce_add_epi32(sum_h);
         j->sl[r] = _mm512_reduce_add_epi32(sum_l);
@@ -127,15 +117,16 @@ static void v_quant(void *ctx, size_t i) {
 
 /* Rows [r0, r0 + MR) of the chunk times panel pan (32 columns from n0,
  * cols of them real) into out, for MR = 1 .. V_MR (a constant in each
- * instance). Written out row by row: with arrays and a loop over the rows
- * GCC kept the accumulators in memory (6 VPDPBUSD per row per 4 of K,
- * each a load and a store: 200-230 GFLOP/s on two Zen 5 cores where
- * the registers give ~1.5-2x that). Integer sums: the order does not
- * change the bits. */
+ * instance). Written out row by row (NPU_ROWS6): with arrays and a loop
+ * over the rows GCC kept the accumulators in memory (6 VPDPBUSD per row
+ * per 4 of K, each a load and a store: 200-230 GFLOP/s on two Zen 5 cores
+ * where the registers give ~1.5-2x that). Integer sums: the order does
+ * not change the bits. */
 #define V_MICRO(MR)                                                                                \
-    static void v_micro_##MR(const v_job_t *j, size_t r0, const int8_t *pan, size_t n0,            \
-                             size_t cols) {                                                        \
-        const __m512i flip = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();             \
+    static void v_micro_##MR(const void *job, size_t r0, size_t p, size_t n0, size_t cols) {       \
+        const v_job_t *j = job;                                                                    \
+        const int8_t  *pan = j->pk + p * j->n_kb * 4 * V_TILE;                                     \
+        const __m512i  flip = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();            \
         V_ZERO(0);                                                                                 \
         V_ZERO(1);                                                                                 \
         V_ZERO(2);                                                                                 \
@@ -154,30 +145,10 @@ static void v_quant(void *ctx, size_t i) {
                 __m512i wl1 =                                                                      \
                     _mm512_xor_si512(_mm512_loadu_si512(bk + 3 * V_TILE + q * 64), flip);          \
                 size_t k = kb * V_KB + 4 * q;                                                      \
-                V_ROW(0);                                                                          \
-                if (MR > 1)                                                                        \
-                    V_ROW(1);                                                                      \
-                if (MR > 2)                                                                        \
-                    V_ROW(2);                                                                      \
-                if (MR > 3)                                                                        \
-                    V_ROW(3);                                                                      \
-                if (MR > 4)                                                                        \
-                    V_ROW(4);                                                                      \
-                if (MR > 5)                                                                        \
-                    V_ROW(5);                                                                      \
+                NPU_ROWS6(MR, V_ROW);                                                              \
             }                                                                                      \
         }                                                                                          \
-        V_FIN(0);                                                                                  \
-        if (MR > 1)                                                                                \
-            V_FIN(1);                                                                              \
-        if (MR > 2)                                                                                \
-            V_FIN(2);                                                                              \
-        if (MR > 3)                                                                                \
-            V_FIN(3);                                                                              \
-        if (MR > 4)                                                                                \
-            V_FIN(4);                                                                              \
-        if (MR > 5)                                                                                \
-            V_FIN(5);                                                                              \
+        NPU_ROWS6(MR, V_FIN);                                                                      \
     }
 
 /* Row r of the chunk, 16 columns from n0 (cols of them real): the biased
@@ -195,30 +166,12 @@ static void v_finish(const v_job_t *j, size_t r, __m512i hh, __m512i m, size_t n
     _mm512_mask_storeu_ps(j->out + (j->t0 + r) * j->N + n0, mk, _mm512_mul_ps(v, s));
 }
 
-V_MICRO(1)
-V_MICRO(2)
-V_MICRO(3)
-V_MICRO(4)
-V_MICRO(5)
-V_MICRO(6)
-
-typedef void (*v_micro_fn)(const v_job_t *, size_t, const int8_t *, size_t, size_t);
-static const v_micro_fn V_MICROS[V_MR + 1] = {NULL,      v_micro_1, v_micro_2, v_micro_3,
-                                              v_micro_4, v_micro_5, v_micro_6};
+NPU_VNNI_MICROS(v, V_MICRO)
 
 /* Item i: the chunk's rows times panels [i NPB, i NPB + NPB). */
 static void v_item(void *ctx, size_t i) {
     const v_job_t *j = ctx;
-    size_t         n_pan = round_up(j->N, 32) / 32, p0 = i * V_NPB;
-    size_t         np = n_pan - p0 < V_NPB ? n_pan - p0 : V_NPB;
-    for (size_t r0 = 0; r0 < j->mc; r0 += V_MR) {
-        size_t mr = j->mc - r0 < V_MR ? j->mc - r0 : V_MR;
-        for (size_t p = 0; p < np; p++) {
-            size_t n0 = (p0 + p) * 32;
-            V_MICROS[mr](j, r0, j->pk + (p0 + p) * j->n_kb * 4 * V_TILE, n0,
-                         j->N - n0 < 32 ? j->N - n0 : 32);
-        }
-    }
+    npu_vnni_item(j, j->mc, j->N, i * V_NPB, V_NPB, v_micros);
 }
 
 void npu_matmul_vnni_i8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
@@ -247,12 +200,7 @@ void npu_matmul_vnni_i8(const float *x, const void *pk, size_t T, size_t K, size
     j.sh = (int32_t *)(void *)(a + 2 * chunk * Kp);
     j.sl = j.sh + chunk;
     j.sx = (float *)(void *)(j.sl + chunk);
-    bool par = (double)T * (double)N * (double)K >= 2e6;
-    for (j.t0 = 0; j.t0 < T; j.t0 += V_MC) {
-        j.mc = T - j.t0 < V_MC ? T - j.t0 : V_MC;
-        npu_run_items(par, (j.mc + 15) / 16, v_quant, &j);
-        npu_run_items(par, j.n_item, v_item, &j);
-    }
+    npu_vnni_chunks(&j, &j.t0, &j.mc, T, K, N, V_MC, v_quant, v_item, j.n_item);
 }
 
 #if defined(__clang__)

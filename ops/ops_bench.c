@@ -561,12 +561,13 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
     ops_matmul_desc(mm, sizeof mm);
     if (o->json) {
         print_json(json_pack(
-            "{s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine", machine,
+            "{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine", machine,
             "kernels", npu_kernels_name(), "matmul", npu_matmul_name(), "matmul_quantised",
-            npu_matmul_quantised_name(), "threads", (json_int_t)npu_threads(), "model_id",
-            eng_package_model_id(bn->pkg), "format", eng_model_format(bn->model), "max_length",
-            (json_int_t)eng_package_max_length(bn->pkg), "workers", workers, "runs",
-            (json_int_t)o->runs, "prompts", "rendered System One requests", "load_s", load_s));
+            npu_matmul_quantised_name(), "matmul_groups", npu_matmul_groups_name(), "threads",
+            (json_int_t)npu_threads(), "model_id", eng_package_model_id(bn->pkg), "format",
+            eng_model_format(bn->model), "max_length", (json_int_t)eng_package_max_length(bn->pkg),
+            "workers", workers, "runs", (json_int_t)o->runs, "prompts",
+            "rendered System One requests", "load_s", load_s));
         return;
     }
     printf("d3stream bench: %s (%s, %s), max length %zu, loaded in %.1f s\n",

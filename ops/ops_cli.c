@@ -280,10 +280,13 @@ bool ops_is_file(const char *dir, const char *name) {
 
 void ops_matmul_desc(char *buf, size_t n) {
     const char *mm = npu_matmul_name(), *q = npu_matmul_quantised_name();
-    if (strcmp(mm, q) == 0)
+    const char *g = npu_matmul_groups_name();
+    if (strcmp(mm, q) == 0 && strcmp(q, g) == 0)
         snprintf(buf, n, "%s", mm);
-    else
+    else if (strcmp(q, g) == 0)
         snprintf(buf, n, "%s (weights bf16 would round: %s)", mm, q);
+    else
+        snprintf(buf, n, "%s (weights bf16 would round: %s; q4nx group codes: %s)", mm, q, g);
 }
 
 int ops_opt_common(int c, const char *help, const char **dir) {

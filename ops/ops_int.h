@@ -21,8 +21,10 @@ bool ops_emit(const svc_buf_t *b);
 bool ops_is_file(const char *dir, const char *name);
 
 /* The projection matmul a pass runs, for `version` and `bench`:
- * npu_matmul_name(), then " (q4/q8 weights <layout>)" when quantised packs
- * take another layout (npu_matmul_quantised_name). */
+ * npu_matmul_name(), then " (weights bf16 would round: <layout>)" when
+ * quantised packs take another layout (npu_matmul_quantised_name), and
+ * "; q4nx group codes: <layout>" when a q4nx package's 4/8-bit tiles take
+ * yet another (npu_matmul_groups_name). */
 void ops_matmul_desc(char *buf, size_t n);
 
 /* The --model DIR and --help cases (and any unknown option) of a getopt

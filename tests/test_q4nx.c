@@ -521,6 +521,92 @@ Test(q4nx, file_round_trip, .init = write_tiny, .fini = free_tiny) {
     eng_q4nx_close(q);
 }
 
+/* The group codes (what avx512-grp8x2 multiplies) of each tile kind
+ * decode to eng_q4nx_decode_ref's values bit for bit: d * u + m. */
+static void check_groups(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const uint8_t *p, size_t P,
+                         size_t Q, size_t R, size_t K) {
+    size_t   G = (K + 31) / 32;
+    float   *y = malloc(R * K * sizeof *y), *d = malloc(R * G * sizeof *d);
+    float   *m = malloc(R * G * sizeof *m);
+    uint8_t *u = malloc(R * K);
+    cr_assert(y && d && m && u);
+    eng_q4nx_decode_ref(kind, ra, p, P, Q, R, K, y);
+    eng_q4nx_decode_groups_ref(kind, ra, p, P, Q, R, K, u, d, m);
+    for (size_t r = 0; r < R; r++)
+        for (size_t k = 0; k < K; k++) {
+            float w = d[r * G + k / 32] * (float)u[r * K + k] + m[r * G + k / 32];
+            cr_assert_eq(w, y[r * K + k], "%s %c (%zu, %zu): %a from the codes, %a decoded",
+                         eng_q4nx_kind_name(kind), ra ? 'B' : 'A', r, k, (double)w,
+                         (double)y[r * K + k]);
+            if (kind == ENG_Q4NX_Q4_1 || kind == ENG_Q4NX_Q4_K)
+                cr_assert_leq(u[r * K + k], 15);
+        }
+    free(y), free(d), free(m), free(u);
+}
+
+Test(q4nx, group_codes_decode_to_the_same_values) {
+    size_t R = 40, K = 300, P = 2, Q = 2;
+    float *x = malloc(R * K * sizeof *x);
+    for (size_t i = 0; i < R * K; i++)
+        x[i] = frand() * (1.0f + (float)(i % 5));
+    uint8_t *p = malloc(eng_q4nx_packed_bytes(ENG_Q4NX_Q8, R, K));
+    cr_assert_eq(eng_q4nx_encode_q4k_ref(x, R, K, p), SVC_OK);
+    check_groups(ENG_Q4NX_Q4_K, ENG_Q4NX_RASTER_B, p, P, Q, R, K);
+    for (int ra = 0; ra < 2; ra++) {
+        cr_assert_eq(eng_q4nx_encode_q41_ref(x, R, K, (eng_q4nx_raster_t)ra, p), SVC_OK);
+        check_groups(ENG_Q4NX_Q4_1, (eng_q4nx_raster_t)ra, p, P, Q, R, K);
+        cr_assert_eq(eng_q4nx_encode_q8_ref(x, R, K, (eng_q4nx_raster_t)ra, p), SVC_OK);
+        check_groups(ENG_Q4NX_Q8, (eng_q4nx_raster_t)ra, p, P, Q, R, K);
+    }
+    /* legacy Q8 has no encoder: random codes under finite bf16 scales */
+    size_t ql = 3, nb = P * ql * ENG_Q4NX_B_Q8_LEGACY;
+    free(p);
+    p = malloc(nb);
+    for (size_t i = 0; i < nb; i++)
+        p[i] = (uint8_t)(frand() * 128.0f + 128.0f);
+    for (size_t t = 0; t < P * ql; t++)
+        for (size_t s = 0; s < 256; s++)
+            wr16(p + t * ENG_Q4NX_B_Q8_LEGACY + 2 * s, eng_f32_to_bf16(frand() * 0.01f));
+    check_groups(ENG_Q4NX_Q8_LEGACY, ENG_Q4NX_RASTER_A, p, P, ql, R, K);
+    free(p), free(x);
+}
+
+/* eng_q4nx_tensor_groups: the values eng_q4nx_tensor_f32 reads, bit for
+ * bit, through the q_proj regroup and the duplicated alpha rows; a tensor
+ * not in tiles is left to eng_q4nx_tensor_f32. */
+Test(q4nx, tensor_groups, .init = write_tiny, .fini = free_tiny) {
+    eng_q4nx_t *q = NULL;
+    char        err[512] = "";
+    cr_assert_eq(eng_q4nx_open(g_model, &q, err, sizeof err), SVC_OK, "%s", err);
+    const char *names[] = {"q_proj", "mlp.up_proj", "linear_attn.out_proj", "in_proj_a"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const tt_t *t = tt(names[i]);
+        cr_assert_eq(t->rank, 2);
+        size_t   R = t->dims[0], K = t->dims[1], G = (K + 31) / 32;
+        float   *y = malloc(R * K * sizeof *y), *d = malloc(R * G * sizeof *d);
+        float   *m = malloc(R * G * sizeof *m);
+        uint8_t *u = malloc(R * K);
+        cr_assert_eq(eng_q4nx_tensor_f32(q, t->hf, 2, t->dims, y, err, sizeof err), SVC_OK, "%s",
+                     err);
+        cr_assert_eq(eng_q4nx_tensor_groups(q, t->hf, t->dims, u, d, m, err, sizeof err), SVC_OK,
+                     "%s: %s", t->hf, err);
+        for (size_t r = 0; r < R; r++)
+            for (size_t k = 0; k < K; k++)
+                cr_assert_eq(d[r * G + k / 32] * (float)u[r * K + k] + m[r * G + k / 32],
+                             y[r * K + k], "%s (%zu, %zu)", t->hf, r, k);
+        free(y), free(d), free(m), free(u);
+    }
+    const tt_t *n = tt("input_layernorm");
+    uint64_t    dims[2] = {1, n->dims[0]};
+    uint8_t     u[256];
+    float       d[16], m[16];
+    err[0] = '\0';
+    cr_expect_eq(eng_q4nx_tensor_groups(q, n->hf, dims, u, d, m, err, sizeof err),
+                 SVC_ERR_UNSUPPORTED);
+    cr_expect_str_eq(err, "");
+    eng_q4nx_close(q);
+}
+
 /* The stored forms, read raw: +1 norms, -exp(A_log), [tap, channel] conv,
  * duplicated alpha rows, and the q_proj regroup direction (§2.2). */
 Test(q4nx, stored_transforms, .init = write_tiny, .fini = free_tiny) {

@@ -132,6 +132,11 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 Test(q4nx_package, twin_matches_and_quantisation_error_is_reported, .timeout = 120) {
+    /* The same packs for both (eng_ld_pack): where the q4nx tiles would
+     * keep their codes (avx512-grp8x2) they take the twin's int8x3 layout
+     * instead. test_ops holds the codes' kernel to the fp32 reference. */
+    setenv("D3_NPU_MATMUL", "int8x3", 1);
+    cr_assert_str_eq(npu_matmul_groups_name(), npu_matmul_quantised_name());
     pkgs_t p;
     make_all(&p);
     char             errstr[1024] = "";

@@ -147,7 +147,8 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
     if (json)
         printf("{\"what\":\"%s\",\"T\":%zu,\"K\":%zu,\"N\":%zu,\"threads\":%zu,\"amx_gflops\":%.1f,"
                "\"amx_x2_gflops\":%.1f,\"amx_i8x3_gflops\":%.1f,\"vnni_i8x3_gflops\":%.1f,"
-               "\"avx512_grp8x2_gflops\":%.1f,\"avx512_bf16x2_gflops\":%.1f,\"onednn_f32_gflops\":%.1f,\"f32_1thread_gflops\":%."
+               "\"avx512_grp8x2_gflops\":%.1f,\"avx512_bf16x2_gflops\":%.1f,\"onednn_f32_gflops\":%"
+               ".1f,\"f32_1thread_gflops\":%."
                "1f}\n",
                what, T, K, N, npu_threads(), have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
@@ -155,7 +156,8 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
                s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0, flop / s_dn * 1e-9, flop / s_f32 * 1e-9);
     else
         printf("%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
-               " avx512-int8x3 %7.1f  avx512-grp8x2 %7.1f  avx512-bf16x2 %7.1f  onednn-f32 %6.1f GFLOP/s (%zu thr)  f32 "
+               " avx512-int8x3 %7.1f  avx512-grp8x2 %7.1f  avx512-bf16x2 %7.1f  onednn-f32 %6.1f "
+               "GFLOP/s (%zu thr)  f32 "
                "panels %6.1f (1 thr)\n",
                what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,

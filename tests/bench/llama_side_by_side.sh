@@ -5,6 +5,10 @@
 #
 #   --package DIR   a d3stream safetensors package (default: build/_bench/nano-st,
 #                   made with `d3stream make-package --size nano` if missing)
+#   --ours DIR      the package our side runs (default: --package's); e.g. the
+#                   q4nx package `make-package --format q4nx` writes from the
+#                   same seed, so that both sides run 4-bit weights of the same
+#                   synthetic model (llama.cpp always gets --package's weights)
 #   --size S        tiny|nano: the default package of that size
 #                   (build/_bench/S-st); tiny is a quick check of the machinery
 #   --tokens LIST   comma-separated prompt sizes, from d3stream bench's single
@@ -61,6 +65,7 @@ cd "$ROOT"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 PKG=""
+OURS=""
 SIZE=nano
 TOKENS=128,330,1024,4096
 RUNS=3
@@ -73,6 +78,7 @@ QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --package) PKG="$2"; shift 2 ;;
+  --ours) OURS="$2"; shift 2 ;;
   --size) SIZE="$2"; shift 2 ;;
   --tokens) TOKENS="$2"; shift 2 ;;
   --quick) QUICK=1; TOKENS=128,330,1024; shift ;;
@@ -162,10 +168,11 @@ MAXTOK=0
 for t in ${TOKENS//,/ }; do [ "$t" -gt "$MAXTOK" ] && MAXTOK=$t; done
 
 # ---- 3. ours ------------------------------------------------------------------
-log "ours: d3stream bench --runs $RUNS --max-tokens $MAXTOK ($PKG)"
+OURS="${OURS:-$PKG}"
+log "ours: d3stream bench --runs $RUNS --max-tokens $MAXTOK ($OURS)"
 QOPT=()
 [ "$QUICK" = 1 ] && QOPT=(--quick)
-"$BIN" bench --model "$PKG" --json --runs "$RUNS" --max-tokens "$MAXTOK" ${QOPT[@]+"${QOPT[@]}"} \
+"$BIN" bench --model "$OURS" --json --runs "$RUNS" --max-tokens "$MAXTOK" ${QOPT[@]+"${QOPT[@]}"} \
   >"$WORK/ours.jsonl"
 
 # ---- 4. llama.cpp -------------------------------------------------------------
@@ -345,9 +352,9 @@ if [ "$PEAK" = 1 ]; then
 fi
 
 # ---- the report -----------------------------------------------------------------
-"$VPY" - "$WORK" "$PKG" "$TOKENS" "$TYPES" "$JSON" <<'EOF'
+"$VPY" - "$WORK" "$PKG" "$TOKENS" "$TYPES" "$JSON" "$OURS" <<'EOF'
 import json, os, sys
-work, pkg, sizes, types, as_json = sys.argv[1:]
+work, pkg, sizes, types, as_json, ours_pkg = sys.argv[1:]
 sizes = [int(s) for s in sizes.split(",")]; types = types.split(",")
 ours_lines = [json.loads(l) for l in open(os.path.join(work, "ours.jsonl")) if l.strip()]
 machine = ours_lines[0]
@@ -405,14 +412,15 @@ for s in sizes:
             r["llama_proj_fraction_of_amx_bf16"] = r["llama"][ft]["tok_s"] * flop_per_token / denom
     rows.append(r)
 
-out = {"package": pkg, "model_id": machine.get("model_id"), "machine": machine.get("machine"),
+out = {"package": pkg, "ours_package": ours_pkg, "ours_format": machine.get("format"), "model_id": machine.get("model_id"), "machine": machine.get("machine"),
        "our_kernels": machine.get("kernels"), "llama": info, "projection_flop_per_token": flop_per_token,
        "rows": rows, "llama_tries": tries, "llama_crashes_with_extra_bufts": crashes, "ours_other_rows": other_rows, "peaks": peak}
 if as_json == "1":
     print(json.dumps(out))
     sys.exit(0)
 
-print(f"package {pkg} ({machine.get('model_id')}); ours: {machine.get('kernels')} kernels, "
+print(f"package {pkg} ({machine.get('model_id')}); ours: {ours_pkg} ({machine.get('format')}), "
+      f"{machine.get('kernels')} kernels, {machine.get('matmul_groups')} for q4nx tiles, "
       f"{machine.get('workers')}; llama.cpp: llama-cpp-python {info['llama_cpp_python']}, "
       f"{info['threads']} threads, {info['attention']} attention on the full-attention layers")
 for c in crashes:

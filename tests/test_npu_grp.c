@@ -1,0 +1,212 @@
+/*
+ * test_npu_grp.c -- the matmul on a package's own group codes
+ * (npu_vnni_grp.c, "avx512-grp8x2") and npu_wpack_new_groups's choice.
+ *
+ * Two oracles: npu_matmul_grp_ref, the same integers and fp32 steps in
+ * scalar code, which the VNNI kernel must meet bit for bit; and the fp32
+ * product of the activations with the dequantised weight (d u + m), which
+ * both meet to the activations' 16-bit rounding (measured <= 3e-5 here,
+ * held to 2e-4, int8x3's bound in test_npu_i8.c). The kernel's checks skip
+ * on a CPU without AVX-512 VNNI; the reference's run everywhere.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "npu.h"
+#include "test_rng.h"
+
+static bool have_vnni(void) {
+    const npu_features_t *f = npu_probe();
+    return f->avx512_vnni && f->avx512bw && f->avx512vl;
+}
+
+/* A group-coded weight: codes below cmax + 1, scales and mins as a Q4_1
+ * tile holds them (d > 0, m < 0). */
+typedef struct grp_w {
+    size_t   N, K, G;
+    uint8_t *u;
+    float   *d, *m;
+} grp_w_t;
+
+static grp_w_t grp_rand(rng_t *r, size_t N, size_t K, unsigned cmax) {
+    grp_w_t g = {N, K, (K + NPU_GRP_K - 1) / NPU_GRP_K, NULL, NULL, NULL};
+    g.u = malloc(N * K + 1);
+    g.d = rand_vec(r, N * g.G, 0.001f, 0.02f);
+    g.m = rand_vec(r, N * g.G, -0.2f, 0.0f);
+    cr_assert(g.u);
+    for (size_t i = 0; i < N * K; i++)
+        g.u[i] = (uint8_t)(rng_uniform(r, 0.0f, (float)cmax + 0.999f));
+    return g;
+}
+
+static void grp_free(grp_w_t *g) {
+    free(g->u), free(g->d), free(g->m);
+}
+
+/* w = d u + m, (N, K) fp32. */
+static float *grp_dense(const grp_w_t *g) {
+    float *w = malloc(g->N * g->K * sizeof *w + 1);
+    cr_assert(w);
+    for (size_t n = 0; n < g->N; n++)
+        for (size_t k = 0; k < g->K; k++) {
+            size_t s = n * g->G + k / NPU_GRP_K;
+            w[n * g->K + k] = g->d[s] * (float)g->u[n * g->K + k] + g->m[s];
+        }
+    return w;
+}
+
+static void *grp_packed(const grp_w_t *g) {
+    void *pk = aligned_alloc(64, npu_grp_pack_bytes(g->N, g->K) + 64);
+    cr_assert(pk);
+    npu_grp_pack(g->u, g->d, g->m, g->N, g->K, pk);
+    return pk;
+}
+
+/* Reference and kernel (where the CPU has it) against the fp32 product,
+ * and against each other bit for bit. */
+static void check(rng_t *r, size_t T, size_t K, size_t N, unsigned cmax) {
+    grp_w_t g = grp_rand(r, N, K, cmax);
+    float  *x = rand_vec(r, T * K, -1, 1), *w = grp_dense(&g);
+    void   *pk = grp_packed(&g);
+    float  *ref = nans(T * N), *c = nans(T * N), *v = nans(T * N);
+    npu_matmul_grp_ref(x, pk, T, K, N, ref);
+    npu_matmul_ref(x, w, T, K, N, c);
+    double e = rel_err(ref, c, T * N);
+    cr_expect(e <= 2e-4, "ref T=%zu K=%zu N=%zu: %g from the fp32 product", T, K, N, e);
+    if (have_vnni()) {
+        npu_matmul_vnni_grp(x, pk, T, K, N, v);
+        cr_expect(memcmp(v, ref, T * N * sizeof *v) == 0,
+                  "T=%zu K=%zu N=%zu: the kernel differs from its reference (%g)", T, K, N,
+                  rel_err(v, ref, T * N));
+    }
+    for (size_t n = 0; n < N; n++)
+        for (size_t k = 0; k < K; k += 7)
+            cr_expect(npu_grp_pack_at(pk, K, n, k) == w[n * K + k], "pack_at n=%zu k=%zu", n, k);
+    grp_free(&g);
+    free(x), free(w), free(pk), free(ref), free(c), free(v);
+}
+
+Test(npu_grp, shapes) {
+    rng_t        r = {0x61};
+    const size_t Ts[] = {1, 5, 6, 7, 13, 33};
+    const size_t Ks[] = {1, 31, 32, 33, 100, 256};
+    const size_t Ns[] = {1, 16, 31, 32, 33, 130};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof Ks[0]; j++)
+            for (size_t l = 0; l < sizeof Ns / sizeof Ns[0]; l++)
+                check(&r, Ts[i], Ks[j], Ns[l], 15);
+}
+
+/* 8-bit codes (a Q8 tile's, offset by 128): the int32 sums' worst case. */
+Test(npu_grp, eight_bit_codes) {
+    rng_t r = {0x72};
+    check(&r, 9, 2048, 48, 255);
+    grp_w_t g = grp_rand(&r, 16, 64, 255);
+    memset(g.u, 255, 16 * 64);
+    float *x = rand_vec(&r, 2 * 64, 1, 1), *w = grp_dense(&g);
+    void  *pk = grp_packed(&g);
+    float *ref = nans(2 * 16), *c = nans(2 * 16);
+    npu_matmul_grp_ref(x, pk, 2, 64, 16, ref);
+    npu_matmul_ref(x, w, 2, 64, 16, c);
+    cr_expect(rel_err(ref, c, 2 * 16) <= 2e-4, "all codes 255, x = 1: %g", rel_err(ref, c, 32));
+    grp_free(&g);
+    free(x), free(w), free(pk), free(ref), free(c);
+}
+
+/* Several row chunks (512) and items (4 panels), through the pool. */
+Test(npu_grp, blocked_and_parallel) {
+    rng_t r = {0x83};
+    check(&r, 520, 2048, 70, 15);
+    check(&r, 40, 6144, 200, 15);
+}
+
+/* A zero row gives zeros; a tiny and a huge row keep their own scale. */
+Test(npu_grp, row_scales) {
+    rng_t   r = {0x94};
+    size_t  T = 8, K = 96, N = 40;
+    grp_w_t g = grp_rand(&r, N, K, 15);
+    float  *x = rand_vec(&r, T * K, -1, 1), *w = grp_dense(&g);
+    for (size_t k = 0; k < K; k++) {
+        x[1 * K + k] = 0.0f;
+        x[2 * K + k] *= 1e-6f;
+        x[3 * K + k] *= 1e5f;
+    }
+    void  *pk = grp_packed(&g);
+    float *a = nans(T * N), *c = nans(T * N);
+    if (have_vnni())
+        npu_matmul_vnni_grp(x, pk, T, K, N, a);
+    else
+        npu_matmul_grp_ref(x, pk, T, K, N, a);
+    npu_matmul_ref(x, w, T, K, N, c);
+    for (size_t t = 0; t < T; t++)
+        cr_expect(rel_err(a + t * N, c + t * N, N) <= 2e-4 || t == 2, "row %zu: %g", t,
+                  rel_err(a + t * N, c + t * N, N));
+    /* row 2's values are ~1e-6: rel_err's floor (1e-3) hides them */
+    double big = 0, diff = 0;
+    for (size_t n = 0; n < N; n++) {
+        big = fmax(big, fabs(c[2 * N + n]));
+        diff = fmax(diff, fabs(a[2 * N + n] - c[2 * N + n]));
+    }
+    cr_expect(diff <= 2e-4 * big, "tiny row: %g of %g", diff, big);
+    for (size_t n = 0; n < N; n++)
+        cr_expect(a[1 * N + n] == 0.0f, "zero row, column %zu: %g", n, a[1 * N + n]);
+    grp_free(&g);
+    free(x), free(w), free(pk), free(a), free(c);
+}
+
+/* A row's result does not depend on the rows around it or on T
+ * (bit-identical): prefix sharing relies on it. */
+Test(npu_grp, rows_independent) {
+    if (!have_vnni())
+        cr_skip_test("no AVX-512 VNNI here");
+    rng_t   r = {0xa5};
+    size_t  T = 600, K = 2100, N = 70;
+    grp_w_t g = grp_rand(&r, N, K, 15);
+    float  *x = rand_vec(&r, T * K, -1, 1);
+    void   *pk = grp_packed(&g);
+    float  *all = nans(T * N), *part = nans(T * N);
+    npu_matmul_vnni_grp(x, pk, T, K, N, all);
+    npu_matmul_vnni_grp(x, pk, 37, K, N, part);
+    npu_matmul_vnni_grp(x + 37 * K, pk, 1, K, N, part + 37 * N);
+    npu_matmul_vnni_grp(x + 38 * K, pk, T - 38, K, N, part + 38 * N);
+    cr_expect(memcmp(all, part, T * N * sizeof *all) == 0, "rows differ");
+    grp_free(&g);
+    free(x), free(pk), free(all), free(part);
+}
+
+/* The dispatch: on VNNI without AMX the codes stay (a byte each, plus d
+ * and m per 32) and npu_matmul_packed runs the kernel; elsewhere the
+ * dequantised weight takes the quantised layout, whose product with the
+ * same values it then is. */
+Test(npu_grp, wpack_new_groups) {
+    rng_t   r = {0xb6};
+    size_t  T = 20, K = 160, N = 96;
+    grp_w_t g = grp_rand(&r, N, K, 15);
+    float  *x = rand_vec(&r, T * K, -1, 1), *w = grp_dense(&g);
+    void   *pk = grp_packed(&g);
+    float  *a = nans(T * N), *b = nans(T * N);
+    /* the pack takes u, d and m */
+    npu_wpack_t *wp;
+    cr_assert_eq(npu_wpack_new_groups(g.u, g.d, g.m, N, K, &wp), SVC_OK);
+    npu_matmul_packed(x, wp, T, a);
+    if (strcmp(npu_matmul_groups_name(), "avx512-grp8x2") == 0) {
+        cr_expect(npu_wpack_is_int8(wp));
+        cr_expect_eq(npu_wpack_bytes(wp), npu_grp_pack_bytes(N, K));
+        cr_expect_eq(npu_grp_pack_bytes(N, K), N * K + 2 * N * g.G * sizeof(float));
+        npu_matmul_grp_ref(x, pk, T, K, N, b);
+        cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "packed product differs from the ref");
+    } else {
+        float *wc = malloc(N * K * sizeof *wc);
+        cr_assert(wc);
+        memcpy(wc, w, N * K * sizeof *w);
+        npu_wpack_t *wq;
+        cr_assert_eq(npu_wpack_new_quantised(wc, N, K, &wq), SVC_OK);
+        npu_matmul_packed(x, wq, T, b);
+        cr_expect(memcmp(a, b, T * N * sizeof *a) == 0, "not the quantised pack's product");
+        npu_wpack_free(wq);
+    }
+    npu_wpack_free(wp);
+    free(x), free(w), free(pk), free(a), free(b);
+}
