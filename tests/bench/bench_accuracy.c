@@ -91,7 +91,10 @@ static int dump(const char *dir, size_t n, uint64_t seed, const char *out) {
         for (size_t t = 0; t < j.len[i]; t++)
             j.ids[i][t] = (int32_t)(rng_next(&s) % vocab);
     }
-    fprintf(stderr, "bench_accuracy: %zu prompts, matmul %s, kernels %s\n", n, npu_matmul_name(),
+    fprintf(stderr,
+            "bench_accuracy: %zu prompts, matmul %s (quantised weights %s, q4nx group codes %s), "
+            "kernels %s\n",
+            n, npu_matmul_name(), npu_matmul_quantised_name(), npu_matmul_groups_name(),
             npu_kernels_name());
     npu_parallel_for(n, run_one, &j);
     FILE *f = fopen(out, "wb");
