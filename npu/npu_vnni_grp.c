@@ -94,7 +94,12 @@ void npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, si
     uint8_t *p = dst;
     memset(p, 0, npu_grp_pack_bytes(N, K));
     for (size_t n = 0; n < N; n++) {
-        for (size_t k = 0; k < K; k++)
+        /* a row's codes 4 at a time: each quad is 4 bytes in a row of the
+         * pack (g_code_at's k % 4), so only the row's tail goes byte by byte */
+        size_t k = 0;
+        for (; k + 4 <= K; k += 4)
+            memcpy(p + g_code_at(G, n, k), u + n * K + k, 4);
+        for (; k < K; k++)
             p[g_code_at(G, n, k)] = u[n * K + k];
         for (size_t g = 0; g < G; g++) {
             memcpy(p + g_scale_at(G, n, g), &d[n * G + g], sizeof(float));
