@@ -493,6 +493,15 @@ void  npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, s
 float npu_grp_pack_at(const void *pk, size_t K, size_t n, size_t k);
 void  npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 void  npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+/* The same pack with one signed byte per activation and a scale per row
+ * and group of 32 (max |x| / 127), one VPDPBUSD per 4 of K, the scales
+ * applied per group: out = sum_g s (d A + m I) ("avx512-grp8",
+ * D3_NPU_MATMUL=grp8; llama.cpp's Q8 activations). Faster, and coarser:
+ * the activations keep 2^-8 of their group's largest value instead of
+ * 2^-16 of their row's (README: what that costs). npu_matmul_grp8_ref: its
+ * scalar reference, bit for bit. */
+void npu_matmul_vnni_grp8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+void npu_matmul_grp8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 
 /* Whether the fast kernels use AMX tiles in this process: the CPU has
  * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512
@@ -513,6 +522,7 @@ const char *npu_matmul_quantised_name(void);
 
 /* The layout of group-coded packs (npu_wpack_new_groups): "avx512-grp8x2"
  * where they keep their codes (VNNI, no AMX, D3_NPU_MATMUL not int8x3),
+ * "avx512-grp8" there with D3_NPU_MATMUL=grp8 (npu_matmul_vnni_grp8),
  * else npu_matmul_quantised_name(). */
 const char *npu_matmul_groups_name(void);
 

@@ -198,6 +198,7 @@ static bool           g_i8;     /* quantised packs on AMX-INT8 (npu_wpack_new_qu
 static bool           g_i8_all; /* every pack on AMX-INT8 (D3_NPU_MATMUL=int8x3) */
 static bool           g_vnni;   /* quantised packs on AVX-512 VNNI (no AMX) */
 static bool           g_grp;    /* group-coded packs on their codes (VNNI, no AMX) */
+static bool           g_grp8;   /* ... with one byte per activation (D3_NPU_MATMUL=grp8) */
 static pthread_once_t g_layout_once = PTHREAD_ONCE_INIT;
 
 /* AMX-BF16 where the CPU has it and the process may use the tiles, unless
@@ -243,6 +244,9 @@ static void layout_pick(void) {
      * (npu_vnni_grp.c: why not on AMX); D3_NPU_MATMUL=int8x3 sends them
      * to int8x3 like any quantised weight (the comparisons' switch). */
     g_grp = g_vnni && !(mm && strcmp(mm, "int8x3") == 0);
+    /* D3_NPU_MATMUL=grp8: the same codes times activations of one byte
+     * per value (llama.cpp's Q8 activations; npu.h: what it costs) */
+    g_grp8 = g_grp && mm && strcmp(mm, "grp8") == 0;
 }
 
 static wpack_layout_t layout(void) {
@@ -274,7 +278,9 @@ const char *npu_matmul_quantised_name(void) {
 }
 
 const char *npu_matmul_groups_name(void) {
-    return layout() != WPACK_AMX && g_grp ? "avx512-grp8x2" : npu_matmul_quantised_name();
+    if (layout() != WPACK_AMX && g_grp)
+        return g_grp8 ? "avx512-grp8" : "avx512-grp8x2";
+    return npu_matmul_quantised_name();
 }
 
 /* panels[p][k][c] = w[p * NR + c][k], 0 past N. */
@@ -432,7 +438,7 @@ void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *ou
         npu_matmul_vnni_i8(x, w->data, T, w->K, w->N, out);
         break;
     case WPACK_VNNI_GRP:
-        npu_matmul_vnni_grp(x, w->data, T, w->K, w->N, out);
+        (g_grp8 ? npu_matmul_vnni_grp8 : npu_matmul_vnni_grp)(x, w->data, T, w->K, w->N, out);
         break;
     case WPACK_PANELS:
         npu_matmul_panels_avx512(x, w->data, T, w->K, w->N, out);

@@ -47,6 +47,12 @@
  * 470-600 GFLOP/s; without the unrolled quad loop GCC copied every
  * accumulator twice per step (~560).
  *
+ * grp8 (npu_matmul_vnni_grp8, D3_NPU_MATMUL=grp8): the same pack times
+ * activations of one signed byte per value with a scale s per row and
+ * group (max |x| / 127, llama.cpp's Q8 activations): one pass per group,
+ * out = sum_g s (d A + m I). 1.6x grp8x2, but on the synthetic nano it
+ * moves the hidden state to cosine 0.98 (README): a measurement switch.
+ *
  * Each output element is the same sum in the same order whatever T and the
  * chunking are, and npu_matmul_grp_ref computes it with the same integers
  * and the same fp32 operations: test_npu_grp holds the two to equal bits.
@@ -164,6 +170,51 @@ void npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size
     free(q);
 }
 
+/* grp8's activations for one group (k in [k0, k1) of xr): the bytes into
+ * q, the scale and the bytes' sum returned in *s and *I. */
+static void g8_ref_group(const float *xr, size_t k0, size_t k1, int32_t *q, float *s, float *I) {
+    float mx = 0.0f;
+    for (size_t k = k0; k < k1; k++)
+        mx = fmaxf(mx, fabsf(xr[k]));
+    float   inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    int32_t sum = 0;
+    for (size_t k = k0; k < k1; k++) {
+        float v = nearbyintf(xr[k] * inv);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[k] = (int32_t)v;
+        sum += q[k];
+    }
+    *s = mx / 127.0f;
+    *I = (float)sum;
+}
+
+void npu_matmul_grp8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
+    size_t         G = g_round_up(K, G_K) / G_K;
+    const uint8_t *p = pk;
+    int32_t       *q = malloc((K ? K : 1) * sizeof *q);
+    float         *sI = malloc(2 * (G ? G : 1) * sizeof *sI);
+    SVC_ASSERT(q && sI); /* the tests' reference: a failure here is the test's */
+    for (size_t t = 0; t < T; t++) {
+        for (size_t g = 0; g < G; g++)
+            g8_ref_group(x + t * K, g * G_K, (g + 1) * G_K < K ? (g + 1) * G_K : K, q, &sI[2 * g],
+                         &sI[2 * g + 1]);
+        for (size_t n = 0; n < N; n++) {
+            float f = 0.0f;
+            for (size_t g = 0; g < G; g++) {
+                int32_t a = 0;
+                for (size_t k = g * G_K; k < K && k < (g + 1) * G_K; k++)
+                    a += (int32_t)p[g_code_at(G, n, k)] * q[k];
+                float d, m;
+                memcpy(&d, p + g_scale_at(G, n, g), sizeof d);
+                memcpy(&m, p + g_scale_at(G, n, g) + G_NR * sizeof(float), sizeof m);
+                f = fmaf(sI[2 * g], fmaf(d, (float)a, m * sI[2 * g + 1]), f);
+            }
+            out[t * N + n] = f;
+        }
+    }
+    free(q), free(sI);
+}
+
 /* ---- the VNNI kernel ------------------------------------------------------ */
 
 #if defined(__clang__)
@@ -190,6 +241,7 @@ typedef struct g_job {
     size_t  t0, mc;
     int8_t *xh, *xl;
     float  *I, *sx;
+    float  *S; /* grp8 only: (mc, G) the groups' scales; xh holds the codes */
 } g_job_t;
 
 /* Rows [16 i, 16 i + 16) of the chunk (those below mc) quantised as
@@ -207,6 +259,33 @@ static void g_quant(void *ctx, size_t i) {
                                      _mm512_add_epi32(_mm512_slli_epi32(npu_i8_widen16(xh + k), 8),
                                                       npu_i8_widen16(xl + k)));
             j->I[r * j->G + g] = (float)_mm512_reduce_add_epi32(s);
+        }
+    }
+}
+
+/* grp8: rows [16 i, 16 i + 16) of the chunk as one signed byte per value
+ * and a scale per group of 32 (g8_ref_group's steps: max, 127 / max,
+ * nearest even, clamp), the group's sum of the bytes in I. */
+static void g8_quant(void *ctx, size_t i) {
+    const g_job_t *j = ctx;
+    const __m512i  lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    for (size_t r = 16 * i; r < 16 * i + 16 && r < j->mc; r++) {
+        const float *xr = j->x + (j->t0 + r) * j->K;
+        for (size_t g = 0; g < j->G; g++) {
+            size_t  k0 = g * G_K, l0 = k0 < j->K ? j->K - k0 : 0, l1 = l0 > 16 ? l0 - 16 : 0;
+            __m512  a = _mm512_maskz_loadu_ps(npu_mask16(l0), l0 ? xr + k0 : xr);
+            __m512  b = _mm512_maskz_loadu_ps(npu_mask16(l1), l1 ? xr + k0 + 16 : xr);
+            float   mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            __m512  vi = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+            __m512i qa = _mm512_max_epi32(
+                _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), lim), nlim);
+            __m512i qb = _mm512_max_epi32(
+                _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, vi)), lim), nlim);
+            _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k0), _mm512_cvtepi32_epi8(qa));
+            _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k0 + 16),
+                             _mm512_cvtepi32_epi8(qb));
+            j->S[r * j->G + g] = mx / 127.0f;
+            j->I[r * j->G + g] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
         }
     }
 }
@@ -260,12 +339,30 @@ static inline __m512i g_bc(const int8_t *p) {
             _mm512_mask_storeu_ps(o_ + 16, npu_mask16(cols - 16), _mm512_mul_ps(f1_##r, sx_));     \
     } while (0)
 
+/* grp8: f += s (d A + m I), in that order (g8 reference's). */
+#define G8_FMA(r)                                                                                  \
+    do {                                                                                           \
+        __m512 i_ = _mm512_set1_ps(Ig[(r)*j->G]), s_ = _mm512_set1_ps(Sg[(r)*j->G]);               \
+        f0_##r = _mm512_fmadd_ps(                                                                  \
+            s_, _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(s0_##r), _mm512_mul_ps(m0, i_)), f0_##r);   \
+        f1_##r = _mm512_fmadd_ps(                                                                  \
+            s_, _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(s1_##r), _mm512_mul_ps(m1, i_)), f1_##r);   \
+        s0_##r = _mm512_setzero_si512(), s1_##r = _mm512_setzero_si512();                          \
+    } while (0)
+#define G8_STORE(r)                                                                                \
+    do {                                                                                           \
+        float *o_ = j->out + (j->t0 + r0 + (r)) * j->N + n0;                                       \
+        _mm512_mask_storeu_ps(o_, npu_mask16(cols), f0_##r);                                       \
+        if (cols > 16)                                                                             \
+            _mm512_mask_storeu_ps(o_ + 16, npu_mask16(cols - 16), f1_##r);                         \
+    } while (0)
 /* Rows [r0, r0 + MR) of the chunk times panel pan (32 columns from n0,
  * cols of them real) into out, for MR = 1 .. G_MR (a constant in each
  * instance), written out row by row so that the accumulators stay in
- * registers (npu_vnni_i8.c: GCC keeps arrays of them in memory). */
-#define G_MICRO(MR)                                                                                \
-    static void g_micro_##MR(const void *job, size_t r0, size_t p, size_t n0, size_t cols) {       \
+ * registers (npu_vnni_i8.c: GCC keeps arrays of them in memory); A8 (a
+ * constant): grp8's one byte per activation, one pass per group. */
+#define G_MICRO_ANY(P, A8, MR)                                                                     \
+    static void P##_micro_##MR(const void *job, size_t r0, size_t p, size_t n0, size_t cols) {     \
         const g_job_t *j = job;                                                                    \
         const uint8_t *pan = j->pk + p * j->G * G_BLK;                                             \
         const __m512i  z = _mm512_setzero_si512();                                                 \
@@ -275,23 +372,35 @@ static inline __m512i g_bc(const int8_t *p) {
         G_DECL(3);                                                                                 \
         G_DECL(4);                                                                                 \
         G_DECL(5);                                                                                 \
-        const int8_t *ah = j->xh + r0 * j->Kp, *al = j->xl + r0 * j->Kp;                           \
+        const int8_t *ah = j->xh + r0 * j->Kp, *al = A8 ? NULL : j->xl + r0 * j->Kp;               \
         for (size_t g = 0; g < j->G; g++) {                                                        \
             const uint8_t *blk = pan + g * G_BLK;                                                  \
-            const float   *Ig = j->I + r0 * j->G + g;                                              \
+            const float   *Ig = j->I + r0 * j->G + g, *Sg = A8 ? j->S + r0 * j->G + g : NULL;      \
             size_t         k0 = g * G_K;                                                           \
             G_PASS(MR, ah);                                                                        \
-            NPU_ROWS6(MR, G_SHL);                                                                  \
-            G_PASS(MR, al);                                                                        \
+            if (!A8) {                                                                             \
+                NPU_ROWS6(MR, G_SHL);                                                              \
+                G_PASS(MR, al);                                                                    \
+            }                                                                                      \
             const float *sc = (const float *)(const void *)(blk + G_CODES);                        \
             __m512       d0 = _mm512_loadu_ps(sc), d1 = _mm512_loadu_ps(sc + 16);                  \
             __m512       m0 = _mm512_loadu_ps(sc + 32), m1 = _mm512_loadu_ps(sc + 48);             \
-            NPU_ROWS6(MR, G_FMA);                                                                  \
+            if (A8)                                                                                \
+                NPU_ROWS6(MR, G8_FMA);                                                             \
+            else                                                                                   \
+                NPU_ROWS6(MR, G_FMA);                                                              \
         }                                                                                          \
-        NPU_ROWS6(MR, G_STORE);                                                                    \
+        if (A8)                                                                                    \
+            NPU_ROWS6(MR, G8_STORE);                                                               \
+        else                                                                                       \
+            NPU_ROWS6(MR, G_STORE);                                                                \
     }
+#define G_MICRO(MR)  G_MICRO_ANY(g, false, MR)
+#define G8_MICRO(MR) G_MICRO_ANY(g8, true, MR)
 
 NPU_VNNI_MICROS(g, G_MICRO)
+
+NPU_VNNI_MICROS(g8, G8_MICRO)
 
 /* Item i: the chunk's rows times panels [i NPB, i NPB + NPB). */
 static void g_item(void *ctx, size_t i) {
@@ -299,7 +408,15 @@ static void g_item(void *ctx, size_t i) {
     npu_vnni_item(j, j->mc, j->N, i * G_NPB, G_NPB, g_micros);
 }
 
-void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
+static void g8_item(void *ctx, size_t i) {
+    const g_job_t *j = ctx;
+    npu_vnni_item(j, j->mc, j->N, i * G_NPB, G_NPB, g8_micros);
+}
+
+/* Both products (grp8x2, or grp8 when a8): the job, its scratch, the
+ * chunks. */
+static void g_run(const float *x, const void *pk, size_t T, size_t K, size_t N, bool a8,
+                  float *out) {
     if (npu_i8_trivial(T, K, N, out))
         return;
     size_t  n_pan = g_round_up(N, G_NR) / G_NR, Kp = g_round_up(K, G_K);
@@ -312,17 +429,29 @@ void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, siz
                  .G = Kp / G_K,
                  .n_item = (n_pan + G_NPB - 1) / G_NPB,
                  .out = out};
-    size_t  chunk = T < G_MC ? T : G_MC;
-    char   *a = npu_scratch(NPU_SCRATCH_MM_A, 2 * chunk * Kp + chunk * (j.G + 1) * sizeof(float));
-    if (!a) { /* out of memory: the reference needs only a row of K */
-        npu_matmul_grp_ref(x, pk, T, K, N, out);
+    size_t  chunk = T < G_MC ? T : G_MC, planes = a8 ? 1 : 2;
+    size_t  nf = a8 ? 2 * chunk * j.G : chunk * (j.G + 1);
+    char   *a = npu_scratch(NPU_SCRATCH_MM_A, planes * chunk * Kp + nf * sizeof(float));
+    if (!a) { /* out of memory: the references need only a row of K */
+        (a8 ? npu_matmul_grp8_ref : npu_matmul_grp_ref)(x, pk, T, K, N, out);
         return;
     }
     j.xh = (int8_t *)a;
-    j.xl = (int8_t *)a + chunk * Kp;
-    j.I = (float *)(void *)(a + 2 * chunk * Kp);
-    j.sx = j.I + chunk * j.G;
-    npu_vnni_chunks(&j, &j.t0, &j.mc, T, K, N, G_MC, g_quant, g_item, j.n_item);
+    j.xl = a8 ? NULL : (int8_t *)a + chunk * Kp;
+    j.I = (float *)(void *)(a + planes * chunk * Kp);
+    j.sx = a8 ? NULL : j.I + chunk * j.G;
+    j.S = a8 ? j.I + chunk * j.G : NULL;
+    npu_vnni_chunks(&j, &j.t0, &j.mc, T, K, N, G_MC, a8 ? g8_quant : g_quant, a8 ? g8_item : g_item,
+                    j.n_item);
+}
+
+void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
+    g_run(x, pk, T, K, N, false, out);
+}
+
+void npu_matmul_vnni_grp8(const float *x, const void *pk, size_t T, size_t K, size_t N,
+                          float *out) {
+    g_run(x, pk, T, K, N, true, out);
 }
 
 #if defined(__clang__)

@@ -115,6 +115,62 @@ Test(npu_grp, eight_bit_codes) {
     free(x), free(w), free(pk), free(ref), free(c);
 }
 
+/* grp8's rounding bound for out[t][n]: each activation moves by at most
+ * half its group's step, max |x_g| / 254, times its weight; plus fp32's
+ * share of the sum of |x w|. */
+static double grp8_bound(const float *x, const float *w, size_t K, size_t t, size_t n) {
+    double b = 0, mag = 0;
+    for (size_t g0 = 0; g0 < K; g0 += NPU_GRP_K) {
+        double mx = 0;
+        for (size_t k = g0; k < K && k < g0 + NPU_GRP_K; k++)
+            mx = fmax(mx, fabs(x[t * K + k]));
+        for (size_t k = g0; k < K && k < g0 + NPU_GRP_K; k++) {
+            b += fabs(w[n * K + k]) * mx / 254.0;
+            mag += fabs(w[n * K + k] * x[t * K + k]);
+        }
+    }
+    return 1.001 * b + 1e-5 * mag + 1e-30;
+}
+
+/* grp8 (one activation byte per value, a scale per row and group): the
+ * kernel against its reference bit for bit, the reference against the
+ * fp32 product within the bytes' rounding bound (grp8_bound). */
+static void check8(rng_t *r, size_t T, size_t K, size_t N) {
+    grp_w_t g = grp_rand(r, N, K, 15);
+    float  *x = rand_vec(r, T * K, -1, 1), *w = grp_dense(&g);
+    void   *pk = grp_packed(&g);
+    float  *ref = nans(T * N), *c = nans(T * N), *v = nans(T * N);
+    npu_matmul_grp8_ref(x, pk, T, K, N, ref);
+    npu_matmul_ref(x, w, T, K, N, c);
+    for (size_t t = 0; t < T; t++)
+        for (size_t n = 0; n < N; n++) {
+            double e = fabs((double)ref[t * N + n] - c[t * N + n]), b = grp8_bound(x, w, K, t, n);
+            if (!(e <= b))
+                cr_assert_fail("grp8 ref T=%zu K=%zu N=%zu (%zu, %zu): %g vs %g, past the bound %g",
+                               T, K, N, t, n, (double)ref[t * N + n], (double)c[t * N + n], b);
+        }
+    if (have_vnni()) {
+        npu_matmul_vnni_grp8(x, pk, T, K, N, v);
+        cr_expect(memcmp(v, ref, T * N * sizeof *v) == 0,
+                  "grp8 T=%zu K=%zu N=%zu: the kernel differs from its reference (%g)", T, K, N,
+                  rel_err(v, ref, T * N));
+    }
+    grp_free(&g);
+    free(x), free(w), free(pk), free(ref), free(c), free(v);
+}
+
+Test(npu_grp, grp8) {
+    rng_t        r = {0xc7};
+    const size_t Ts[] = {1, 6, 7, 33};
+    const size_t Ks[] = {1, 31, 32, 33, 100, 256};
+    const size_t Ns[] = {1, 16, 33, 130};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof Ks[0]; j++)
+            for (size_t l = 0; l < sizeof Ns / sizeof Ns[0]; l++)
+                check8(&r, Ts[i], Ks[j], Ns[l]);
+    check8(&r, 520, 2048, 70);
+}
+
 /* Several row chunks (512) and items (4 panels), through the pool. */
 Test(npu_grp, blocked_and_parallel) {
     rng_t r = {0x83};

@@ -71,6 +71,10 @@ static void vnni_grp(const float *x, const void *w, size_t T, size_t K, size_t N
     npu_matmul_vnni_grp(x, w, T, K, N, out);
 }
 
+static void vnni_grp8(const float *x, const void *w, size_t T, size_t K, size_t N, float *out) {
+    npu_matmul_vnni_grp8(x, w, T, K, N, out);
+}
+
 /* A 4-bit weight in groups of 32 as Q4_1 stores one (codes 0..15, a scale
  * and a min per group), packed for npu_matmul_vnni_grp. */
 static void *grp_pack(size_t N, size_t K) {
@@ -102,7 +106,7 @@ static void dnnl(const float *x, const void *w, size_t T, size_t K, size_t N, fl
 static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool have_amx) {
     float *x = bench_rand_vec(T * K), *w = bench_rand_vec(N * K), *out = bench_rand_vec(T * N);
     double flop = 2.0 * (double)T * (double)K * (double)N, s_amx = 0, s_x2 = 0, s_i8 = 0, s_vn = 0,
-           s_b2 = 0, s_gr = 0, s_f32, s_dn;
+           s_b2 = 0, s_gr = 0, s_g8 = 0, s_f32, s_dn;
     const npu_features_t *f = npu_probe();
     if (have_amx || f->avx512_bf16) {
         uint16_t *pk = aligned_alloc(64, (npu_amx_pack_elems(N, K) * 2 + 63) / 64 * 64);
@@ -131,6 +135,7 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
     if (f->avx512_vnni) {
         void *pg = grp_pack(N, K);
         s_gr = median_s(vnni_grp, x, pg, T, K, N, out);
+        s_g8 = median_s(vnni_grp8, x, pg, T, K, N, out);
         free(pg);
     }
     size_t np = (N + 31) / 32 * 32;
@@ -147,23 +152,26 @@ static void row(size_t T, size_t K, size_t N, const char *what, bool json, bool 
     if (json)
         printf("{\"what\":\"%s\",\"T\":%zu,\"K\":%zu,\"N\":%zu,\"threads\":%zu,\"amx_gflops\":%.1f,"
                "\"amx_x2_gflops\":%.1f,\"amx_i8x3_gflops\":%.1f,\"vnni_i8x3_gflops\":%.1f,"
-               "\"avx512_grp8x2_gflops\":%.1f,\"avx512_bf16x2_gflops\":%.1f,\"onednn_f32_gflops\":%"
+               "\"avx512_grp8x2_gflops\":%.1f,\"avx512_grp8_gflops\":%.1f,\"avx512_bf16x2_gflops\":"
+               "%.1f,\"onednn_f32_gflops\":%"
                ".1f,\"f32_1thread_gflops\":%."
                "1f}\n",
                what, T, K, N, npu_threads(), have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
                s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, s_gr > 0 ? flop / s_gr * 1e-9 : 0.0,
-               s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0, flop / s_dn * 1e-9, flop / s_f32 * 1e-9);
+               s_g8 > 0 ? flop / s_g8 * 1e-9 : 0.0, s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0,
+               flop / s_dn * 1e-9, flop / s_f32 * 1e-9);
     else
         printf("%-9s T=%-5zu K=%-5zu N=%-5zu  amx-bf16 %7.1f  amx-bf16x2 %7.1f  amx-int8x3 %7.1f "
-               " avx512-int8x3 %7.1f  avx512-grp8x2 %7.1f  avx512-bf16x2 %7.1f  onednn-f32 %6.1f "
+               " avx512-int8x3 %7.1f  avx512-grp8x2 %7.1f  avx512-grp8 %7.1f  avx512-bf16x2 %7.1f  "
+               "onednn-f32 %6.1f "
                "GFLOP/s (%zu thr)  f32 "
                "panels %6.1f (1 thr)\n",
                what, T, K, N, have_amx ? flop / s_amx * 1e-9 : 0.0,
                have_amx ? flop / s_x2 * 1e-9 : 0.0, s_i8 > 0 ? flop / s_i8 * 1e-9 : 0.0,
                s_vn > 0 ? flop / s_vn * 1e-9 : 0.0, s_gr > 0 ? flop / s_gr * 1e-9 : 0.0,
-               s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0, flop / s_dn * 1e-9, npu_threads(),
-               flop / s_f32 * 1e-9);
+               s_g8 > 0 ? flop / s_g8 * 1e-9 : 0.0, s_b2 > 0 ? flop / s_b2 * 1e-9 : 0.0,
+               flop / s_dn * 1e-9, npu_threads(), flop / s_f32 * 1e-9);
     fflush(stdout);
     free(pan), free(x), free(w), free(out);
 }
