@@ -166,24 +166,19 @@ static bool bf16_exact(const float *w, size_t n) {
  * SVC_ERR_UNSUPPORTED: not stored in tiles, nothing done. */
 static svc_err_t ld_pack_groups(const eng_ld_t *ld, const char *name, const uint64_t *dims,
                                 npu_wpack_t **dst) {
-    size_t   R = (size_t)dims[0], K = (size_t)dims[1], G = (K + NPU_GRP_K - 1) / NPU_GRP_K;
-    uint8_t *u = malloc(R * K);
-    float   *d = malloc(R * G * sizeof *d), *m = malloc(R * G * sizeof *m);
-    if (!u || !d || !m) {
-        free(u), free(d), free(m);
-        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
-    }
-    svc_err_t err = eng_q4nx_tensor_groups(ld->q, name, dims, u, d, m, ld->errstr, ld->errstr_size);
-    if (!err)
-        err = npu_wpack_new_groups(u, d, m, R, K, dst);
+    uint8_t  *u;
+    float    *d, *m;
+    svc_err_t err =
+        eng_q4nx_tensor_groups(ld->q, name, dims, &u, &d, &m, ld->errstr, ld->errstr_size);
+    if (err)
+        return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
+    err = npu_wpack_new_groups(u, d, m, (size_t)dims[0], (size_t)dims[1], dst);
     if (err) {
         free(u), free(d), free(m);
-        if (err == SVC_ERR_NOMEM)
-            return eng_ld_fail(ld, err, "out of memory packing tensor \"%s\"", name);
-        return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
+        return eng_ld_fail(ld, err, "out of memory packing tensor \"%s\"", name);
     }
     if (ld->numel)
-        *ld->numel += (uint64_t)R * K;
+        *ld->numel += dims[0] * dims[1];
     return SVC_OK;
 }
 

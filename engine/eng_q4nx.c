@@ -651,7 +651,9 @@ svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, size_t r
 }
 
 svc_err_t eng_q4nx_tensor_groups(const eng_q4nx_t *q, const char *hf_name, const uint64_t dims[2],
-                                 uint8_t *u, float *d, float *m, char *errstr, size_t errstr_size) {
+                                 uint8_t **u, float **d, float **m, char *errstr,
+                                 size_t errstr_size) {
+    *u = NULL, *d = NULL, *m = NULL;
     eng_q4nx_xform_t xf = ENG_Q4NX_X_NONE;
     rd_t             r = {q, hf_name, resolve(q, hf_name, &xf), errstr, errstr_size};
     /* what the values path would transform further is not a projection */
@@ -666,20 +668,23 @@ svc_err_t eng_q4nx_tensor_groups(const eng_q4nx_t *q, const char *hf_name, const
         return err;
     const eng_st_tensor_t *t = r.in->st;
     size_t R = (size_t)dims[0], K = (size_t)dims[1], G = (K + ENG_Q4NX_GROUP - 1) / ENG_Q4NX_GROUP;
-    if (!hd) {
-        eng_q4nx_decode_groups_ref(kind, ra, t->data, t->shape[0], t->shape[1], R, K, u, d, m);
-        return SVC_OK;
+    uint8_t *ou = malloc(R * K), *tu = hd ? malloc(R * K) : ou;
+    float   *od = malloc(R * G * sizeof *od), *td = hd ? malloc(R * G * sizeof *td) : od;
+    float   *om = malloc(R * G * sizeof *om), *tm = hd ? malloc(R * G * sizeof *tm) : om;
+    if (!ou || !od || !om || !tu || !td || !tm) {
+        if (hd)
+            free(tu), free(td), free(tm);
+        free(ou), free(od), free(om);
+        return rd_fail(&r, SVC_ERR_NOMEM, "out of memory for a %zu x %zu matrix's codes", R, K);
     }
-    uint8_t *tu = malloc(R * K);
-    float   *td = malloc(R * G * sizeof *td), *tm = malloc(R * G * sizeof *tm);
-    if (!tu || !td || !tm) {
-        free(tu), free(td), free(tm);
-        return rd_fail(&r, SVC_ERR_NOMEM, "out of memory for a %zu x %zu q_proj", R, K);
-    }
+    /* a q_proj is decoded in stored row order, then regrouped (§2.2) */
     eng_q4nx_decode_groups_ref(kind, ra, t->data, t->shape[0], t->shape[1], R, K, tu, td, tm);
-    regroup_rows(tu, R, hd, K, u);
-    regroup_rows(td, R, hd, G * sizeof *td, d);
-    regroup_rows(tm, R, hd, G * sizeof *tm, m);
-    free(tu), free(td), free(tm);
+    if (hd) {
+        regroup_rows(tu, R, hd, K, ou);
+        regroup_rows(td, R, hd, G * sizeof *td, od);
+        regroup_rows(tm, R, hd, G * sizeof *tm, om);
+        free(tu), free(td), free(tm);
+    }
+    *u = ou, *d = od, *m = om;
     return SVC_OK;
 }

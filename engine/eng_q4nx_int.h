@@ -234,15 +234,16 @@ SVC_WUR svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, 
 /**
  * @brief As eng_q4nx_tensor_f32 for a matrix stored as Q4/Q8 tiles, as its
  *   group codes (eng_q4nx_decode_groups_ref) with the q_proj regroup
- *   undone: u (R, K) bytes, d and m (R, ceil(K / 32)) fp32, w = d u + m
+ *   undone: *u (R, K) bytes, *d and *m (R, ceil(K / 32)) fp32, w = d u + m
  *   bit for bit the values eng_q4nx_tensor_f32 returns.
  * @param dims (R, K), the HF shape.
- * @returns SVC_OK; SVC_ERR_UNSUPPORTED, with nothing written and errstr
- *   untouched, when the tensor is not stored in tiles (read it with
- *   eng_q4nx_tensor_f32); otherwise as eng_q4nx_tensor_f32.
+ * @returns SVC_OK with *u, *d, *m malloc'd and owned by the caller;
+ *   SVC_ERR_UNSUPPORTED, with nothing allocated and errstr untouched, when
+ *   the tensor is not stored in tiles (read it with eng_q4nx_tensor_f32);
+ *   otherwise as eng_q4nx_tensor_f32. The three are NULL on failure.
  */
 SVC_WUR svc_err_t eng_q4nx_tensor_groups(const eng_q4nx_t *q, const char *hf_name,
-                                         const uint64_t dims[2], uint8_t *u, float *d, float *m,
+                                         const uint64_t dims[2], uint8_t **u, float **d, float **m,
                                          char *errstr, size_t errstr_size);
 
 /* ======================================================================

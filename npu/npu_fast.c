@@ -219,6 +219,7 @@ static void layout_pick(void) {
     bool bf16_env = mm && strncmp(mm, "bf16", 4) == 0;
     bool panels = mm && strcmp(mm, "panels") == 0;
     bool onednn = mm && strcmp(mm, "onednn") == 0;
+    bool int8x3 = mm && strcmp(mm, "int8x3") == 0;
     if (kernels() != &k_avx512)
         g_layout = kernels() == &k_ref ? WPACK_PLAIN : WPACK_DNNL;
     else if (!fp32 && !no_amx && f->amx_bf16 && f->amx_usable && f->avx512_bf16)
@@ -239,11 +240,11 @@ static void layout_pick(void) {
              kernels() == &k_avx512 && !fp32 && f->avx512_vnni && !bf16_env;
     /* D3_NPU_MATMUL=int8x3 puts every weight there, BF16 and F32 ones too
      * (npu.h: what that costs in accuracy). */
-    g_i8_all = g_i8 && mm && strcmp(mm, "int8x3") == 0;
+    g_i8_all = g_i8 && int8x3;
     /* Weights given as group codes keep them where int8 runs on VNNI
      * (npu_vnni_grp.c: why not on AMX); D3_NPU_MATMUL=int8x3 sends them
      * to int8x3 like any quantised weight (the comparisons' switch). */
-    g_grp = g_vnni && !(mm && strcmp(mm, "int8x3") == 0);
+    g_grp = g_vnni && !int8x3;
     /* D3_NPU_MATMUL=grp8: the same codes times activations of one byte
      * per value (llama.cpp's Q8 activations; npu.h: what it costs) */
     g_grp8 = g_grp && mm && strcmp(mm, "grp8") == 0;

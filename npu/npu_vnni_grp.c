@@ -73,7 +73,6 @@
 #define G_BLK   1280      /* bytes per (panel, group): codes, then d and m */
 #define G_MC    512       /* rows per chunk */
 #define G_NPB   4         /* panels per item */
-#define G_MR    6         /* rows per micro-kernel (npu_vnni_item walks 6 at a time) */
 #define G_QMAX  32639.0f  /* npu_vec_int.h's NPU_I8_QMAX, for the scalar reference */
 
 static size_t g_round_up(size_t v, size_t m) {
@@ -90,9 +89,13 @@ static size_t g_code_at(size_t G, size_t n, size_t k) {
     return (n / G_NR * G + k / G_K) * G_BLK + (q * 2 + half) * 64 + n % 16 * 4 + k % 4;
 }
 
-/* Offset of the d of column n, group g (its m follows 128 bytes on). */
+/* Offset of the d of column n, group g, and of its m (128 bytes on). */
 static size_t g_scale_at(size_t G, size_t n, size_t g) {
     return (n / G_NR * G + g) * G_BLK + G_CODES + n % G_NR * sizeof(float);
+}
+
+static size_t g_min_at(size_t G, size_t n, size_t g) {
+    return g_scale_at(G, n, g) + G_NR * sizeof(float);
 }
 
 void npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, size_t K, void *dst) {
@@ -109,7 +112,7 @@ void npu_grp_pack(const uint8_t *u, const float *d, const float *m, size_t N, si
             p[g_code_at(G, n, k)] = u[n * K + k];
         for (size_t g = 0; g < G; g++) {
             memcpy(p + g_scale_at(G, n, g), &d[n * G + g], sizeof(float));
-            memcpy(p + g_scale_at(G, n, g) + G_NR * sizeof(float), &m[n * G + g], sizeof(float));
+            memcpy(p + g_min_at(G, n, g), &m[n * G + g], sizeof(float));
         }
     }
 }
@@ -119,7 +122,7 @@ float npu_grp_pack_at(const void *pk, size_t K, size_t n, size_t k) {
     const uint8_t *p = pk;
     float          d, m;
     memcpy(&d, p + g_scale_at(G, n, k / G_K), sizeof d);
-    memcpy(&m, p + g_scale_at(G, n, k / G_K) + G_NR * sizeof(float), sizeof m);
+    memcpy(&m, p + g_min_at(G, n, k / G_K), sizeof m);
     return d * (float)p[g_code_at(G, n, k)] + m;
 }
 
@@ -160,7 +163,7 @@ void npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, size
                 }
                 float d, m;
                 memcpy(&d, p + g_scale_at(G, n, g), sizeof d);
-                memcpy(&m, p + g_scale_at(G, n, g) + G_NR * sizeof(float), sizeof m);
+                memcpy(&m, p + g_min_at(G, n, g), sizeof m);
                 f = fmaf(d, (float)a, f);
                 f = fmaf(m, (float)s, f);
             }
@@ -206,7 +209,7 @@ void npu_matmul_grp8_ref(const float *x, const void *pk, size_t T, size_t K, siz
                     a += (int32_t)p[g_code_at(G, n, k)] * q[k];
                 float d, m;
                 memcpy(&d, p + g_scale_at(G, n, g), sizeof d);
-                memcpy(&m, p + g_scale_at(G, n, g) + G_NR * sizeof(float), sizeof m);
+                memcpy(&m, p + g_min_at(G, n, g), sizeof m);
                 f = fmaf(sI[2 * g], fmaf(d, (float)a, m * sI[2 * g + 1]), f);
             }
             out[t * N + n] = f;
@@ -357,7 +360,7 @@ static inline __m512i g_bc(const int8_t *p) {
             _mm512_mask_storeu_ps(o_ + 16, npu_mask16(cols - 16), f1_##r);                         \
     } while (0)
 /* Rows [r0, r0 + MR) of the chunk times panel pan (32 columns from n0,
- * cols of them real) into out, for MR = 1 .. G_MR (a constant in each
+ * cols of them real) into out, for MR = 1 .. 6 (a constant in each
  * instance), written out row by row so that the accumulators stay in
  * registers (npu_vnni_i8.c: GCC keeps arrays of them in memory); A8 (a
  * constant): grp8's one byte per activation, one pass per group. */

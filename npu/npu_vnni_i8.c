@@ -55,7 +55,6 @@
 #define V_TILE 1024 /* bytes per tile of the pack: 16 rows x 64 */
 #define V_MC   512  /* rows per chunk */
 #define V_NPB  4    /* panels (of 32 columns) per item */
-#define V_MR   6    /* rows per micro-kernel (npu_vnni_item walks 6 at a time) */
 
 static size_t round_up(size_t v, size_t m) {
     return (v + m - 1) / m * m;
@@ -116,7 +115,7 @@ static void v_quant(void *ctx, size_t i) {
     } while (0)
 
 /* Rows [r0, r0 + MR) of the chunk times panel pan (32 columns from n0,
- * cols of them real) into out, for MR = 1 .. V_MR (a constant in each
+ * cols of them real) into out, for MR = 1 .. 6 (a constant in each
  * instance). Written out row by row (NPU_ROWS6): with arrays and a loop
  * over the rows GCC kept the accumulators in memory (6 VPDPBUSD per row
  * per 4 of K, each a load and a store: 200-230 GFLOP/s on two Zen 5 cores
