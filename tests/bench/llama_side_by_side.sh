@@ -15,6 +15,10 @@
 #                   question rows (128,330,1024,4096,15854,31491,32768);
 #                   default 128,330,1024,4096
 #   --quick         128,330,1024
+#   --singles       ours runs only the one-question rows of --tokens (one
+#                   `d3stream bench --row "1 x N"` each, a load apiece),
+#                   not every row up to the largest size with the scheduler
+#                   rows: for the long sizes alone (15854, 32768)
 #   --runs N        runs per size, the median is reported (default 3)
 #   --types LIST    llama.cpp types (default q4_0,q4_1,q4_k_m)
 #   --ubatch LIST   llama.cpp batch sizes to try, capped at the prompt size
@@ -75,6 +79,7 @@ ATTN=auto
 PEAK=1
 JSON=0
 QUICK=0
+SINGLES=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --package) PKG="$2"; shift 2 ;;
@@ -82,6 +87,7 @@ while [ $# -gt 0 ]; do
   --size) SIZE="$2"; shift 2 ;;
   --tokens) TOKENS="$2"; shift 2 ;;
   --quick) QUICK=1; TOKENS=128,330,1024; shift ;;
+  --singles) SINGLES=1; shift ;;
   --runs) RUNS="$2"; shift 2 ;;
   --types) TYPES="$2"; shift 2 ;;
   --ubatch) UBATCH="$2"; shift 2 ;;
@@ -169,11 +175,24 @@ for t in ${TOKENS//,/ }; do [ "$t" -gt "$MAXTOK" ] && MAXTOK=$t; done
 
 # ---- 3. ours ------------------------------------------------------------------
 OURS="${OURS:-$PKG}"
-log "ours: d3stream bench --runs $RUNS --max-tokens $MAXTOK ($OURS)"
 QOPT=()
 [ "$QUICK" = 1 ] && QOPT=(--quick)
-"$BIN" bench --model "$OURS" --json --runs "$RUNS" --max-tokens "$MAXTOK" ${QOPT[@]+"${QOPT[@]}"} \
-  >"$WORK/ours.jsonl"
+if [ "$SINGLES" = 1 ]; then
+  log "ours: d3stream bench --runs $RUNS --row \"1 x N\" for each of $TOKENS ($OURS)"
+  # one process per size, its row by name ("1 x 15,854"); the report reads
+  # one machine line, the first
+  : >"$WORK/ours.jsonl"
+  for t in ${TOKENS//,/ }; do
+    label="$(echo "$t" | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta')"
+    "$BIN" bench --model "$OURS" --json --runs "$RUNS" --row "1 x $label" >"$WORK/ours-$t.jsonl"
+    if [ -s "$WORK/ours.jsonl" ]; then grep -v '"machine"' "$WORK/ours-$t.jsonl"; else cat "$WORK/ours-$t.jsonl"; fi \
+      >>"$WORK/ours.jsonl"
+  done
+else
+  log "ours: d3stream bench --runs $RUNS --max-tokens $MAXTOK ($OURS)"
+  "$BIN" bench --model "$OURS" --json --runs "$RUNS" --max-tokens "$MAXTOK" ${QOPT[@]+"${QOPT[@]}"} \
+    >"$WORK/ours.jsonl"
+fi
 
 # ---- 4. llama.cpp -------------------------------------------------------------
 # Each type in its own process: ggml's AMX weight buffers (llama.cpp's default
@@ -328,8 +347,19 @@ for t in ${TYPES//,/ }; do
   for bufs in all repack none; do
     rc=0
     "$VPY" "$WORK/llama_time.py" "$GDIR" "$t" "$TOKENS" "$UBATCH" "$RUNS" "$ATTN" "$bufs" \
-      >"$WORK/llama-$t.jsonl" || rc=$?
+      >"$WORK/llama-$t.jsonl" 2> >(tee "$WORK/llama-$t.err" >&2) || rc=$?
+    wait # for tee: the .err file is complete
     [ "$rc" -eq 0 ] && break
+    # ggml aborts when a context's compute buffer does not fit in memory (a
+    # 32,768-token non-causal ubatch wants ~25 GB): a result for that size,
+    # not a crash of the weight buffers; the sizes before it stay measured
+    oom="$(grep -m1 'insufficient memory' "$WORK/llama-$t.err" || true)"
+    if [ -n "$oom" ]; then
+      log "llama.cpp $t: out of memory after the sizes it measured ($oom)"
+      "$VPY" -c 'import json, sys; print(json.dumps({"failed": {"type": sys.argv[1], "buffers": sys.argv[2], "why": sys.argv[3]}}))' \
+        "$t" "$bufs" "$oom" >>"$WORK/llama.jsonl"
+      break
+    fi
     if [ "$rc" -lt 128 ] || [ "$bufs" = none ]; then
       log "llama.cpp $t failed (exit $rc, $bufs buffers)"
       exit 1
@@ -337,7 +367,8 @@ for t in ${TYPES//,/ }; do
     log "llama.cpp $t died with signal $((rc - 128)) with $bufs weight buffers; again with fewer"
     echo "{\"crash\": {\"type\": \"$t\", \"signal\": $((rc - 128)), \"buffers\": \"$bufs\"}}" >>"$WORK/llama.jsonl"
   done
-  cat "$WORK/llama-$t.jsonl" >>"$WORK/llama.jsonl"
+  # its JSON lines only: an abort's backtrace (ggml runs gdb) goes to stdout too
+  grep '^{' "$WORK/llama-$t.jsonl" >>"$WORK/llama.jsonl" || true
 done
 
 # ---- 5. the machine's peaks -------------------------------------------------
@@ -361,7 +392,8 @@ machine = ours_lines[0]
 ours = {r["size"]: r for r in ours_lines[1:] if r.get("questions") == 1 and "median_s" in r}
 other_rows = [r for r in ours_lines[1:] if r.get("questions", 1) != 1]
 llama_lines = [json.loads(l) for l in open(os.path.join(work, "llama.jsonl")) if l.strip()]
-info = next(l["info"] for l in llama_lines if "info" in l)
+info = next((l["info"] for l in llama_lines if "info" in l), {})
+failures = [l["failed"] for l in llama_lines if "failed" in l]
 best = {(l["best"]["type"], l["best"]["tokens"]): l["best"] for l in llama_lines if "best" in l}
 tries = [l["try"] for l in llama_lines if "try" in l]
 crashes = [l["crash"] for l in llama_lines if "crash" in l]
@@ -414,19 +446,22 @@ for s in sizes:
 
 out = {"package": pkg, "ours_package": ours_pkg, "ours_format": machine.get("format"), "model_id": machine.get("model_id"), "machine": machine.get("machine"),
        "our_kernels": machine.get("kernels"), "llama": info, "projection_flop_per_token": flop_per_token,
-       "rows": rows, "llama_tries": tries, "llama_crashes_with_extra_bufts": crashes, "ours_other_rows": other_rows, "peaks": peak}
+       "rows": rows, "llama_tries": tries, "llama_crashes_with_extra_bufts": crashes, "llama_failures": failures, "ours_other_rows": other_rows, "peaks": peak}
 if as_json == "1":
     print(json.dumps(out))
     sys.exit(0)
 
 print(f"package {pkg} ({machine.get('model_id')}); ours: {ours_pkg} ({machine.get('format')}), "
       f"{machine.get('kernels')} kernels, {machine.get('matmul_groups')} for q4nx tiles, "
-      f"{machine.get('workers')}; llama.cpp: llama-cpp-python {info['llama_cpp_python']}, "
-      f"{info['threads']} threads, {info['attention']} attention on the full-attention layers")
+      f"{machine.get('workers')}; llama.cpp: llama-cpp-python {info.get('llama_cpp_python')}, "
+      f"{info.get('threads')} threads, {info.get('attention')} attention on the full-attention layers")
 for c in crashes:
     print(f"llama.cpp {c['type']}: signal {c['signal']} with {c['buffers']} weight buffers "
           "(AMX: ggml_backend_amx_mul_mat, cf. ggml-org/llama.cpp#20824); measured with fewer")
-print(f"llama.cpp system info: {info['system_info']}")
+for f in failures:
+    print(f"llama.cpp {f['type']} ({f['buffers']} buffers) stopped: {f['why']}; "
+          "the sizes without its figures did not fit in memory")
+print(f"llama.cpp system info: {info.get('system_info')}")
 head = f"{'tokens':>7} {'ours s':>8} {'tok/s':>8}"
 for t in types:
     head += f" {t + ' s':>10} {'tok/s':>8}"
