@@ -408,15 +408,61 @@ void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out) {
         memcpy(out, m->embed + (size_t)id * H, H * sizeof *out);
 }
 
+/* A q4nx package's embedding (the Q8 lm_head it is tied to, §8) taken
+ * from its group codes: Q8's groups are symmetric (u = c + 128, m = -128 d),
+ * so embed8's code is c and its scale d -- the products the fp32 decode
+ * gives, without that decode's 2 GB of fp32 values (for nano) and
+ * embed_q8's search for the codes again. SVC_ERR_UNSUPPORTED: not tiles,
+ * or not symmetric (Q4 groups), or H not a multiple of 32; the values
+ * path then. */
+static svc_err_t embed_from_groups(const eng_ld_t *ld, eng_model_t *m) {
+    size_t V = m->cfg.vocab, H = m->cfg.hidden, G = H / 32;
+    if (!ld->q || H % 32 || V == 0)
+        return SVC_ERR_UNSUPPORTED;
+    char     name[256];
+    uint64_t dims[2] = {V, H};
+    uint8_t *u;
+    float   *d, *mn;
+    snprintf(name, sizeof name, "%sembed_tokens.weight", ld->prefix);
+    svc_err_t err =
+        eng_q4nx_tensor_groups(ld->q, name, dims, &u, &d, &mn, ld->errstr, ld->errstr_size);
+    if (err)
+        return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
+    bool sym = true;
+    for (size_t g = 0; sym && g < V * G; g++)
+        sym = mn[g] == -128.0f * d[g];
+    free(mn);
+    if (!sym) {
+        free(u), free(d);
+        return SVC_ERR_UNSUPPORTED;
+    }
+    int8_t *q = (int8_t *)u; /* c = u - 128, in place */
+    for (size_t i = 0; i < V * H; i++)
+        q[i] = (int8_t)(u[i] ^ 0x80u);
+    m->embed8 = q;
+    m->embed8_s = d;
+    if (ld->numel)
+        *ld->numel += (uint64_t)V * H;
+    return SVC_OK;
+}
+
+/* The embedding: from the q4nx codes where it can (embed_from_groups),
+ * else the values, narrowed (embed_narrow). */
+static svc_err_t ld_embed(const eng_ld_t *ld, eng_model_t *m) {
+    svc_err_t err = embed_from_groups(ld, m);
+    if (err != SVC_ERR_UNSUPPORTED)
+        return err;
+    err = eng_ld_mat(ld, "embed_tokens.weight", m->cfg.vocab, m->cfg.hidden, &m->embed);
+    return err ? err : embed_narrow(m);
+}
+
 /* The text tower's tensors, in both files' HF names. */
 static svc_err_t ld_tower(const eng_ld_t *ld, eng_model_t *m) {
     const eng_model_cfg_t *c = &m->cfg;
     m->layers = calloc(c->n_layers, sizeof *m->layers);
     if (!m->layers)
         return SVC_ERR_NOMEM;
-    svc_err_t err = eng_ld_mat(ld, "embed_tokens.weight", c->vocab, c->hidden, &m->embed);
-    if (!err)
-        err = embed_narrow(m);
+    svc_err_t err = ld_embed(ld, m);
     for (size_t i = 0; !err && i < c->n_layers; i++)
         err = ld_layer(ld, c, i, &m->layers[i]);
     if (!err)

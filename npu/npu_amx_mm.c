@@ -103,33 +103,46 @@ static void panel_rows(const float *w, size_t N, size_t K, size_t Kp, size_t n0,
     }
 }
 
-void npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst) {
-    size_t    n_pan = round_up(N, NPU_WPACK_NR) / NPU_WPACK_NR, Kp = round_up(K, AMX_KB);
-    size_t    n_kb = Kp / AMX_KB;
-    uint32_t *rows = malloc(32 * (Kp / 2) * sizeof *rows);
-    for (size_t p = 0; p < n_pan; p++) {
-        if (rows)
-            panel_rows(w, N, K, Kp, p * 32, rows);
-        for (size_t kb = 0; kb < n_kb; kb++)
-            for (size_t h = 0; h < 2; h++) {
-                /* tile row r, column c = the pair (k = 32 kb + 2r, +1) of
-                 * output column 32 p + 16 h + c */
-                uint32_t *tile = (uint32_t *)(dst + ((p * n_kb + kb) * 2 + h) * AMX_TILE);
-                for (size_t r = 0; r < 16; r++)
-                    for (size_t c = 0; c < 16; c++) {
-                        size_t n = p * 32 + h * 16 + c, k = kb * AMX_KB + 2 * r;
-                        if (rows)
-                            tile[r * 16 + c] = rows[(h * 16 + c) * (Kp / 2) + kb * 16 + r];
-                        else /* no room for the row buffer: element by element */
-                            tile[r * 16 + c] =
-                                (n < N && k < K ? npu_f32_to_bf16(w[n * K + k]) : 0u) |
-                                (n < N && k + 1 < K
-                                     ? (uint32_t)npu_f32_to_bf16(w[n * K + k + 1]) << 16
-                                     : 0u);
-                    }
-            }
-    }
+typedef struct pack_job {
+    const float *w;
+    size_t       N, K, Kp, n_kb;
+    uint16_t    *dst;
+} pack_job_t;
+
+/* Panel p (output columns [32 p, 32 p + 32)): its tiles are its own, so
+ * the panels go to the pool (at load: a nano BF16 package packs ~1.9 G
+ * weights). */
+static void pack_panel(void *ctx, size_t p) {
+    const pack_job_t *j = ctx;
+    const float      *w = j->w;
+    size_t            N = j->N, K = j->K, Kp = j->Kp;
+    uint32_t         *rows = malloc(32 * (Kp / 2) * sizeof *rows);
+    if (rows)
+        panel_rows(w, N, K, Kp, p * 32, rows);
+    for (size_t kb = 0; kb < j->n_kb; kb++)
+        for (size_t h = 0; h < 2; h++) {
+            /* tile row r, column c = the pair (k = 32 kb + 2r, +1) of
+             * output column 32 p + 16 h + c */
+            uint32_t *tile = (uint32_t *)(j->dst + ((p * j->n_kb + kb) * 2 + h) * AMX_TILE);
+            for (size_t r = 0; r < 16; r++)
+                for (size_t c = 0; c < 16; c++) {
+                    size_t n = p * 32 + h * 16 + c, k = kb * AMX_KB + 2 * r;
+                    if (rows)
+                        tile[r * 16 + c] = rows[(h * 16 + c) * (Kp / 2) + kb * 16 + r];
+                    else /* no room for the row buffer: element by element */
+                        tile[r * 16 + c] =
+                            (n < N && k < K ? npu_f32_to_bf16(w[n * K + k]) : 0u) |
+                            (n < N && k + 1 < K ? (uint32_t)npu_f32_to_bf16(w[n * K + k + 1]) << 16
+                                                : 0u);
+                }
+        }
     free(rows);
+}
+
+void npu_amx_pack_bf16(const float *w, size_t N, size_t K, uint16_t *dst) {
+    size_t     Kp = round_up(K, AMX_KB);
+    pack_job_t j = {w, N, K, Kp, Kp / AMX_KB, dst};
+    npu_parallel_for(round_up(N, NPU_WPACK_NR) / NPU_WPACK_NR, pack_panel, &j);
 }
 
 float npu_amx_pack_at(const uint16_t *pk, size_t K, size_t n, size_t k) {

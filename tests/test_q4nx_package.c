@@ -169,6 +169,13 @@ Test(q4nx_package, twin_matches_and_quantisation_error_is_reported, .timeout = 1
      * compare their outputs bit for bit) */
     cr_expect(q.model->embed8 && q.model->embed8_s && !q.model->embed, "q4nx: Q8 embedding");
     cr_expect(t.model->embed8 && !t.model->embed, "twin: the same codes");
+    /* the q4nx one is read from the Q8 tiles' codes (embed_from_groups),
+     * the twin's found again from its F32 values (embed_q8): equal bytes */
+    size_t V = q.model->cfg.vocab, H = q.model->cfg.hidden;
+    cr_assert(q.model->embed8 && t.model->embed8 && t.model->embed8_s);
+    cr_expect(memcmp(q.model->embed8, t.model->embed8, V * H) == 0, "embedding codes");
+    cr_expect(memcmp(q.model->embed8_s, t.model->embed8_s, V * (H / 32) * sizeof(float)) == 0,
+              "embedding scales");
     cr_expect(s.model->embed16 && !s.model->embed8, "BF16 package: bf16 embedding");
     eng_model_info_t qi, ti;
     eng_model_get_info(q.model, &qi);
