@@ -41,7 +41,15 @@
  * 16 code vectors in registers for both), then the 24 FMAs. Measured on
  * a Zen 5 (bench_matmul 1024, 2 threads): 630-715 GFLOP/s, 1.2x int8x3's
  * 520-580; the 60 ops per group besides the 192 VPDPBUSD (shift, convert,
- * FMAs, zeroing) are most of the gap to the VNNI peak. Tried and not
+ * FMAs, zeroing) are most of the gap to the VNNI peak: on a Zen 4 the
+ * FMAs issue to the pipes VPDPBUSD uses (24 VPDPBUSD + 6 FMAs cost 30
+ * VPDPBUSD slots in a register loop) while the shifts, converts and
+ * broadcasts go to others for free, so the scheme's ceiling is 192 / 216
+ * of the VNNI rate in products (bench_amx_peak's grp8x2-ceiling, its op
+ * mix in registers); the kernel measured 87-89% of that ceiling there.
+ * VPDPWSSD on 16-bit activations (one pass, no shift) ran at VPDPBUSD's
+ * instruction rate, two products per lane where VPDPBUSD has four: the
+ * same useful rate, twice the code bytes; not written. Tried and not
  * kept: the activation broadcast embedded in each VPDPBUSD ({1to16}
  * operand, one per column half instead of one VPBROADCASTD per row),
  * 470-600 GFLOP/s; without the unrolled quad loop GCC copied every

@@ -13,14 +13,23 @@
  *   avx512-vnni-int8  VPDPBUSD zmm, 12 independent accumulators;
  *   avx512-bf16       VDPBF16PS zmm, 12 independent accumulators (the
  *                     peak of avx512-bf16x2, the bf16 matmul without AMX);
- *   avx512-fp32       VFMADD231PS zmm, 12 independent accumulators.
+ *   avx512-fp32       VFMADD231PS zmm, 12 independent accumulators;
+ *   grp8x2-ceiling    the op mix of avx512-grp8x2's micro-kernel per group
+ *                     (192 VPDPBUSD, 12 shifts, 12 converts, 24 FMAs, in
+ *                     its useful FLOPs): what that kernel could reach if
+ *                     nothing waited on memory.
+ * With N > 1 threads, each peak also says how far N threads got beyond
+ * one: on separate cores, N times; much less, and the CPUs shared their
+ * vector units during the run (SMT siblings, or the host's other guests).
  * An operation is a multiply or an add (a multiply-add counts 2), so int8
  * rows are TOPS and the others TFLOP/s.
  *
  * Then our kernels at prefill shapes of the Qwen3.5-2B tower (T tokens,
  * K = 2048, N = 6144, the FFN's gate/up): npu_matmul_packed (the packed
  * layout npu_matmul_name() reports, AMX-BF16 where usable, split over the
- * npu pool of npu_threads() threads: D3_NPU_THREADS=1 for one) and the
+ * npu pool of npu_threads() threads: D3_NPU_THREADS=1 for one; a 4/8-bit
+ * weight's int8x3 pack; 4-bit group codes on avx512-grp8x2 against its
+ * ceiling where the CPU keeps them) and the
  * single-threaded fp32 npu_matmul, each as GFLOP/s and as a fraction of the
  * matching peak (AMX-BF16 or AVX-512 fp32 at the same thread count).
  *
@@ -249,6 +258,58 @@ __attribute__((target("avx512f"))) static double fma_loop(double seconds) {
 #undef SUM
 }
 
+/* The op mix of avx512-grp8x2 (npu_vnni_grp.c) per group of 32 in its
+ * 6 x 32 micro-kernel, register-resident: 12 int32 sums (6 rows x 2
+ * column halves), each 8 VPDPBUSD over the high activation bytes, a shift
+ * by 8, 8 over the low bytes; then per sum a convert and two FMAs into 12
+ * fp32 accumulators (d A + m I) and the sum restarted. What the scheme
+ * reaches when nothing waits on memory: its ceiling on this core. Counted
+ * in the useful operations (6 x 32 x 32 multiply-adds per group), as the
+ * kernel's GFLOP/s are, not the 2 x 64 int8 ones per VPDPBUSD. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double grp_mix_loop(double seconds) {
+    __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+    __m512  d = _mm512_set1_ps(1e-9f), m = _mm512_set1_ps(1e-9f), mi = _mm512_set1_ps(3.0f);
+#define DECL(j)                                                                                    \
+    __m512i s##j = _mm512_setzero_si512();                                                         \
+    __m512  f##j = _mm512_set1_ps((float)(j));
+#define DP(j)                                                                                      \
+    s##j = _mm512_dpbusd_epi32(s##j, a, b);                                                        \
+    KEEP(s##j);
+#define SHL(j) s##j = _mm512_slli_epi32(s##j, 8);
+#define FMA2(j)                                                                                    \
+    f##j = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s##j), f##j);                                     \
+    f##j = _mm512_fmadd_ps(m, mi, f##j);                                                           \
+    KEEP(f##j);                                                                                    \
+    s##j = _mm512_setzero_si512();
+#define SUM(j) t = _mm512_add_ps(t, f##j);
+    REP12(DECL)
+    double   t_end = now_s() + seconds;
+    uint64_t n = 0;
+    do {
+        for (int i = 0; i < VEC_INNER / 16; i++) {
+            for (int q = 0; q < 8; q++) {
+                REP12(DP)
+            }
+            REP12(SHL)
+            for (int q = 0; q < 8; q++) {
+                REP12(DP)
+            }
+            REP12(FMA2)
+        }
+        n += VEC_INNER / 16;
+    } while (now_s() < t_end);
+    __m512 t = _mm512_setzero_ps();
+    REP12(SUM)
+    volatile float sink = _mm512_reduce_add_ps(t);
+    (void)sink;
+    return (double)n * VEC_ACCUMS * 16 * 32 * 2;
+#undef DECL
+#undef DP
+#undef SHL
+#undef FMA2
+#undef SUM
+}
+
 /* ---- threads ------------------------------------------------------------ */
 
 typedef double (*loop_fn)(double seconds);
@@ -368,27 +429,59 @@ static float *rand_vec(size_t n) {
     return p;
 }
 
-/* FLOP/s of npu_matmul_packed (packed = true; quantised: the pack of a
- * 4/8-bit weight, npu_wpack_new_quantised) or npu_matmul, best of runs
- * within about `seconds`: per wall second, and per process CPU second times
- * `threads` (the threads that run it: as if each held a core; time a pool
- * thread spends waiting for work counts against the kernel). */
-static rate_t time_ours(bool packed, bool quantised, size_t T, size_t K, size_t N, int threads,
-                        double seconds) {
-    float       *x = rand_vec(T * K), *o = rand_vec(T * N), *w = rand_vec(N * K);
+/* What time_ours multiplies: fp32 weights on npu_matmul (unpacked), or
+ * packed by npu_wpack_new (fp32 values), npu_wpack_new_quantised (a 4/8-bit
+ * weight's values) or npu_wpack_new_groups (random 4-bit codes with a
+ * scale and a min per group of 32: a q4nx package's Q4_1 tiles). */
+typedef enum { OURS_F32, OURS_PACKED, OURS_QUANTISED, OURS_GROUPS } ours_kind_t;
+
+static npu_wpack_t *ours_pack(ours_kind_t kind, float *w, size_t N, size_t K) {
     npu_wpack_t *wp = NULL;
-    if (packed && (quantised ? npu_wpack_new_quantised(w, N, K, &wp)
-                             : npu_wpack_new(w, N, K, &wp)) != SVC_OK) {
-        fprintf(stderr, "bench_amx_peak: npu_wpack_new failed\n");
+    svc_err_t    e = SVC_OK;
+    if (kind == OURS_PACKED)
+        e = npu_wpack_new(w, N, K, &wp);
+    else if (kind == OURS_QUANTISED)
+        e = npu_wpack_new_quantised(w, N, K, &wp);
+    else {
+        size_t   G = (K + NPU_GRP_K - 1) / NPU_GRP_K;
+        uint8_t *u = malloc(N * K);
+        float   *d = malloc(N * G * sizeof *d), *m = malloc(N * G * sizeof *m);
+        if (!u || !d || !m) {
+            fprintf(stderr, "bench_amx_peak: out of memory (group codes)\n");
+            exit(1);
+        }
+        for (size_t i = 0; i < N * K; i++)
+            u[i] = (uint8_t)((w[i] + 0.5f) * 15.99f);
+        for (size_t i = 0; i < N * G; i++) {
+            d[i] = 1.0f / 15.0f;
+            m[i] = -0.5f;
+        }
+        free(w);
+        e = npu_wpack_new_groups(u, d, m, N, K, &wp);
+    }
+    if (e != SVC_OK) {
+        fprintf(stderr, "bench_amx_peak: packing the weight failed\n");
         exit(1);
     }
-    double flop = 2.0 * (double)T * (double)K * (double)N;
-    rate_t best = {0, 0};
-    double t_end = now_s() + seconds;
-    int    runs = 0;
+    return wp;
+}
+
+/* FLOP/s of npu_matmul_packed on a pack of `kind` (or npu_matmul on the
+ * fp32 weights), best of runs within about `seconds`: per wall second, and
+ * per process CPU second times `threads` (the threads that run it: as if
+ * each held a core; time a pool thread spends waiting for work counts
+ * against the kernel). */
+static rate_t time_ours(ours_kind_t kind, size_t T, size_t K, size_t N, int threads,
+                        double seconds) {
+    float       *x = rand_vec(T * K), *o = rand_vec(T * N), *w = rand_vec(N * K);
+    npu_wpack_t *wp = kind == OURS_F32 ? NULL : ours_pack(kind, w, N, K);
+    double       flop = 2.0 * (double)T * (double)K * (double)N;
+    rate_t       best = {0, 0};
+    double       t_end = now_s() + seconds;
+    int          runs = 0;
     do {
         double t0 = now_s(), c0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
-        if (packed)
+        if (wp)
             npu_matmul_packed(x, wp, T, o);
         else
             npu_matmul(x, w, T, K, N, o);
@@ -398,7 +491,7 @@ static rate_t time_ours(bool packed, bool quantised, size_t T, size_t K, size_t 
             best.cpu = flop * threads / dc > best.cpu ? flop * threads / dc : best.cpu;
         runs++;
     } while (runs < 3 || now_s() < t_end);
-    if (packed)
+    if (wp)
         npu_wpack_free(wp);
     else
         free(w);
@@ -470,6 +563,16 @@ static void print_json(const cpu_t *c, int nthreads, const row_t *rows, int nrow
     printf("]}\n");
 }
 
+/* How far N threads got beyond one (per wall second: what the run got).
+ * Well below N on a machine whose CPUs are separate cores means they were
+ * not: SMT siblings, or a host that gave the cores' vector units to
+ * someone else for part of the run; every figure of that run shares it. */
+static void print_scaling(const row_t *one, const row_t *all) {
+    double x = one->r.wall > 0 ? all->r.wall / one->r.wall : 0;
+    printf("  %-17s %d threads reach %.2f x 1 thread%s\n", "", all->threads, x,
+           x < 0.75 * all->threads ? ": these CPUs shared their vector units in this run" : "");
+}
+
 int main(int argc, char **argv) {
     bool   json = false, matmul = true;
     double seconds = 1.5;
@@ -530,6 +633,7 @@ int main(int argc, char **argv) {
         {"avx512-vnni-int8", "TOPS", vnni_loop, c.vnni},
         {"avx512-bf16", "TFLOP/s", bf16_loop, c.bf16},
         {"avx512-fp32", "TFLOP/s", fma_loop, c.avx512},
+        {"grp8x2-ceiling", "TFLOP/s", grp_mix_loop, c.vnni},
     };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         if (!kinds[k].ok) {
@@ -545,13 +649,15 @@ int main(int argc, char **argv) {
                        "second)\n",
                        kinds[k].name, counts[t], counts[t] == 1 ? " " : "s", v.wall * 1e-12,
                        v.cpu * 1e-12, kinds[k].unit, v.cpu * 1e-9 / counts[t]);
+                if (t == 1)
+                    print_scaling(&rows[nrows - 2], &rows[nrows - 1]);
                 fflush(stdout);
             }
         }
     }
 
     /* Ours: the FFN's gate/up shape (K 2048 -> N 6144) at two prompt sizes. */
-    ours_t ours[5];
+    ours_t ours[7];
     int    nours = 0;
     if (matmul) {
         int         pool = (int)npu_threads();
@@ -566,20 +672,30 @@ int main(int argc, char **argv) {
             ours[nours++] = (ours_t){"npu_matmul_packed",
                                      Ts[i],
                                      pool,
-                                     time_ours(true, false, Ts[i], 2048, 6144, pool, 2.0),
+                                     time_ours(OURS_PACKED, Ts[i], 2048, 6144, pool, 2.0),
                                      find_row(rows, nrows, pk, pool),
                                      pk};
         for (int i = 0; i < 2 && (i8 || vi8); i++)
             ours[nours++] = (ours_t){"packed, q4/q8",
                                      Ts[i],
                                      pool,
-                                     time_ours(true, true, Ts[i], 2048, 6144, pool, 2.0),
+                                     time_ours(OURS_QUANTISED, Ts[i], 2048, 6144, pool, 2.0),
                                      find_row(rows, nrows, qk, pool),
                                      qk};
+        /* the group codes where they keep them (avx512-grp8x2), against
+         * the ceiling of their op mix */
+        bool grp = strcmp(npu_matmul_groups_name(), "avx512-grp8x2") == 0;
+        for (int i = 0; i < 2 && grp; i++)
+            ours[nours++] = (ours_t){"packed, groups",
+                                     Ts[i],
+                                     pool,
+                                     time_ours(OURS_GROUPS, Ts[i], 2048, 6144, pool, 2.0),
+                                     find_row(rows, nrows, "grp8x2-ceiling", pool),
+                                     "grp8x2-ceiling"};
         ours[nours++] = (ours_t){"npu_matmul",
                                  330,
                                  1,
-                                 time_ours(false, false, 330, 2048, 6144, 1, 2.0),
+                                 time_ours(OURS_F32, 330, 2048, 6144, 1, 2.0),
                                  find_row(rows, nrows, "avx512-fp32", 1),
                                  "avx512-fp32"};
         if (!json) {
