@@ -84,15 +84,26 @@ Test(outage, broker_stopped_10s, .timeout = 3600, .fini = fini) {
     int64_t up = now_ms();
 
     watch_until(&w, n, &pid, 1, logs, 3);
+    /* The rejoin after the restart may find the member's generation gone:
+     * its partitions are lost, what was answered but not yet committed
+     * under the old generation is fetched and answered again (at-least-
+     * once). Every request can have its result before that replay has
+     * started, and a graceful stop finishes what is in flight, not what
+     * is still to fetch: stop only once the group committed to the end
+     * (seen in CI: committed 67 of 150 on a partition). */
+    wait_committed_at_end(t.group, t.in);
     child_term_ok(pid, log);
     watch_drain(&w, 1000);
     int dups = watch_assert_all(&w);
     assert_committed_at_end(t.group, t.in);
+    int revokes = log_count(log, "d3stream consumer: revoked");
     cr_log_info("broker_stopped_10s: %d requests, %d answered at the stop, down %lld ms, all "
-                "answered %lld ms after the restart, %d duplicated",
-                n, at_stop, (long long)(up - down), (long long)(now_ms() - up), dups);
-    fprintf(stderr, "broker_stopped_10s: %d requests, %d answered at the stop, %d duplicated\n", n,
-            at_stop, dups);
+                "answered %lld ms after the restart, %d duplicated, %d revokes",
+                n, at_stop, (long long)(up - down), (long long)(now_ms() - up), dups, revokes);
+    fprintf(stderr,
+            "broker_stopped_10s: %d requests, %d answered at the stop, %d duplicated, %d "
+            "revokes\n",
+            n, at_stop, dups, revokes);
     watch_fini(&w);
     free(reqs);
     free(bufs);
