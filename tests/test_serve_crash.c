@@ -51,14 +51,7 @@ Test(crash, kill9_restart, .timeout = 3600, .fini = fini) {
 
     pid = child_start(base, log);
     watch_until(&w, n, &pid, 1, logs, 2);
-    /* Every request may have its result before the restarted member has
-     * even been assigned the backlog the dead one answered but did not
-     * commit (at-least-once: it answers those again): stop it only once
-     * the group has committed to the end, as a graceful stop finishes what
-     * is in flight, not what is still to fetch (seen under ASan: committed
-     * 2 of 61 on a partition). */
-    wait_committed_at_end(t.group, t.in);
-    child_term_ok(pid, log);
+    child_term_when_committed(pid, log, t.group, t.in);
     watch_drain(&w, 1000);
     int dups = watch_assert_all(&w);
     cr_assert_eq(topic_end_sum(t.out), (int64_t)w.total);
