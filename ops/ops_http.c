@@ -226,6 +226,7 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
         return NULL;
     }
     h->o = o;
+    h->listen_fd = -1;
     h->c = *c;
     h->ask = *ask;
     h->ask.model = NULL;
@@ -255,9 +256,13 @@ void ops_http_quiesce(http_t *h) {
     if (h->quiesced)
         return;
     h->quiesced = true;
+    /* Not closed here: MHD's pool threads take the socket out of their
+     * epoll sets some time after the quiesce returns, and one that finds
+     * it closed aborts the process ("Failed to remove listen FD from
+     * epoll set", seen in CI); libmicrohttpd's manual says to close it
+     * only after MHD_stop_daemon. */
     MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
-    if (lfd != MHD_INVALID_SOCKET)
-        close(lfd);
+    h->listen_fd = lfd != MHD_INVALID_SOCKET ? lfd : -1;
 }
 
 bool ops_http_drain(http_t *h, double s) {
@@ -274,6 +279,8 @@ void ops_http_free(http_t *h) {
     if (!h)
         return;
     MHD_stop_daemon(h->mhd);
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }

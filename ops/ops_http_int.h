@@ -89,7 +89,8 @@ typedef struct http {
     eng_sched_t       *sched;
     struct MHD_Daemon *mhd;
     _Atomic int        state;      /* http_state_t */
-    bool               quiesced;   /* the listening socket is closed */
+    bool               quiesced;   /* MHD no longer accepts */
+    int                listen_fd;  /* from the quiesce (else -1): closed after MHD_stop_daemon */
     atomic_size_t      in_flight;  /* requests begun, not completed */
     atomic_size_t      in_engine;  /* requests the engine holds: submitted, not done */
     atomic_size_t      body_bytes; /* request body bytes held (bounded by o->body_budget) */
