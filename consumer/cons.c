@@ -55,13 +55,18 @@ static svc_err_t end_add(cons_t *cons, const char *topic, int32_t partition, int
 }
 
 /* Records, on first assignment only, where the partition ends now: a backfill
- * stops there even if producers keep writing.
+ * stops there even if producers keep writing. Assigned again, the partition
+ * resumes from its committed offset, which may lie before what this member
+ * had reached (what was stale at the revoke): it must be reached again (a
+ * message at the end, or the partition EOF there).
  * @locality poll thread (rebalance callback) @locks takes lock */
 void cons_end_note_assigned(cons_t *cons, const char *topic, int32_t partition) {
     pthread_mutex_lock(&cons->lock);
     end_ent_t *e = end_find(cons, topic, partition);
-    if (e)
+    if (e) {
         e->assigned = true;
+        e->reached = e->end <= 0;
+    }
     pthread_mutex_unlock(&cons->lock);
     if (e)
         return;
@@ -85,6 +90,12 @@ static void end_mark(cons_t *cons, const char *topic, int32_t partition, int64_t
     end_ent_t *e = end_find(cons, topic, partition);
     if (e && next >= e->end)
         e->reached = true;
+}
+
+void cons_end_rewound(cons_t *cons, const char *topic, int32_t partition, int64_t next) {
+    end_ent_t *e = end_find(cons, topic, partition);
+    if (e)
+        e->reached = next >= e->end;
 }
 
 bool cons_at_end(cons_t *cons) {
@@ -128,7 +139,9 @@ void cons_window_update(cons_t *cons) {
     size_t held = cons->in_flight;
     size_t waiting = cons->n_parked;
     pthread_mutex_unlock(&cons->lock);
-    if (!cons->paused && held >= cons->max_in_flight) {
+    /* Parked messages count: a poll that only serves (cons_poll without
+     * out) parks what it fetches, and that must stay within the window. */
+    if (!cons->paused && held + waiting >= cons->max_in_flight) {
         if (assignment_pause(cons, true)) {
             cons->paused = true;
             atomic_fetch_add(&cons->pauses, 1);
@@ -247,7 +260,9 @@ static svc_err_t poll_event(cons_t *cons, rd_kafka_message_t *rkm) {
 }
 
 svc_err_t cons_poll(cons_t *cons, int timeout_ms, cons_msg_t **out) {
-    *out = NULL;
+    bool serve_only = out == NULL;
+    if (out)
+        *out = NULL;
     if (cons->closed)
         return SVC_ERR_INVALID;
     if (atomic_load(&cons->fatal))
@@ -255,7 +270,7 @@ svc_err_t cons_poll(cons_t *cons, int timeout_ms, cons_msg_t **out) {
     cons_window_update(cons);
     pthread_mutex_lock(&cons->lock);
     rd_kafka_message_t *rkm = NULL;
-    if (cons->n_parked > 0 && cons->in_flight < cons->max_in_flight) {
+    if (!serve_only && cons->n_parked > 0 && cons->in_flight < cons->max_in_flight) {
         rkm = cons->parked[0];
         cons->n_parked--;
         memmove(cons->parked, cons->parked + 1, cons->n_parked * sizeof *cons->parked);
@@ -267,15 +282,16 @@ svc_err_t cons_poll(cons_t *cons, int timeout_ms, cons_msg_t **out) {
             return atomic_load(&cons->fatal) ? SVC_ERR_IO : SVC_OK;
         if (rkm->err)
             return poll_event(cons, rkm);
-        /* Fetched before the pause took effect: hold it back until the
-         * window reopens, so the owner never holds more than the window. */
+        /* Fetched before the pause took effect (or while the caller only
+         * serves): hold it back until it can be handed out, so the owner
+         * never holds more than the window. */
         pthread_mutex_lock(&cons->lock);
-        bool      full = cons->in_flight >= cons->max_in_flight;
-        svc_err_t err = full ? park(cons, rkm) : SVC_OK;
+        bool      hold = serve_only || cons->in_flight >= cons->max_in_flight;
+        svc_err_t err = hold ? park(cons, rkm) : SVC_OK;
         pthread_mutex_unlock(&cons->lock);
         if (err)
             return requeue(cons, rkm);
-        if (full) {
+        if (hold) {
             cons_window_update(cons);
             return SVC_OK;
         }

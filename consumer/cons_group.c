@@ -387,6 +387,7 @@ static void rewind_regen(cons_t *cons, rd_kafka_topic_partition_list_t *parts) {
             continue;
         (void)cons_track_revoke(cons->ct, p->topic, p->partition);
         cons_parked_drop(cons, p->topic, p->partition);
+        cons_end_rewound(cons, p->topic, p->partition, p->offset);
         if (cons_track_assign(cons->ct, p->topic, p->partition, &gen))
             cons_report(cons, "rewind: out of memory while tracking %s [%d]", p->topic,
                         (int)p->partition);

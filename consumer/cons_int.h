@@ -59,9 +59,13 @@ struct cons {
  * @locality any thread @locks takes lock (MUST NOT be held) */
 SVC_FMT(2, 3) void cons_report(cons_t *cons, const char *fmt, ...);
 
-/* Notes a newly assigned partition's end offset (first assignment only).
+/* Notes a newly assigned partition's end offset (first assignment only;
+ * assigned again, the end must be reached again).
  * @locality poll thread @locks takes lock */
 void cons_end_note_assigned(cons_t *cons, const char *topic, int32_t partition);
+/* A rewind seeks the partition back to next: its end is reached only if
+ * next is at it. @locks lock MUST be held */
+void cons_end_rewound(cons_t *cons, const char *topic, int32_t partition, int64_t next);
 
 /* Drops parked messages of a revoked partition. @locks lock MUST be held */
 void cons_parked_drop(cons_t *cons, const char *topic, int32_t partition);

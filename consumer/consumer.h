@@ -114,7 +114,10 @@ cons_t *cons_new(const cons_conf_t *conf, char *errstr, size_t errstr_size);
  * @brief Serves librdkafka (rebalances, statistics, pause/resume of the
  *        window) and returns the next message, if any, within timeout_ms.
  * @param out Set to the message, or NULL on timeout, while the window is
- *        full, or when the event was not a message (partition EOF).
+ *        full, or when the event was not a message (partition EOF). NULL:
+ *        serve only -- a message fetched is parked (within the window)
+ *        and handed out by a later call with out; for an owner that cannot
+ *        take one now but must keep its membership (max.poll.interval.ms).
  * @returns SVC_OK; SVC_ERR_IO on a fatal consumer error (cons_strerror()
  *          says which) -- the handle can then only be closed and freed.
  * @remark The message belongs to the caller until cons_msg_done().

@@ -34,6 +34,13 @@ void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt
     sch_error_fini(&e);
 }
 
+void ops_http_overloaded(http_req_t *r) {
+    ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
+    pthread_mutex_lock(&r->h->lock);
+    r->h->n.overloaded++;
+    pthread_mutex_unlock(&r->h->lock);
+}
+
 /* An engine failure: the 500 upstream answers for an exception. */
 static void internal_error(http_req_t *r, const char *why) {
     ops_http_error(r, 500, "internal_error", "RuntimeError: %s",
@@ -116,10 +123,7 @@ bool ops_http_decisions(http_req_t *r) {
         else
             r->status = reject.status;
     } else if (err == SVC_ERR_RETRIABLE) {
-        ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
-        pthread_mutex_lock(&h->lock);
-        h->n.overloaded++;
-        pthread_mutex_unlock(&h->lock);
+        ops_http_overloaded(r);
     } else {
         snprintf(why, sizeof why, "the engine refused the request: %s", svc_err_name(err));
         internal_error(r, why);

@@ -172,6 +172,8 @@ bool ops_http_decisions(http_req_t *r);
 /* r->out/r->status for an error of our own (sch_error_encode). */
 void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...)
     SVC_FMT(4, 5);
+/* The 429 of a full engine queue or a spent body budget, counted. */
+void ops_http_overloaded(http_req_t *r);
 /* GET bodies: health, models; r->out/r->status set. */
 void ops_http_health(http_req_t *r, bool live);
 void ops_http_models(http_req_t *r, bool systemone);

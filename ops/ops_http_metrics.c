@@ -105,8 +105,9 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
                     "Prompt tokens of the answered decision requests (usage.input_tokens).", "",
                     (double)n.input_tokens);
     ops_prom_metric(&m, "d3stream_http_overloaded_total", "counter",
-                    "Decision requests refused with 429 because the engine's queue was full.", "",
-                    (double)n.overloaded);
+                    "Decision requests refused with 429: the engine's queue was full, or the "
+                    "memory for request bodies (--max-body-memory) was spent.",
+                    "", (double)n.overloaded);
     ops_prom_metric(&m, "d3stream_http_in_flight_requests", "gauge",
                     "Requests begun and not yet completed.", "",
                     (double)atomic_load(&h->in_flight));

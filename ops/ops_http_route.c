@@ -72,10 +72,6 @@ static void drop_body(http_req_t *r) {
 
 /* ------------------------------------------------------------ responses */
 
-static void overloaded(http_req_t *r) {
-    ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
-}
-
 /* "parse;dur=P, tokenize;dur=T, queue;dur=Q, forward;dur=F, post;dur=O,
  * serialize;dur=S, total;dur=X" (SPEC f.1): milliseconds, 3 decimals. */
 static void server_timing(const http_req_t *r, char *buf, size_t size) {
@@ -200,7 +196,7 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
             return send_json(r);
         }
         if (end != cl && v > 0 && (!reserve(r, (size_t)v) || svc_buf_reserve(&r->body, v))) {
-            overloaded(r);
+            ops_http_overloaded(r);
             return send_json(r);
         }
     }
@@ -254,7 +250,7 @@ static enum MHD_Result finish(http_req_t *r) {
         return send_json(r);
     }
     if (r->over_budget) {
-        overloaded(r);
+        ops_http_overloaded(r);
         return send_json(r);
     }
     if (r->route != HTTP_R_SYSTEMONE && r->route != HTTP_R_DECISIONS) {

@@ -66,7 +66,9 @@ static const char SERVE_HELP[] =
     "                      (one every --commit-ms, at most 1,000 results): a\n"
     "                      read_committed reader sees each result exactly once. Input\n"
     "                      is read read_committed. An aborted transaction is redone\n"
-    "                      from the committed offsets; a fenced instance exits 3.\n"
+    "                      from the committed offsets; a fenced instance exits 3,\n"
+    "                      and so does one whose same record keeps failing (its\n"
+    "                      result refused 5 times in a row: not committed).\n"
     "  --transactional-id ID  stable per member, so that a restarted member fences the\n"
     "                      one it replaces (default d3stream-GROUP-HOST-INSTANCE, with\n"
     "                      INSTANCE the --instance-id or 0): members running at the\n"
@@ -120,8 +122,8 @@ static const char SERVE_HELP[] =
     "\n"
     "Exit status: 0 stopped by a signal or at the end (--stop-at-end), 2 usage,\n"
     "3 the package failed its checks, the broker or registry failed, the producer\n"
-    "was fenced, or results could not be delivered at shutdown (their offsets are\n"
-    "not committed).\n";
+    "was fenced, a record's result kept failing (exactly-once), or results could\n"
+    "not be delivered at shutdown (their offsets are not committed).\n";
 
 #define SERVE_POLL_MS      100
 #define SERVE_FLUSH_MS     30000
@@ -177,8 +179,11 @@ static svc_err_t serve_turn(serve_t *s) {
     ops_serve_publish_ready(s);
     if (s->blocked && !ops_serve_job_submit(s)) {
         /* The engine's queue is full: no new record until it drains (the
-         * consumer's window then pauses fetching). */
+         * consumer's window then pauses fetching), but the consumer is
+         * still served -- a long question must not cost the membership. */
         ops_serve_wait(s, 5);
+        if (cons_poll(s->cons, 0, NULL))
+            return SVC_ERR_IO;
     } else {
         cons_msg_t *msg = NULL;
         if (cons_poll(s->cons, s->head ? 0 : SERVE_POLL_MS, &msg))
@@ -218,17 +223,28 @@ static void serve_abandon_all(serve_t *s) {
     s->tail = NULL;
 }
 
-/* Shutdown: nothing new is fetched; what was taken is answered, published,
- * committed (exactly-once) or flushed, so that cons_close commits it. */
+/* Shutdown: nothing new is taken; what was taken is answered, published,
+ * committed (exactly-once) or flushed, so that cons_close commits it. The
+ * consumer is still served (rebalances, max.poll.interval.ms) and
+ * transactions still commit when due: draining a full engine can take
+ * longer than a transaction may stay open (transaction.timeout.ms). */
 static int serve_drain(serve_t *s) {
-    int rc = OPS_EXIT_OK;
+    int  rc = OPS_EXIT_OK;
+    bool cons_ok = true; /* after a fatal consumer error only the close is left */
     while (!s->fatal && (s->head || s->blocked)) {
         if (s->blocked && !ops_serve_job_submit(s))
             ops_serve_wait(s, 5);
         ops_serve_publish_ready(s);
         if (s->head)
             ops_serve_wait(s, 5);
+        if (cons_ok && cons_poll(s->cons, 0, NULL)) {
+            fprintf(stderr, "d3stream serve: consumer: %s\n", cons_strerror(s->cons));
+            cons_ok = false;
+            rc = OPS_EXIT_FAILURE;
+        }
         prod_poll(s->prod, 0);
+        if (s->o->eos && !s->fatal)
+            ops_serve_txn_maybe_commit(s, false);
     }
     if (s->o->eos && !s->fatal)
         ops_serve_txn_maybe_commit(s, true);

@@ -82,7 +82,11 @@ typedef struct serve {
     double txn_t0;
     job_t *txn_head, *txn_tail;
     size_t txn_n;
-    bool   txn_failed; /* a record of the open transaction failed delivery */
+    /* The next commit must abort instead: a record of the transaction failed
+     * delivery, or a record was abandoned (not answered), so committing the
+     * offsets of later ones would skip it. Cleared by the abort's rewind. */
+    bool txn_failed;
+    int  txn_record_aborts; /* such aborts in a row, no commit of results between */
 } serve_t;
 
 struct job {

@@ -45,9 +45,11 @@ static bool job_log(ops_log_t *l, ops_log_level_t lv, const char *msg, const job
     if (!ops_log_begin(l, lv, msg))
         return false;
     ops_log_str(l, "request_id", j->rid);
-    ops_log_str(l, "topic", cons_msg_topic(j->msg));
-    ops_log_int(l, "partition", (long long)cons_msg_partition(j->msg));
-    ops_log_int(l, "offset", (long long)cons_msg_offset(j->msg));
+    if (j->msg) { /* NULL: its transaction ended before this report (ops_serve_txn.c) */
+        ops_log_str(l, "topic", cons_msg_topic(j->msg));
+        ops_log_int(l, "partition", (long long)cons_msg_partition(j->msg));
+        ops_log_int(l, "offset", (long long)cons_msg_offset(j->msg));
+    }
     return true;
 }
 
@@ -206,13 +208,23 @@ bool ops_serve_job_submit(serve_t *s) {
     return true;
 }
 
+/* Leaves msg uncommitted: consumed again after a restart or rebalance (at
+ * least once: the consumer never stores an offset past it). Exactly once
+ * commits offsets through the transactions instead, so the next commit
+ * must not pass it either: it aborts and rewinds (ops_serve_txn.c). */
+static void abandon_msg(serve_t *s, cons_msg_t *msg) {
+    s->n.abandoned++;
+    if (s->o->eos)
+        s->txn_failed = true;
+    cons_msg_done(s->cons, msg, false);
+}
+
 void ops_serve_job_start(serve_t *s, cons_msg_t *msg) {
     job_t *j = calloc(1, sizeof *j);
     if (!j || !request_id(msg, j->rid)) {
         ops_logf(OPS_LOG_ERROR, "out of memory or entropy: message abandoned");
-        s->n.abandoned++;
         free(j);
-        cons_msg_done(s->cons, msg, false);
+        abandon_msg(s, msg);
         return;
     }
     j->s = s;
@@ -265,7 +277,9 @@ void ops_serve_on_delivery(void *opaque, svc_err_t err, const char *errstr, void
     if (err) {
         j->ok = false;
         s->n.failed++;
-        if (s->o->eos)
+        /* Only a report of the open transaction's records can fail it: one
+         * released already belongs to a transaction that has ended. */
+        if (s->o->eos && !j->released)
             s->txn_failed = true;
         ops_log_t l;
         if (err != SVC_ERR_TXN_ABORT &&
@@ -360,10 +374,10 @@ static bool result_value(serve_t *s, job_t *j, svc_buf_t *avro, const void **val
     return ok;
 }
 
-/* Leaves j uncommitted: consumed again after a restart or rebalance. */
+/* abandon_msg for a job's record. */
 static void abandon(serve_t *s, job_t *j) {
-    s->n.abandoned++;
-    cons_msg_done(s->cons, j->msg, false);
+    abandon_msg(s, j->msg);
+    j->msg = NULL;
     ops_serve_job_release(j);
 }
 

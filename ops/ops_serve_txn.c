@@ -7,11 +7,13 @@
  *
  * A transaction is committed every commit_ms (or 1,000 results, or at a
  * revoke or shutdown). When it must abort (an abortable broker error, a
- * failed delivery) nothing of it is visible and its offsets are not
- * committed: the consumer rewinds to the committed offsets and the same
- * records are answered again in the next transaction. A fenced producer
- * (another instance took the transactional id) stops the process (exit 3):
- * a zombie must not go on.
+ * failed delivery, a record that could not be answered) nothing of it is
+ * visible and its offsets are not committed: the consumer rewinds to the
+ * committed offsets and the same records are answered again in the next
+ * transaction. A record's own failure is likely to come back with it, so
+ * after TXN_RECORD_ABORTS such aborts in a row the process stops (exit 3)
+ * instead of spinning on it. A fenced producer (another instance took the
+ * transactional id) stops the process too: a zombie must not go on.
  */
 #include "ops_serve_int.h"
 
@@ -20,6 +22,9 @@
 #define TXN_MAX_RESULTS 1000
 #define TXN_RETRIES     5
 #define TXN_REWIND_MS   30000
+#define TXN_FLUSH_MS    30000
+/* Aborts in a row, no commit between, for a record's failure. */
+#define TXN_RECORD_ABORTS 5
 
 bool ops_serve_txn_ensure(serve_t *s) {
     if (s->txn_open)
@@ -31,9 +36,11 @@ bool ops_serve_txn_ensure(serve_t *s) {
         s->fatal = true;
         return false;
     }
+    /* txn_failed is not cleared here: a record abandoned while no
+     * transaction was open must still stop the next one from committing
+     * past it. */
     s->txn_open = true;
     s->txn_t0 = ops_serve_now_s();
-    s->txn_failed = false;
     return true;
 }
 
@@ -62,8 +69,18 @@ static rd_kafka_topic_partition_list_t *txn_offsets(const serve_t *s) {
     return l;
 }
 
-/* send_offsets + commit, retrying what librdkafka calls retriable. */
+/* send_offsets + commit, retrying what librdkafka calls retriable. The
+ * delivery reports are served first: a record that failed must abort the
+ * transaction before its offsets are sent (SVC_ERR_TXN_ABORT, txn_failed
+ * set). After that flush nothing of it can fail unseen: librdkafka fails
+ * the commit itself on a delivery that fails during it. */
 static svc_err_t txn_commit(serve_t *s, char *errstr, size_t errstr_size) {
+    if (prod_flush(s->prod, TXN_FLUSH_MS)) {
+        /* Still in flight: the commit waits for it, and fails on its own if
+         * it then fails. */
+    }
+    if (s->txn_failed)
+        return SVC_ERR_TXN_ABORT;
     rd_kafka_topic_partition_list_t    *offsets = txn_offsets(s);
     rd_kafka_consumer_group_metadata_t *cgmd = cons_group_metadata(s->cons);
     svc_err_t                           err = SVC_ERR_NOMEM;
@@ -84,12 +101,6 @@ static svc_err_t txn_commit(serve_t *s, char *errstr, size_t errstr_size) {
         if (err != SVC_ERR_RETRIABLE)
             break;
     }
-    /* A delivery that failed inside the transaction makes it unusable even
-     * when librdkafka would commit the rest. */
-    if (err == SVC_OK && s->txn_failed) {
-        svc_errf(errstr, errstr_size, "a record of the transaction failed delivery");
-        err = SVC_ERR_TXN_ABORT;
-    }
     return err;
 }
 
@@ -106,6 +117,7 @@ static void txn_finish(serve_t *s, bool committed) {
             s->n.abandoned++;
         }
         cons_msg_done(s->cons, j->msg, committed);
+        j->msg = NULL; /* a late delivery report may still come (job_log) */
         ops_serve_job_release(j);
         j = next;
     }
@@ -114,21 +126,33 @@ static void txn_finish(serve_t *s, bool committed) {
     s->txn_open = false;
 }
 
-/* Abort: nothing of the transaction is visible; consume again from the
- * committed offsets. Every record in the FIFO becomes stale (new
- * generations), so it is dropped instead of published. */
+/* Abort: nothing of the transaction (if one is open) is visible; consume
+ * again from the committed offsets. Every record in the FIFO becomes stale
+ * (new generations), so it is dropped instead of published. */
 static void txn_abort(serve_t *s, const char *why) {
-    char errstr[512] = "";
-    fprintf(stderr,
-            "d3stream serve: transaction of %zu results aborted: %s; rewinding to the "
-            "committed offsets\n",
-            s->txn_n, why);
-    svc_err_t err = prod_txn_abort(s->prod, errstr, sizeof errstr);
-    s->n.txn_aborts++;
-    txn_finish(s, false);
+    char      errstr[512] = "";
+    svc_err_t err = SVC_OK;
+    if (s->txn_open) {
+        fprintf(stderr,
+                "d3stream serve: transaction of %zu results aborted: %s; rewinding to the "
+                "committed offsets\n",
+                s->txn_n, why);
+        err = prod_txn_abort(s->prod, errstr, sizeof errstr);
+        s->n.txn_aborts++;
+        txn_finish(s, false);
+    } else {
+        fprintf(stderr, "d3stream serve: %s; rewinding to the committed offsets\n", why);
+    }
+    s->txn_failed = false; /* what failed is consumed again after the rewind */
     /* Abandoned jobs are not re-counted when they are answered again. */
     if (err) {
         fprintf(stderr, "d3stream serve: %s\n", errstr);
+        s->fatal = true;
+    } else if (s->txn_record_aborts >= TXN_RECORD_ABORTS) {
+        fprintf(stderr,
+                "d3stream serve: stopping: %d times in a row a record failed and was rewound "
+                "to (see the log lines before); its offset is not committed\n",
+                s->txn_record_aborts);
         s->fatal = true;
     } else if (cons_rewind(s->cons, TXN_REWIND_MS)) {
         fprintf(stderr, "d3stream serve: rewind: %s\n", cons_strerror(s->cons));
@@ -136,8 +160,18 @@ static void txn_abort(serve_t *s, const char *why) {
     }
 }
 
+/* A record failed (delivery) or was abandoned: abort now, so that no
+ * offset past it is committed; true when that happened. */
+static bool txn_record_failed(serve_t *s) {
+    if (!s->txn_failed)
+        return false;
+    s->txn_record_aborts++;
+    txn_abort(s, "a record failed delivery or could not be answered");
+    return true;
+}
+
 void ops_serve_txn_maybe_commit(serve_t *s, bool force) {
-    if (!s->txn_open)
+    if (txn_record_failed(s) || !s->txn_open)
         return;
     if (s->txn_n == 0 && !force)
         return;
@@ -146,10 +180,14 @@ void ops_serve_txn_maybe_commit(serve_t *s, bool force) {
         return;
     char      errstr[512] = "";
     svc_err_t err = s->txn_n ? txn_commit(s, errstr, sizeof errstr) : SVC_OK;
+    if (err == SVC_ERR_TXN_ABORT && txn_record_failed(s))
+        return; /* the flush before the commit served a failed report */
     if (err == SVC_OK && s->txn_n == 0)
         err = prod_txn_commit(s->prod, errstr, sizeof errstr); /* an empty one: close it */
     if (err == SVC_OK) {
         s->n.txn_commits++;
+        if (s->txn_n)
+            s->txn_record_aborts = 0;
         txn_finish(s, true);
         return;
     }

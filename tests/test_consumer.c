@@ -440,6 +440,56 @@ Test(consumer, stop_at_end, .timeout = 120) {
     free(m);
 }
 
+/* cons_poll without out serves the consumer but hands nothing out: what it
+ * fetches is parked within the window (the assignment pauses), and later
+ * polls with out hand every message out, once, in partition order. */
+Test(consumer, serve_only_parks, .timeout = 120) {
+    enum { N = 400, PARTS = 2, WINDOW = 20 };
+    char topic[128], group[128];
+    unique_name(topic, sizeof topic, "serve");
+    unique_name(group, sizeof group, "serve-g");
+    topic_fill(topic, PARTS, N);
+    static int seen[N];
+    member_t  *m = calloc(1, sizeof *m);
+    m->seen = seen;
+    member_new(m, group, topic, WINDOW, true);
+    cons_stats_t st;
+    int64_t      deadline = now_ms() + wait_ms();
+    do { /* until the assignment paused on what was parked */
+        cr_assert_lt(now_ms(), deadline, "the window never closed");
+        cr_assert_eq(cons_poll(m->cons, 50, NULL), SVC_OK, "%s", cons_strerror(m->cons));
+        cons_stats(m->cons, &st);
+    } while (st.pauses == 0);
+    for (int i = 0; i < 20; i++) /* serving on while paused fetches nothing more */
+        cr_assert_eq(cons_poll(m->cons, 20, NULL), SVC_OK);
+    cons_stats(m->cons, &st);
+    cr_assert_eq(st.messages, 0, "%" PRId64 " handed out by serve-only polls", st.messages);
+    cr_assert(!cons_at_end(m->cons), "parked messages are not the end");
+    int64_t last[PARTS];
+    for (int p = 0; p < PARTS; p++)
+        last[p] = -1;
+    deadline = now_ms() + wait_ms();
+    while (!cons_at_end(m->cons)) {
+        cr_assert_lt(now_ms(), deadline, "%d of %d seen", distinct(seen, N), N);
+        cons_msg_t *msg = NULL;
+        cr_assert_eq(cons_poll(m->cons, 5, &msg), SVC_OK);
+        if (!msg)
+            continue;
+        int32_t p = cons_msg_partition(msg);
+        cr_assert_gt(cons_msg_offset(msg), last[p], "partition %d out of order", p);
+        last[p] = cons_msg_offset(msg);
+        seen[msg_id(msg)]++;
+        cons_msg_done(m->cons, msg, true);
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(seen[i], 1, "message %d seen %d times", i, seen[i]);
+    cons_stats(m->cons, &st);
+    cr_assert_leq(st.in_flight_max, WINDOW);
+    cr_assert_eq(cons_close(m->cons), SVC_OK);
+    cons_free(m->cons);
+    free(m);
+}
+
 Test(consumer, second_member_joins, .timeout = 240) {
     enum { N = 2000, PARTS = 4, WINDOW = 50 };
     char topic[128], group[128];

@@ -120,6 +120,7 @@ typedef struct rec {
     size_t              value_len;
     rd_kafka_headers_t *hdrs;
     int32_t             partition; /* of the topic it was read from */
+    int64_t             offset;
 } rec_t;
 
 /* A copy of m in r. */
@@ -135,21 +136,22 @@ static inline void rec_copy(rec_t *r, const rd_kafka_message_t *m) {
     ((char *)r->value)[m->len] = '\0';
     r->value_len = m->len;
     r->partition = m->partition;
+    r->offset = m->offset;
     rd_kafka_headers_t *h = NULL;
     r->hdrs = rd_kafka_message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR
                   ? rd_kafka_headers_copy(h)
                   : NULL;
 }
 
-/* Every record of every partition of topic, from the beginning to the end
- * (read_uncommitted: aborted transactions' records too). */
-static inline int read_all(const char *topic, rec_t *recs, int max) {
+/* Every record of every partition of topic, from the beginning to the end,
+ * as a reader of the given isolation.level sees them. */
+static inline int read_all_iso(const char *topic, const char *isolation, rec_t *recs, int max) {
     char group[160];
     unique_name(group, sizeof group, "reader");
-    rd_kafka_t *rk = client_new(RD_KAFKA_CONSUMER,
-                                (const char *const[]){"group.id", group, "enable.auto.commit",
-                                                      "false", "enable.partition.eof", "true",
-                                                      "isolation.level", "read_uncommitted", NULL});
+    rd_kafka_t *rk =
+        client_new(RD_KAFKA_CONSUMER, (const char *const[]){"group.id", group, "enable.auto.commit",
+                                                            "false", "enable.partition.eof", "true",
+                                                            "isolation.level", isolation, NULL});
     rd_kafka_poll_set_consumer(rk);
     rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(N_PARTS);
     for (int p = 0; p < N_PARTS; p++)
@@ -176,6 +178,11 @@ static inline int read_all(const char *topic, rec_t *recs, int max) {
     rd_kafka_consumer_close(rk);
     rd_kafka_destroy(rk);
     return n;
+}
+
+/* read_all_iso, read_uncommitted: aborted transactions' records too. */
+static inline int read_all(const char *topic, rec_t *recs, int max) {
+    return read_all_iso(topic, "read_uncommitted", recs, max);
 }
 
 static inline void recs_free(rec_t *recs, int n) {
