@@ -385,10 +385,7 @@ Test(accept, poison_json, .timeout = 900, .fini = fini) {
     char dir[64], pkg[128];
     make_package(dir, pkg, sizeof pkg);
     topics_t t;
-    unique_name(t.in, sizeof t.in, "in");
-    unique_name(t.out, sizeof t.out, "out");
-    unique_name(t.dlq, sizeof t.dlq, "dlq");
-    unique_name(t.group, sizeof t.group, "group");
+    topics_name(&t);
     /* The input topic takes a body one byte over serve's 8 MiB limit. */
     create_topic_cfg(t.in, N_PARTS, (const char *const[]){"max.message.bytes", "16777216", NULL});
     create_topic(t.out);

@@ -21,10 +21,6 @@ static void fini(void) {
     children_kill();
 }
 
-/* Session and heartbeat short enough that a killed member leaves the group
- * within seconds (the broker's group.min.session.timeout.ms is 6 s). */
-#define FAST_GROUP "-X session.timeout.ms=6000 -X heartbeat.interval.ms=1000"
-
 Test(crash, kill9_restart, .timeout = 3600, .fini = fini) {
     char dir[64], pkg[128];
     make_package(dir, pkg, sizeof pkg);

@@ -21,8 +21,6 @@
 #define TK_NAME_PREFIX "d3test-eos-"
 #include "test_serve_util.h"
 
-#define FAST_GROUP "-X session.timeout.ms=6000 -X heartbeat.interval.ms=1000"
-
 static void fini(void) {
     children_kill();
 }
@@ -50,10 +48,7 @@ static void poison_result(const char *out_max, const char *extra) {
     char dir[64], pkg[128];
     make_package(dir, pkg, sizeof pkg);
     topics_t t;
-    unique_name(t.in, sizeof t.in, "in");
-    unique_name(t.out, sizeof t.out, "out");
-    unique_name(t.dlq, sizeof t.dlq, "dlq");
-    unique_name(t.group, sizeof t.group, "group");
+    topics_name(&t);
     create_topic(t.in);
     create_topic_cfg(t.out, N_PARTS,
                      out_max ? (const char *const[]){"max.message.bytes", out_max, NULL} : NULL);

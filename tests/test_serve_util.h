@@ -41,6 +41,10 @@
 #define N_PARTS  3
 #define MAX_RECS 1024
 
+/* Session and heartbeat short enough that a killed member leaves the group
+ * within seconds (the broker's group.min.session.timeout.ms is 6 s). */
+#define FAST_GROUP "-X session.timeout.ms=6000 -X heartbeat.interval.ms=1000"
+
 /* ---------------------------------------------------------------- basics */
 
 /* D3_TEST_SCALE (0.01..100, default 1). */
@@ -308,11 +312,16 @@ typedef struct topics {
     char in[160], out[160], dlq[160], group[160];
 } topics_t;
 
-static inline void topics_new(topics_t *t) {
+/* New names for t's topics and group; nothing is created. */
+static inline void topics_name(topics_t *t) {
     unique_name(t->in, sizeof t->in, "in");
     unique_name(t->out, sizeof t->out, "out");
     unique_name(t->dlq, sizeof t->dlq, "dlq");
     unique_name(t->group, sizeof t->group, "group");
+}
+
+static inline void topics_new(topics_t *t) {
+    topics_name(t);
     create_topic(t->in);
     create_topic(t->out);
     create_topic(t->dlq);
