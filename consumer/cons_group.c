@@ -128,8 +128,21 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
         group_revoke(cons, parts, coop);
     } else {
-        cons_report(cons, "rebalance: %s", rd_kafka_err2str(err));
-        group_revoke(cons, parts, coop);
+        /* Any other error: rdkafka.h asks for rd_kafka_assign(rk, NULL),
+         * whatever the protocol, and parts may not say what was held. So
+         * everything assigned is revoked (its work finished first), then
+         * unassigned. librdkafka 2.0.2 passes no such error that we know of. */
+        cons_report(cons, "rebalance: %s; unassigning everything", rd_kafka_err2str(err));
+        rd_kafka_topic_partition_list_t *held = NULL;
+        if (rd_kafka_assignment(rk, &held) == RD_KAFKA_RESP_ERR_NO_ERROR && held) {
+            group_revoke(cons, held, false);
+        } else {
+            rd_kafka_resp_err_t e = rd_kafka_assign(rk, NULL);
+            if (e)
+                cons_report(cons, "unassign: %s", rd_kafka_err2str(e));
+        }
+        if (held)
+            rd_kafka_topic_partition_list_destroy(held);
     }
 }
 

@@ -96,11 +96,11 @@ static svc_err_t txn_commit(serve_t *s, char *errstr, size_t errstr_size) {
         rd_kafka_topic_partition_list_destroy(offsets);
     if (cgmd)
         rd_kafka_consumer_group_metadata_destroy(cgmd);
-    for (int i = 0; i < TXN_RETRIES && (err == SVC_OK || err == SVC_ERR_RETRIABLE); i++) {
+    if (err) /* never commit the results without their offsets */
+        return err;
+    err = SVC_ERR_RETRIABLE;
+    for (int i = 0; i < TXN_RETRIES && err == SVC_ERR_RETRIABLE; i++)
         err = prod_txn_commit(s->prod, errstr, errstr_size);
-        if (err != SVC_ERR_RETRIABLE)
-            break;
-    }
     return err;
 }
 
@@ -137,7 +137,10 @@ static void txn_abort(serve_t *s, const char *why) {
                 "d3stream serve: transaction of %zu results aborted: %s; rewinding to the "
                 "committed offsets\n",
                 s->txn_n, why);
-        err = prod_txn_abort(s->prod, errstr, sizeof errstr);
+        /* A retriable abort (a timeout) resumes when called again. */
+        err = SVC_ERR_RETRIABLE;
+        for (int i = 0; i < TXN_RETRIES && err == SVC_ERR_RETRIABLE; i++)
+            err = prod_txn_abort(s->prod, errstr, sizeof errstr);
         s->n.txn_aborts++;
         txn_finish(s, false);
     } else {
@@ -191,11 +194,16 @@ void ops_serve_txn_maybe_commit(serve_t *s, bool force) {
         txn_finish(s, true);
         return;
     }
-    if (err == SVC_ERR_FATAL || err == SVC_ERR_NOMEM) {
-        fprintf(stderr,
-                "d3stream serve: transaction: %s; stopping (another instance with this "
-                "transactional id took over, or the producer failed)\n",
-                errstr);
+    if (err == SVC_ERR_FATAL || err == SVC_ERR_NOMEM || err == SVC_ERR_RETRIABLE) {
+        /* Retriable still after TXN_RETRIES: the call timed out each time. It
+         * cannot be aborted (librdkafka refuses another call while one is
+         * resumable) and the commit may have happened; the next instance
+         * with this transactional id completes or aborts it at init. */
+        fprintf(stderr, "d3stream serve: transaction: %s; stopping (%s)\n", errstr,
+                err == SVC_ERR_RETRIABLE
+                    ? "timed out on every try: a restart settles it"
+                    : "another instance with this transactional id took over, or the producer "
+                      "failed");
         s->fatal = true;
         txn_finish(s, false);
         return;
