@@ -1,10 +1,7 @@
 /*
  * fuzz_json.c -- libFuzzer harness for schemas/sch_json.c (not run by ctest).
  *
- *     clang -std=c17 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *         -Iinclude -Ischemas schemas/sch_json.c schemas/sch_json_write.c \
- *         tests/fuzz/fuzz_json.c -lm -o fuzz_json
- *     ./fuzz_json -max_len=4096 -max_total_time=120 corpus/
+ *     tests/fuzz/run.sh [SECONDS]    # builds and runs every harness
  *
  * Every input must parse or fail with a message; a parsed document must dump
  * in both styles, and the dumps must parse back to the same dumps (a value

@@ -3,10 +3,7 @@
  * by ctest): any bytes -> sch_request_decode -> a verdict, an error object
  * or a response body, never a crash, a leak or undefined behaviour.
  *
- *     clang -std=c17 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *         -Iinclude -Ischemas schemas/sch_[a-z_]*.c tests/fuzz/fuzz_request.c \
- *         $(pkg-config --cflags --libs libutf8proc) -lm -o fuzz_request
- *     ./fuzz_request -max_len=8192 -max_total_time=120 -dict=tests/fuzz/request.dict corpus/
+ *     tests/fuzz/run.sh [SECONDS]    # builds and runs every harness
  *
  * The decode runs with and without model information; valid requests are
  * answered with uniform probabilities so the response writer runs too.
