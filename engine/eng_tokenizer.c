@@ -17,6 +17,7 @@
 #include "eng_tok_int.h"
 
 #include <jansson.h>
+#include <sys/stat.h>
 
 /* ======================================================================
  * Token id lists
@@ -261,9 +262,14 @@ static svc_err_t tok_add_token(eng_tokenizer_t *tok, const tok_added_t *src, int
     tok_added_t *at = &tok->added[tok->n_added];
     *at = *src;
     at->id = id;
-    at->content = strndup(src->content, src->n);
+    /* n bytes, not strndup: JSON allows "\u0000" inside a token's content
+     * (the file is read with JSON_ALLOW_NUL), and the map and tries read
+     * all n. */
+    at->content = malloc(src->n + 1);
     if (!at->content)
         return SVC_ERR_NOMEM;
+    memcpy(at->content, src->content, src->n);
+    at->content[src->n] = '\0';
     int32_t   old;
     svc_err_t err = tok_smap_put(&tok->added_map, at->content, at->n, (int32_t)tok->n_added, &old);
     if (err) {
@@ -321,7 +327,10 @@ svc_err_t tok_fail(const tok_src_t *src, svc_err_t err, const char *fmt, ...) {
 
 static svc_err_t tok_read_json(const tok_src_t *src, json_t **out) {
     json_error_t je;
-    FILE        *f = fopen(src->path, "rb");
+    struct stat  sb; /* first: fopen() of a FIFO would wait for a writer */
+    if (stat(src->path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return tok_fail(src, SVC_ERR_IO, "not a regular file");
+    FILE *f = fopen(src->path, "rb");
     if (!f)
         return tok_fail(src, SVC_ERR_IO, "open() failed: %s", strerror(errno));
     json_t *root = json_loadf(f, JSON_ALLOW_NUL, &je);

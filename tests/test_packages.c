@@ -286,12 +286,19 @@ Test(packages, st_offsets) {
            4, SVC_ERR_FORMAT, "overlap");
 }
 
-Test(packages, st_missing_file) {
+Test(packages, st_missing_file, .timeout = 30) {
     st_expect("nope.safetensors", SVC_ERR_IO, "open() failed");
     char path[128];
     snprintf(path, sizeof path, "%s/dir.safetensors", tmpdir);
     cr_assert_eq(mkdir(path, 0700), 0);
     st_expect("dir.safetensors", SVC_ERR_IO, "not a regular file");
+    /* A FIFO (from an archive, say) must fail at once, not block open(). */
+    snprintf(path, sizeof path, "%s/fifo.safetensors", tmpdir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    st_expect("fifo.safetensors", SVC_ERR_IO, "not a regular file");
+    char hex[ENG_SHA256_HEX + 1];
+    cr_assert_eq(eng_sha256_file(path, hex, NULL, errbuf, sizeof errbuf), SVC_ERR_IO);
+    cr_assert(strstr(errbuf, "not a regular file"), "%s", errbuf);
 }
 
 static volatile unsigned sink;

@@ -338,6 +338,14 @@ Test(tokenizer, added_leftmost_longest_and_inside_text) {
     eng_tokenizer_free(t);
 }
 
+/* A NUL inside an added token's content is part of it (JSON "\u0000"). */
+Test(tokenizer, added_with_nul) {
+    eng_tokenizer_t *t = added_tok("[" AT(6, "\\u0000<nul token>", "") "]", "null");
+    cr_assert_eq(eng_tokenizer_token_id(t, "\0<nul token>", 12), 6);
+    cr_assert_eq(eng_tokenizer_token_id(t, "\0", 1), -1);
+    eng_tokenizer_free(t);
+}
+
 Test(tokenizer, invalid_utf8) {
     eng_tokenizer_t *t = added_tok("[]", "null");
     const char      *bad[] = {"a\xff", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "a\xe4\xbd"};
@@ -496,6 +504,20 @@ Test(tokenizer, upstream_config_errors) {
 }
 
 /* ---- bad tokenizer.json files ---- */
+
+/* A FIFO where tokenizer.json should be: an error at once, not a wait. */
+Test(tokenizer, fifo_file, .timeout = 30) {
+    char dir[64] = "/tmp/d3tok.XXXXXX", path[128], err[512] = "";
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    eng_tokenizer_t *tok = NULL;
+    svc_err_t        rc = eng_tokenizer_load(path, NULL, ENG_TOK_AS_IS, &tok, err, sizeof err);
+    unlink(path);
+    rmdir(dir);
+    cr_assert_eq(rc, SVC_ERR_IO, "%s", err);
+    cr_assert(strstr(err, "not a regular file") && strstr(err, path), "%s", err);
+}
 
 Test(tokenizer, bad_files) {
     const char *v = "{\"a\":0,\"b\":1,\"ab\":2}";
