@@ -8,7 +8,9 @@
 #     tests/fuzz/run.sh [SECONDS] [OUT]       # OUT defaults to build/_fuzz
 #
 # Needs `cmake --build build` first (the Avro harness takes the generated
-# build/generated/sch_avsc.c) and clang (apt-get install clang).
+# build/generated/sch_avsc.c) and clang (apt-get install clang). With
+# D3_QWEN3_DIR set (tests/tools/fetch_qwen3_tokenizer.sh) the tokenizer's
+# harness runs too.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SECS=${1:-60}
@@ -33,6 +35,11 @@ SCH_AVRO=$(ls schemas/sch_*.c | grep -v sch_registry)
     tests/fuzz/fuzz_image.c \
     $(pkg-config --cflags --libs libutf8proc libjpeg libwebp libwebpdemux zlib jansson) -lm \
     -o "$OUT/fuzz_image"
+  if [ -n "${D3_QWEN3_DIR:-}" ]; then
+    "${CC[@]}" -Iengine -Inpu engine/eng_tokenizer.c engine/eng_bpe.c engine/eng_pretok.c \
+      engine/eng_util.c tests/fuzz/fuzz_tokenize.c \
+      $(pkg-config --cflags --libs libutf8proc libpcre2-8 jansson) -lm -o "$OUT/fuzz_tokenize"
+  fi
 } 2>&1 | grep -v '^/usr/bin/ld: /tmp/' || true
 
 # Seed corpora: the contract's bodies (JSON, and framed Avro made from them
@@ -70,4 +77,7 @@ run fuzz_json "$OUT/corpus/json" -max_len=4096
 run fuzz_request "$OUT/corpus/json" -max_len=8192 -dict=tests/fuzz/request.dict
 run fuzz_avro "$OUT/corpus/avro" -max_len=4096 -malloc_limit_mb=512
 run fuzz_image "$OUT/corpus/image" -max_len=65536
+if [ -n "${D3_QWEN3_DIR:-}" ]; then
+  run fuzz_tokenize "$OUT/corpus/json" -max_len=4096
+fi
 exit $rc
