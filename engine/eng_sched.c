@@ -183,11 +183,19 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
             if (!err)
                 err = eng_imgreg_acquire(s->reg, prep, distinct, &r->img_slot[r->n_img],
                                          &r->img_tok[r->n_img]);
-            if (err == SVC_ERR_TOO_LARGE)
+            if (err == SVC_ERR_TOO_LARGE) {
+                /* A bound of ours (bounded memory), not the contract's:
+                 * its 413 for a request too large (SPEC b.7, as for a
+                 * bundle with too many tasks), so that the client sees
+                 * its own request's fault, not a 500. */
                 svc_errf(errstr, errstr_size,
-                         "the request shows more than %u distinct images, more than the "
-                         "scheduler holds at once",
+                         "the request shows more than %u distinct images, the most one request "
+                         "may show",
                          ENG_IMGREG_CAP);
+                if (reject)
+                    sch_error_set(reject, 413, "request_too_large", "%s", errstr);
+                err = SVC_ERR_INVALID;
+            }
             if (err)
                 return err;
             bool seen = false; /* a slot this request holds already */

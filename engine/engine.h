@@ -520,7 +520,9 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  * @param req borrowed until done has been called.
  * @param reject optional: when an image is refused by the contract
  *        (SVC_ERR_INVALID with reject->code set), the request's 400
- *        ("images[<i>]: ..."); the caller sends it and sch_error_fini's it.
+ *        ("images[<i>]: ..."), or its 413 when it shows more than
+ *        ENG_IMGREG_CAP (4,096) distinct images; the caller sends it and
+ *        sch_error_fini's it.
  * @returns SVC_OK (done will be called exactly once); SVC_ERR_RETRIABLE:
  *          the queue or the image slots are full, nothing was taken, retry
  *          after a completion; SVC_ERR_INVALID (an image refused, see

@@ -511,6 +511,76 @@ Test(vision, scheduler_rejects_bad_image_data) {
     cr_assert_eq(d.n, 0, "done ran for a refused request");
 }
 
+/* Standard base64 of n bytes, appended to b. */
+static void b64_add(svc_buf_t *b, const unsigned char *p, size_t n) {
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        char q[4] = {A[v >> 18], A[v >> 12 & 63], i + 1 < n ? A[v >> 6 & 63] : '=',
+                     i + 2 < n ? A[v & 63] : '='};
+        cr_assert_eq(svc_buf_add(b, q, 4), SVC_OK);
+    }
+}
+
+/* More distinct images than the scheduler holds for one request
+ * (ENG_IMGREG_CAP): its 413 at submit, not a 500, and no done. */
+Test(vision, scheduler_refuses_too_many_images) {
+    svc_buf_t b;
+    svc_buf_init(&b, SCH_DEFAULT_MAX_REQUEST_BYTES);
+    cr_assert_eq(svc_buf_addf(&b, "{\"state\": \"many\", \"images\": ["), SVC_OK);
+    for (unsigned i = 0; i <= ENG_IMGREG_CAP; i++) {
+        unsigned char *png;
+        size_t         n;
+        cr_assert_eq(eng_image_synth_png(4, 4, 1000 + i, &png, &n), SVC_OK);
+        cr_assert_eq(svc_buf_addf(&b, "%s\"data:image/png;base64,", i ? ", " : ""), SVC_OK);
+        b64_add(&b, png, n);
+        cr_assert_eq(svc_buf_add(&b, "\"", 1), SVC_OK);
+        free(png);
+    }
+    cr_assert_eq(svc_buf_addf(&b, "], \"questions\": {\"n\": {\"type\": \"noul\", "
+                                  "\"instructions\": \"Is it?\"}}}"),
+                 SVC_OK);
+    const char      *names[2] = {eng_package_model_id(g_l.pkg), PKG};
+    sch_model_info_t info = {
+        .names = names, .n_names = 2, .label = eng_package_model_id(g_l.pkg), .has_vision = true};
+    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req = NULL;
+    sch_error_t    e;
+    sch_error_init(&e);
+    cr_assert_eq(sch_request_decode(b.data, b.len, &limits, &info, &req, &e), SVC_OK, "%s",
+                 e.message ? e.message : "?");
+    sch_error_fini(&e);
+    svc_buf_fini(&b);
+
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1};
+    char             errstr[512] = "";
+    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    sch_error_t reject;
+    sch_error_init(&reject);
+    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    done_ref_t  ref = {&d, 0};
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
+    cr_assert_eq(reject.status, 413);
+    cr_assert_str_eq(reject.code, "request_too_large");
+    cr_assert(strstr(reject.message, "more than 4096 distinct images"), "%s", reject.message);
+    sch_error_fini(&reject);
+    /* Nothing was kept: a request of one image goes in after it. */
+    sch_request_t *one = golden_request("one_image");
+    cr_assert_eq(eng_sched_submit(s, one, on_done, &ref, NULL), SVC_OK);
+    pthread_mutex_lock(&d.mu);
+    while (d.n < 1)
+        pthread_cond_wait(&d.cv, &d.mu);
+    pthread_mutex_unlock(&d.mu);
+    cr_assert_eq(d.err, SVC_OK);
+    eng_answers_free(d.ans[0]);
+    sch_request_free(one);
+    sch_request_free(req);
+    eng_sched_free(s);
+}
+
 /* The scheduler's slots: equal bytes share one slot and one encoding;
  * other bytes take another; a slot freed by its last reference is reused. */
 Test(vision, image_slots_share_by_content) {
