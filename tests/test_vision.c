@@ -342,10 +342,9 @@ Test(vision, records_forward) {
 /* ------------------------------------------------------------ requests */
 
 /* A request of the golden set, decoded for the VL package. */
-static sch_request_t *golden_request(const char *name) {
-    const json_t *rq = request_case(name);
-    char         *body = json_dumps(json_object_get(rq, "request"), JSON_COMPACT);
-    cr_assert(body);
+/* A valid request body, decoded against the vision package (what: for
+ * the failure message). */
+static sch_request_t *decode_for_package(const char *body, size_t len, const char *what) {
     const char      *names[2] = {eng_package_model_id(g_l.pkg), PKG};
     sch_model_info_t info = {
         .names = names, .n_names = 2, .label = eng_package_model_id(g_l.pkg), .has_vision = true};
@@ -353,9 +352,17 @@ static sch_request_t *golden_request(const char *name) {
     sch_request_t *req = NULL;
     sch_error_t    e;
     sch_error_init(&e);
-    cr_assert_eq(sch_request_decode(body, strlen(body), &limits, &info, &req, &e), SVC_OK, "%s: %s",
-                 name, e.message ? e.message : "?");
+    cr_assert_eq(sch_request_decode(body, len, &limits, &info, &req, &e), SVC_OK, "%s: %s", what,
+                 e.message ? e.message : "?");
     sch_error_fini(&e);
+    return req;
+}
+
+static sch_request_t *golden_request(const char *name) {
+    const json_t *rq = request_case(name);
+    char         *body = json_dumps(json_object_get(rq, "request"), JSON_COMPACT);
+    cr_assert(body);
+    sch_request_t *req = decode_for_package(body, strlen(body), name);
     free(body);
     return req;
 }
@@ -541,16 +548,7 @@ Test(vision, scheduler_refuses_too_many_images) {
     cr_assert_eq(svc_buf_addf(&b, "], \"questions\": {\"n\": {\"type\": \"noul\", "
                                   "\"instructions\": \"Is it?\"}}}"),
                  SVC_OK);
-    const char      *names[2] = {eng_package_model_id(g_l.pkg), PKG};
-    sch_model_info_t info = {
-        .names = names, .n_names = 2, .label = eng_package_model_id(g_l.pkg), .has_vision = true};
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
-    sch_request_t *req = NULL;
-    sch_error_t    e;
-    sch_error_init(&e);
-    cr_assert_eq(sch_request_decode(b.data, b.len, &limits, &info, &req, &e), SVC_OK, "%s",
-                 e.message ? e.message : "?");
-    sch_error_fini(&e);
+    sch_request_t *req = decode_for_package(b.data, b.len, "4,097 images");
     svc_buf_fini(&b);
 
     eng_sched_t     *s = NULL;
