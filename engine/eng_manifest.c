@@ -53,19 +53,13 @@ static svc_err_t sha_stream(int fd, EVP_MD_CTX *ctx, unsigned char *chunk, uint6
 
 svc_err_t eng_sha256_file(const char *path, char hex[ENG_SHA256_HEX + 1], uint64_t *nbytes,
                           char *errstr, size_t errstr_size) {
-    /* O_NONBLOCK, then regular files only: a FIFO would block open() or
-     * read() forever. Reads of a regular file do not heed the flag. */
-    int         fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    struct stat sb;
-    if (fd >= 0 && fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode)) {
-        close(fd);
-        svc_errf(errstr, errstr_size, "\"%s\" is not a regular file", path);
-        errno = EINVAL;
-        return SVC_ERR_IO;
-    }
+    int fd = eng_open_regular(path, NULL);
     if (fd < 0) {
         int e = errno;
-        svc_errf(errstr, errstr_size, "open() \"%s\" failed: %s", path, strerror(e));
+        if (e == EINVAL)
+            svc_errf(errstr, errstr_size, "\"%s\" is not a regular file", path);
+        else
+            svc_errf(errstr, errstr_size, "open() \"%s\" failed: %s", path, strerror(e));
         errno = e;
         return SVC_ERR_IO;
     }

@@ -8,8 +8,10 @@
  * or hostile file is refused with a message instead of read out of bounds.
  */
 #include "eng_st_int.h"
+#include "eng_util_int.h"
 #include "npu.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <sys/mman.h>
@@ -70,34 +72,28 @@ SVC_FMT(3, 4) static svc_err_t st_fail(const st_ctx_t *c, svc_err_t err, const c
 /* ---- mapping ---- */
 
 static svc_err_t st_map(const st_ctx_t *c, const uint8_t **map, size_t *len) {
-    /* O_NONBLOCK: a FIFO in the package's place would block open() itself;
-     * this way it fails the regular-file check below. (No effect on the
-     * mapping of a regular file.) */
-    int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    uint64_t size = 0;
+    int      fd = eng_open_regular(c->path, &size);
     if (fd < 0)
-        return st_fail(c, SVC_ERR_IO, "open() failed: %s", strerror(errno));
-    struct stat sb;
-    svc_err_t   err = SVC_OK;
-    if (fstat(fd, &sb) != 0)
-        err = st_fail(c, SVC_ERR_IO, "fstat() failed: %s", strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        err = st_fail(c, SVC_ERR_IO, "not a regular file");
-    else if (sb.st_size < 8)
+        return errno == EINVAL ? st_fail(c, SVC_ERR_IO, "not a regular file")
+                               : st_fail(c, SVC_ERR_IO, "open() failed: %s", strerror(errno));
+    svc_err_t err = SVC_OK;
+    if (size < 8)
         err = st_fail(c, SVC_ERR_FORMAT,
-                      "file is %lld bytes, expected at least the 8-byte header length",
-                      (long long)sb.st_size);
-    else if ((uint64_t)sb.st_size > SIZE_MAX)
+                      "file is %llu bytes, expected at least the 8-byte header length",
+                      (unsigned long long)size);
+    else if (size > SIZE_MAX)
         err = st_fail(c, SVC_ERR_TOO_LARGE, "file too large to map");
     if (err) {
         close(fd);
         return err;
     }
-    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd); /* the mapping keeps the file referenced */
     if (p == MAP_FAILED)
         return st_fail(c, SVC_ERR_IO, "mmap() failed: %s", strerror(errno));
     *map = p;
-    *len = (size_t)sb.st_size;
+    *len = (size_t)size;
     return SVC_OK;
 }
 

@@ -16,8 +16,11 @@
  */
 #include "eng_tok_int.h"
 
+#include "eng_util_int.h"
+
+#include <errno.h>
 #include <jansson.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 /* ======================================================================
  * Token id lists
@@ -327,12 +330,15 @@ svc_err_t tok_fail(const tok_src_t *src, svc_err_t err, const char *fmt, ...) {
 
 static svc_err_t tok_read_json(const tok_src_t *src, json_t **out) {
     json_error_t je;
-    struct stat  sb; /* first: fopen() of a FIFO would wait for a writer */
-    if (stat(src->path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return tok_fail(src, SVC_ERR_IO, "not a regular file");
-    FILE *f = fopen(src->path, "rb");
-    if (!f)
-        return tok_fail(src, SVC_ERR_IO, "open() failed: %s", strerror(errno));
+    int          fd = eng_open_regular(src->path, NULL);
+    FILE        *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return e == EINVAL ? tok_fail(src, SVC_ERR_IO, "not a regular file")
+                           : tok_fail(src, SVC_ERR_IO, "open() failed: %s", strerror(e));
+    }
     json_t *root = json_loadf(f, JSON_ALLOW_NUL, &je);
     fclose(f);
     if (!root)
