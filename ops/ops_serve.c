@@ -59,9 +59,17 @@ static const char SERVE_HELP[] =
     "                      an answer for (not UTF-8, not JSON: 400), so none goes here.\n"
     "  --format F          json (default): the value is the request body; avro: the\n"
     "                      Confluent wire format (magic 0, schema id, Avro binary), and\n"
-    "                      answers are written as Avro with schema id 2 (answer.avsc)\n"
-    "  --schema-registry U resolve schema ids at U; without it only the embedded\n"
-    "                      schemas are known (id 1 request.avsc, id 2 answer.avsc)\n"
+    "                      answers are written as Avro (answer.avsc), with schema id 2\n"
+    "                      unless a registry gives another\n"
+    "  --schema-registry U (avro) resolve schema ids at U (http://[user:pass@]host:port;\n"
+    "                      the password is masked in every message). At start\n"
+    "                      answer.avsc is registered under <output>-value and answers\n"
+    "                      carry the id the registry gives it. A record whose id the\n"
+    "                      registry has not (404, error 40403) is a dead letter; a\n"
+    "                      registry that cannot be asked (no answer or 5xx after 3\n"
+    "                      tries, any other status) stops serve, nothing committed\n"
+    "                      past the record. Without it only the embedded schemas are\n"
+    "                      known (id 1 request.avsc, id 2 answer.avsc)\n"
     "  --exactly-once      results and consumed offsets go out in Kafka transactions\n"
     "                      (one every --commit-ms, at most 1,000 results): a\n"
     "                      read_committed reader sees each result exactly once. Input\n"
@@ -370,6 +378,25 @@ static int serve_clients(serve_t *s) {
     return rc;
 }
 
+/* The schema id answers are framed with: what the registry has answer.avsc
+ * under "<output>-value" (Confluent's topic-name strategy; registered if
+ * new, as its serializers do by default), else the fixed one. At start, so
+ * that a wrong URL or refused credentials stop serve before any record. */
+static bool answer_schema_id(serve_t *s, char *errstr, size_t errstr_size) {
+    s->answer_id = SCH_AVRO_ID_ANSWER;
+    if (!s->o->avro || !s->o->registry_url || !*s->o->registry_url)
+        return true;
+    char   subject[512];
+    size_t len;
+    snprintf(subject, sizeof subject, "%s-value", s->o->output);
+    const char *text = sch_avro_schema_text(SCH_AVRO_ANSWER, &len);
+    if (sch_registry_register(s->reg, subject, text, len, &s->answer_id, errstr, errstr_size))
+        return false;
+    ops_logf(OPS_LOG_INFO, "answers are framed with schema id %u (answer.avsc under %s)",
+             (unsigned)s->answer_id, subject);
+    return true;
+}
+
 static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
                      serve_snap_t *snap) {
     serve_t s = {.o = o, .ask = *ask, .http = http, .snap = snap};
@@ -380,7 +407,9 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
     int              rc = OPS_EXIT_FAILURE;
     s.reg = sch_registry_new(o->registry_url, 0, errstr, sizeof errstr);
     if (!s.reg)
-        ops_fail("serve", "schema registry: %s", errstr);
+        ops_fail("serve", "--schema-registry: %s", errstr);
+    else if (!answer_schema_id(&s, errstr, sizeof errstr))
+        ops_fail("serve", "--schema-registry: %s", errstr);
     else if (eng_sched_new(ask->pkg, ask->model, &sc, &s.sched, errstr, sizeof errstr))
         ops_fail("serve", "engine: %s", errstr);
     else {
@@ -638,6 +667,10 @@ static int serve_main(int argc, char **argv) {
     }
     if (rc < 0 && o.txn_id && !o.eos) {
         ops_fail("serve", "--transactional-id needs --exactly-once");
+        rc = OPS_EXIT_USAGE;
+    }
+    if (rc < 0 && o.registry_url && *o.registry_url && !o.avro) {
+        ops_fail("serve", "--schema-registry needs --format avro (JSON records have no schema id)");
         rc = OPS_EXIT_USAGE;
     }
     if (rc < 0) {

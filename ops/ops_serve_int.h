@@ -63,6 +63,7 @@ typedef struct serve {
     cons_t             *cons;
     prod_t             *prod;
     sch_registry_t     *reg;
+    uint32_t            answer_id; /* the schema id of Avro answers */
     eng_sched_t        *sched;
     http_t             *http; /* --http; NULL without */
     serve_snap_t       *snap; /* --http: the Kafka metrics for its /metrics */

@@ -54,8 +54,9 @@ static bool job_log(ops_log_t *l, ops_log_level_t lv, const char *msg, const job
 }
 
 /* Avro: framed bytes -> the request's JSON body. Returns SVC_OK, SVC_ERR_FORMAT
- * (undecodable: errstr says why), SVC_ERR_TOO_LARGE (body over the limit) or
- * SVC_ERR_IO (the registry could not be asked: worth a retry, not a verdict). */
+ * (undecodable: errstr says why), SVC_ERR_TOO_LARGE (body over the limit),
+ * SVC_ERR_IO (the registry could not be asked: worth a retry, not a verdict)
+ * or SVC_ERR_NOMEM (ours, not the record's: no verdict either). */
 static svc_err_t avro_to_json(serve_t *s, const void *v, size_t len, svc_buf_t *json, char *errstr,
                               size_t errstr_size) {
     uint32_t    id;
@@ -69,13 +70,13 @@ static svc_err_t avro_to_json(serve_t *s, const void *v, size_t len, svc_buf_t *
     }
     sch_avro_writer_t *w = NULL;
     err = sch_registry_writer(s->reg, id, SCH_AVRO_REQUEST, &w, why, sizeof why);
-    if (err == SVC_ERR_IO) {
-        svc_errf(errstr, errstr_size, "schema id %u: %s", id, why);
-        return SVC_ERR_IO;
-    }
-    if (err) {
+    if (err == SVC_ERR_INVALID || err == SVC_ERR_FORMAT) {
         svc_errf(errstr, errstr_size, "unknown schema id %u: %s", id, why);
         return SVC_ERR_FORMAT;
+    }
+    if (err) {
+        svc_errf(errstr, errstr_size, "schema id %u: %s", id, why);
+        return err == SVC_ERR_IO ? SVC_ERR_IO : SVC_ERR_NOMEM;
     }
     err = sch_avro_request_to_json(w, body, blen, json, why, sizeof why);
     sch_avro_writer_free(w);
@@ -122,6 +123,8 @@ static void decode(serve_t *s, job_t *j) {
         svc_err_t err = avro_to_json(s, v, vlen, &json, j->why, sizeof j->why);
         if (err == SVC_ERR_IO) {
             j->status = 0;
+        } else if (err == SVC_ERR_NOMEM) {
+            j->status = -1;
         } else if (err == SVC_ERR_FORMAT) {
             j->undecodable = true;
             j->status = own_error(&j->out, 400, "invalid_request", j->why);
@@ -355,7 +358,7 @@ static bool send_dlq(serve_t *s, job_t *j) {
     return !err;
 }
 
-/* The record value: the JSON body, or its Avro form (schema id 2). */
+/* The record value: the JSON body, or its Avro form (s->answer_id). */
 static bool result_value(serve_t *s, job_t *j, svc_buf_t *avro, const void **value, size_t *len) {
     *value = j->out.data;
     *len = j->out.len;
@@ -365,7 +368,7 @@ static bool result_value(serve_t *s, job_t *j, svc_buf_t *avro, const void **val
     svc_buf_t bin;
     svc_buf_init(&bin, SIZE_MAX / 2);
     bool ok = !sch_avro_answer_from_json(j->out.data, j->out.len, &bin, e2, sizeof e2) &&
-              !sch_frame_write(SCH_AVRO_ID_ANSWER, bin.data, bin.len, avro);
+              !sch_frame_write(s->answer_id, bin.data, bin.len, avro);
     svc_buf_fini(&bin);
     if (!ok)
         snprintf(j->why, sizeof j->why, "Avro answer: %s", e2);

@@ -306,9 +306,9 @@ typedef enum sch_avro_kind {
 } sch_avro_kind_t;
 
 /* Schema ids that stand for the embedded schemas when no registry is
- * configured (a registry's own ids are then not looked up). They match what
- * a fresh registry assigns when request.avsc and then answer.avsc are
- * registered, as ops/demo.sh does. */
+ * configured (a registry's own ids are then not looked up). With a
+ * registry, answers carry the id it gives answer.avsc
+ * (sch_registry_register) and requests whatever id their producer framed. */
 #define SCH_AVRO_ID_REQUEST 1u
 #define SCH_AVRO_ID_ANSWER  2u
 
@@ -374,10 +374,12 @@ typedef struct sch_registry sch_registry_t;
 #define SCH_REGISTRY_CACHE_DEFAULT 256u
 
 /**
- * @brief A client for the registry at url ("http://host:8081"), or NULL/""
- *        for none: then only SCH_AVRO_ID_REQUEST / SCH_AVRO_ID_ANSWER are
- *        known, as the embedded schemas.
+ * @brief A client for the registry at url ("http://host:8081", credentials
+ *        as "http://user:pass@host:8081"), or NULL/"" for none: then only
+ *        SCH_AVRO_ID_REQUEST / SCH_AVRO_ID_ANSWER are known, as the embedded
+ *        schemas. Messages show the URL with its password masked.
  * @param cache_max writers kept (0: SCH_REGISTRY_CACHE_DEFAULT).
+ * @returns NULL with errstr set for a URL that is not http(s) or too long.
  */
 SVC_WUR sch_registry_t *sch_registry_new(const char *url, size_t cache_max, char *errstr,
                                          size_t errstr_size);
@@ -386,26 +388,39 @@ void                    sch_registry_free(sch_registry_t *reg);
 /**
  * @brief The writer for schema `id`, reading bodies of `kind`: from the
  *        cache, else GET {url}/schemas/ids/{id} (connect timeout 5 s, total
- *        10 s). Errors name the URL and the HTTP status.
+ *        10 s, 3 tries after network failures and 5xx). Errors name the URL
+ *        and the HTTP status.
  * @returns SVC_OK with *w holding a new reference (sch_avro_writer_free it);
- *          SVC_ERR_IO when the registry could not be reached, timed out or
- *          answered another status than 200 and 404 (worth a retry);
- *          SVC_ERR_INVALID for an id the registry answers 404 to, or any id
- *          but the fixed ones without a registry; SVC_ERR_FORMAT for an
- *          answer that is not {"schema": ...} or a schema that does not
- *          compile or resolve. Failures are not cached.
+ *          SVC_ERR_IO when the registry could not be asked: no answer, 5xx
+ *          three times, or another status than 200 or the registry's own
+ *          "not found" (a 404 with error_code 40403) -- worth a retry or a
+ *          stop, never a verdict on the record;
+ *          SVC_ERR_INVALID for an id the registry has not (40403: the
+ *          answer is remembered for 30 s), or any id but the fixed ones
+ *          without a registry; SVC_ERR_FORMAT for an answer that is not
+ *          {"schema": ...}, exceeds 4 MiB, or holds a schema that does not
+ *          compile or resolve; SVC_ERR_NOMEM.
  * @locks the registry's mutex, not held during the HTTP request.
  */
 SVC_WUR svc_err_t sch_registry_writer(sch_registry_t *reg, uint32_t id, sch_avro_kind_t kind,
                                       sch_avro_writer_t **w, char *errstr, size_t errstr_size);
-/* Replaces the 5 s connect / 10 s total timeouts (tests); before first use. */
-void sch_registry_set_timeouts(sch_registry_t *reg, long connect_ms, long total_ms);
-/* HTTP GETs made so far (tests: a cache hit makes none). */
+/* Replaces the 5 s connect / 10 s total timeouts and the 250 ms wait
+ * before a second try (tests); before first use. */
+void sch_registry_set_timeouts(sch_registry_t *reg, long connect_ms, long total_ms,
+                               long backoff_ms);
+/* Schema lookups (GETs) made so far (tests: a cache hit makes none). */
 size_t sch_registry_n_fetches(sch_registry_t *reg);
 
-/* POST {url}/subjects/{subject}/versions {"schema": schema_json} -> *id. */
-SVC_WUR svc_err_t sch_registry_register(const char *url, const char *subject,
-                                        const char *schema_json, uint32_t *id, char *errstr,
-                                        size_t errstr_size);
+/**
+ * @brief POST {url}/subjects/{subject}/versions {"schema": schema} -> *id:
+ *        the id the registry has (or gives) the schema under subject, as a
+ *        Confluent serializer with auto.register.schemas does.
+ * @returns SVC_OK; SVC_ERR_INVALID without a registry; SVC_ERR_IO for no
+ *          answer or any status but 200 (409: incompatible with the
+ *          subject's schemas); SVC_ERR_FORMAT for a 200 without an id.
+ */
+SVC_WUR svc_err_t sch_registry_register(sch_registry_t *reg, const char *subject,
+                                        const char *schema, size_t schema_len, uint32_t *id,
+                                        char *errstr, size_t errstr_size);
 
 #endif /* D3STREAM_SCHEMAS_H */

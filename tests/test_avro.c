@@ -21,6 +21,7 @@
 
 #include "sch_int.h"
 #include "schemas.h"
+#include "test_registry.h"
 
 #define BUF_MAX (64u << 20)
 
@@ -520,125 +521,22 @@ Test(avro, hostile_lengths_are_refused_before_allocating) {
 
 /* ---- the schema registry --------------------------------------------------- */
 
-/* A one-thread HTTP server answering canned responses by path. */
-typedef struct server {
-    int         fd;
-    int         port;
-    pthread_t   th;
-    atomic_int  stop;
-    atomic_int  hits[16]; /* by route index */
-    const char *schema;   /* request.avsc text, escaped into the 200 answer */
-} server_t;
-
-static void send_all(int c, const char *s, size_t n) {
-    while (n > 0) {
-        ssize_t k = send(c, s, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return;
-        s += k;
-        n -= (size_t)k;
-    }
-}
-
-static void reply(int c, int status, const char *body) {
-    char head[256];
-    int  n = snprintf(head, sizeof head,
-                      "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: "
-                       "%zu\r\nConnection: close\r\n\r\n",
-                      status, strlen(body));
-    send_all(c, head, (size_t)n);
-    send_all(c, body, strlen(body));
-}
-
-static void serve_one(server_t *s, int c) {
-    char   req[65536];
-    size_t got = 0;
-    /* Read the head and, for a POST, whatever body arrived with it. */
-    while (got < sizeof req - 1) {
-        ssize_t k = recv(c, req + got, sizeof req - 1 - got, 0);
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-        req[got] = '\0';
-        char *end = strstr(req, "\r\n\r\n");
-        if (end && (strncmp(req, "POST", 4) != 0 || strchr(end + 4, '}')))
-            break;
-    }
-    req[got] = '\0';
-    int id = -1;
-    if (strncmp(req, "GET /schemas/ids/7 ", 19) == 0)
-        id = 7;
-    else if (strncmp(req, "GET /schemas/ids/10 ", 20) == 0)
-        id = 10;
-    else if (strncmp(req, "GET /schemas/ids/11 ", 20) == 0)
-        id = 11;
-    if (id > 0) {
-        s->hits[id]++;
-        json_t *j = json_pack("{s:s}", "schema", s->schema);
-        char   *body = json_dumps(j, JSON_COMPACT);
-        reply(c, 200, body);
-        free(body);
-        json_decref(j);
-    } else if (strncmp(req, "GET /schemas/ids/8 ", 19) == 0) {
-        s->hits[8]++;
-        reply(c, 200, "<html>not json");
-    } else if (strncmp(req, "GET /schemas/ids/9 ", 19) == 0) {
-        s->hits[9]++;
-        usleep(1500 * 1000); /* past the client's timeout */
-        reply(c, 200, "{}");
-    } else if (strncmp(req, "POST /subjects/d3-requests-value/versions ", 42) == 0) {
-        s->hits[1]++;
-        reply(c, strstr(req, "\"schema\"") ? 200 : 422, "{\"id\":7}");
-    } else {
-        s->hits[0]++;
-        reply(c, 404, "{\"error_code\":40403,\"message\":\"Schema not found\"}");
-    }
-    close(c);
-}
-
-static void *serve(void *ud) {
-    server_t *s = ud;
-    while (!s->stop) {
-        struct pollfd p = {s->fd, POLLIN, 0};
-        if (poll(&p, 1, 50) <= 0)
-            continue;
-        int c = accept(s->fd, NULL, NULL);
-        if (c >= 0)
-            serve_one(s, c);
-    }
-    return NULL;
-}
-
-static void server_start(server_t *s) {
-    memset(s, 0, sizeof *s);
-    size_t len;
-    s->schema = sch_avro_schema_text(SCH_AVRO_REQUEST, &len);
-    s->fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert(s->fd >= 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t al = sizeof a;
-    cr_assert_eq(bind(s->fd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(listen(s->fd, 16), 0);
-    cr_assert_eq(getsockname(s->fd, (struct sockaddr *)&a, &al), 0);
-    s->port = ntohs(a.sin_port);
-    cr_assert_eq(pthread_create(&s->th, NULL, serve, s), 0);
-}
-
-static void server_stop(server_t *s) {
-    s->stop = 1;
-    pthread_join(s->th, NULL);
-    close(s->fd);
+static sch_registry_t *registry_at(const fake_registry_t *s, const char *userinfo, const char *path,
+                                   size_t cache_max) {
+    char url[256], e[512] = "";
+    snprintf(url, sizeof url, "http://%s127.0.0.1:%d%s", userinfo, s->port, path);
+    sch_registry_t *reg = sch_registry_new(url, cache_max, e, sizeof e);
+    cr_assert(reg, "%s", e);
+    sch_registry_set_timeouts(reg, 5000, 10000, 10); /* short waits between tries */
+    return reg;
 }
 
 Test(avro, registry_fetches_caches_and_decodes) {
-    server_t s;
-    server_start(&s);
+    fake_registry_t s;
+    fake_registry_start(&s);
     char url[64], e[512] = "";
     snprintf(url, sizeof url, "http://127.0.0.1:%d/", s.port);
-    sch_registry_t *reg = sch_registry_new(url, 2, e, sizeof e);
-    cr_assert(reg, "%s", e);
+    sch_registry_t    *reg = registry_at(&s, "", "/", 2);
     sch_avro_writer_t *w = NULL, *w2 = NULL;
     cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_OK, "%s", e);
     cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w2, e, sizeof e), SVC_OK, "%s", e);
@@ -665,14 +563,15 @@ Test(avro, registry_fetches_caches_and_decodes) {
     sch_avro_writer_free(w);
     sch_avro_writer_free(w2);
 
-    /* 404, garbage, and the URL in the message. */
+    /* The registry's "not found", garbage, and the URL in the message. */
     cr_assert_eq(sch_registry_writer(reg, 404, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_INVALID);
     cr_assert(strstr(e, "/schemas/ids/404: HTTP 404"), "%s", e);
     cr_assert(strstr(e, url), "%s", e);
     cr_assert_eq(sch_registry_writer(reg, 8, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_FORMAT);
     cr_assert(strstr(e, "HTTP 200 but not {\"schema\""), "%s", e);
-    cr_assert_eq(sch_registry_writer(reg, 404, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_INVALID);
-    cr_assert_eq(s.hits[0], 2, "failures are not cached");
+    cr_assert_eq(s.hits[8], 1, "a 200 is not tried again");
+    cr_assert_eq(sch_registry_writer(reg, 8, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_FORMAT);
+    cr_assert_eq(s.hits[8], 2, "a bad answer is not remembered");
 
     /* Eviction (a cache of 2): 7 is the least recently used when 11
      * arrives; a writer the caller still holds outlives its eviction. */
@@ -695,41 +594,161 @@ Test(avro, registry_fetches_caches_and_decodes) {
     sch_avro_writer_free(w2);
     cr_assert_eq(s.hits[7], 2, "7 was evicted and is fetched again");
     sch_registry_free(reg);
-    server_stop(&s);
+    fake_registry_stop(&s);
+}
+
+/* A 40403 is a verdict, remembered for a while; a flood of records with an
+ * unknown id asks once. */
+Test(avro, registry_remembers_not_found) {
+    fake_registry_t s;
+    fake_registry_start(&s);
+    char               e[512] = "";
+    sch_registry_t    *reg = registry_at(&s, "", "", 0);
+    sch_avro_writer_t *w = NULL;
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(sch_registry_writer(reg, 5, SCH_AVRO_REQUEST, &w, e, sizeof e),
+                     SVC_ERR_INVALID);
+    cr_assert_eq(s.hits[0], 1, "asked once, %d times", s.hits[0]);
+    cr_assert(strstr(e, "has no schema 5") && strstr(e, "40403"), "%s", e);
+    /* Other ids are still asked; a known one is still found. */
+    cr_assert_eq(sch_registry_writer(reg, 6, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_INVALID);
+    cr_assert_eq(s.hits[0], 2);
+    cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_OK, "%s", e);
+    sch_avro_writer_free(w);
+    sch_registry_free(reg);
+    fake_registry_stop(&s);
+}
+
+/* Only the registry's own "not found" is a verdict: an HTML 404 (a wrong
+ * base path, a proxy) would dead-letter a whole stream. */
+Test(avro, registry_other_404_is_not_a_verdict) {
+    fake_registry_t s;
+    fake_registry_start(&s);
+    char               e[512] = "";
+    sch_registry_t    *reg = registry_at(&s, "", "/wrong/prefix", 0);
+    sch_avro_writer_t *w = NULL;
+    cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_IO);
+    cr_assert(strstr(e, "HTTP 404") && strstr(e, "base URL"), "%s", e);
+    cr_assert_eq(s.hits[3], 1, "a 404 is not tried again");
+    cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_IO);
+    cr_assert_eq(s.hits[3], 2, "nor remembered");
+    sch_registry_free(reg);
+    fake_registry_stop(&s);
+}
+
+Test(avro, registry_oversized_answer) {
+    fake_registry_t s;
+    fake_registry_start(&s);
+    char               e[512] = "";
+    sch_registry_t    *reg = registry_at(&s, "", "", 0);
+    sch_avro_writer_t *w = NULL;
+    cr_assert_eq(sch_registry_writer(reg, 12, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_FORMAT);
+    cr_assert(strstr(e, "answer exceeds 4194304 bytes"), "%s", e);
+    cr_assert_eq(s.hits[12], 1);
+    sch_registry_free(reg);
+    fake_registry_stop(&s);
+}
+
+/* 5xx: tried again, and a registry that recovers within the tries answers. */
+Test(avro, registry_retries_5xx) {
+    fake_registry_t s;
+    fake_registry_start(&s);
+    char               e[512] = "";
+    sch_registry_t    *reg = registry_at(&s, "", "", 0);
+    sch_avro_writer_t *w = NULL;
+    cr_assert_eq(sch_registry_writer(reg, 13, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_OK, "%s", e);
+    cr_assert_eq(s.hits[13], 2, "one 503, then the schema");
+    sch_avro_writer_free(w);
+    cr_assert_eq(sch_registry_writer(reg, 14, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_IO);
+    cr_assert_eq(s.hits[14], 3);
+    cr_assert(strstr(e, "HTTP 503 (3 tries)"), "%s", e);
+    sch_registry_free(reg);
+    fake_registry_stop(&s);
+}
+
+/* Credentials in the URL are sent, and masked in every message (they end up
+ * in error answers and dead letters). */
+Test(avro, registry_masks_the_password) {
+    fake_registry_t s;
+    fake_registry_start(&s);
+    char               e[512] = "";
+    sch_registry_t    *reg = registry_at(&s, "alice:s3cr3t@", "", 0);
+    sch_avro_writer_t *w = NULL;
+    cr_assert_eq(sch_registry_writer(reg, 15, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_OK, "%s", e);
+    sch_avro_writer_free(w);
+    cr_assert_str_eq(s.auth, "Basic YWxpY2U6czNjcjN0", "curl sends user:pass");
+    cr_assert_eq(sch_registry_writer(reg, 5, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_INVALID);
+    cr_assert(strstr(e, "http://alice:****@127.0.0.1:") && !strstr(e, "s3cr3t"), "%s", e);
+    cr_assert_eq(sch_registry_writer(reg, 5, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_INVALID);
+    cr_assert(!strstr(e, "s3cr3t"), "remembered: %s", e);
+    sch_registry_free(reg);
+    fake_registry_stop(&s);
+
+    /* No answer at all: curl's own message is not used (it may quote the URL). */
+    reg = registry_at(&s, "alice:s3cr3t@", "", 0);
+    cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_IO);
+    cr_assert(strstr(e, "(3 tries)") && !strstr(e, "s3cr3t"), "%s", e);
+    cr_assert_eq(sch_registry_register(reg, "x-value", "{}", 2, &(uint32_t){0}, e, sizeof e),
+                 SVC_ERR_IO);
+    cr_assert(!strstr(e, "s3cr3t"), "%s", e);
+    sch_registry_free(reg);
+}
+
+Test(avro, registry_bad_urls) {
+    static const char *const bad[] = {"ftp://h:21", "not a url", "http://", "file:///etc"};
+    char                     e[512];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e[0] = '\0';
+        cr_assert_null(sch_registry_new(bad[i], 0, e, sizeof e), "%s", bad[i]);
+        cr_assert(strstr(e, "not an http:// or https:// URL"), "%s: %s", bad[i], e);
+    }
+    char long_url[4096];
+    snprintf(long_url, sizeof long_url, "http://h/%04000d", 0);
+    cr_assert_null(sch_registry_new(long_url, 0, e, sizeof e));
+    cr_assert(strstr(e, "longer than"), "%s", e);
 }
 
 Test(avro, registry_timeout_and_unreachable) {
-    server_t s;
-    server_start(&s);
+    fake_registry_t s;
+    fake_registry_start(&s);
     char url[64], e[512] = "";
     snprintf(url, sizeof url, "http://127.0.0.1:%d", s.port);
     sch_registry_t *reg = sch_registry_new(url, 0, e, sizeof e);
-    sch_registry_set_timeouts(reg, 5000, 300);
+    sch_registry_set_timeouts(reg, 5000, 300, 10);
     sch_avro_writer_t *w = NULL;
     cr_assert_eq(sch_registry_writer(reg, 9, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_IO);
-    cr_assert(strstr(e, "/schemas/ids/9 failed") && strstr(e, "timed out"), "%s", e);
+    cr_assert(strstr(e, "/schemas/ids/9 failed") && strstr(e, "imeout"), "%s", e);
     sch_registry_free(reg);
-    server_stop(&s);
+    fake_registry_stop(&s);
 
     /* Nothing listens on the port any more. */
     reg = sch_registry_new(url, 0, e, sizeof e);
+    sch_registry_set_timeouts(reg, 5000, 10000, 10);
     cr_assert_eq(sch_registry_writer(reg, 7, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_IO);
     cr_assert(strstr(e, url), "%s", e);
     sch_registry_free(reg);
 }
 
 Test(avro, registry_register) {
-    server_t s;
-    server_start(&s);
-    char url[64], e[512] = "";
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", s.port);
-    uint32_t id = 0;
-    cr_assert_eq(sch_registry_register(url, "d3-requests-value", s.schema, &id, e, sizeof e),
+    fake_registry_t s;
+    fake_registry_start(&s);
+    char            e[512] = "";
+    sch_registry_t *reg = registry_at(&s, "", "", 0);
+    uint32_t        id = 0;
+    size_t          len;
+    const char     *text = sch_avro_schema_text(SCH_AVRO_ANSWER, &len);
+    cr_assert_eq(sch_registry_register(reg, "d3 answers-value", text, len, &id, e, sizeof e),
                  SVC_OK, "%s", e);
-    cr_assert_eq(id, 7);
-    cr_assert_eq(sch_registry_register(url, "other", s.schema, &id, e, sizeof e), SVC_ERR_IO);
-    cr_assert(strstr(e, "HTTP 404"), "%s", e);
-    server_stop(&s);
+    cr_assert_eq(id, REG_ANSWER_ID);
+    cr_assert_str_eq(s.subject, "d3%20answers-value", "the subject is escaped");
+    cr_assert_eq(sch_registry_register(reg, "bad", text, len, &id, e, sizeof e), SVC_ERR_IO);
+    cr_assert(strstr(e, "HTTP 409"), "%s", e);
+    sch_registry_free(reg);
+    fake_registry_stop(&s);
+
+    reg = sch_registry_new(NULL, 0, e, sizeof e);
+    cr_assert_eq(sch_registry_register(reg, "x", text, len, &id, e, sizeof e), SVC_ERR_INVALID);
+    sch_registry_free(reg);
 }
 
 Test(avro, no_registry_uses_fixed_ids) {

@@ -11,6 +11,7 @@
  * test_serve_crash.c, test_serve_members.c and test_serve_broker.c.
  */
 #define TK_NAME_PREFIX "d3test-serve-"
+#include "test_registry.h"
 #include "test_serve_util.h"
 
 /* A 200 body: every answer's probabilities sum to 1 (noul: in [0, 1]). */
@@ -38,6 +39,38 @@ static void assert_answers(const rec_t *r) {
     json_decref(v);
 }
 
+/* A choice request of tag, as Avro framed with schema `id`, into f. */
+static void avro_request(const char *tag, uint32_t id, svc_buf_t *f) {
+    char json[512], errstr[256];
+    snprintf(json, sizeof json,
+             "{\"state\": \"avro %s\", \"questions\": {\"c\": {\"type\": \"choice\", "
+             "\"criteria\": {\"x\": \"X\", \"y\": \"Y\"}}}}",
+             tag);
+    svc_buf_t bin;
+    svc_buf_init(&bin, SIZE_MAX / 2);
+    svc_buf_init(f, SIZE_MAX / 2);
+    cr_assert_eq(sch_avro_request_from_json(json, strlen(json), &bin, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert_eq(sch_frame_write(id, bin.data, bin.len, f), SVC_OK);
+    svc_buf_fini(&bin);
+}
+
+/* A framed Avro answer as its JSON body (out: svc_buf_fini it). */
+static uint32_t avro_answer(const rec_t *r, svc_buf_t *out) {
+    char        errstr[256];
+    uint32_t    id;
+    const void *body;
+    size_t      blen;
+    cr_assert_eq(sch_frame_parse(r->value, r->value_len, &id, &body, &blen, errstr, sizeof errstr),
+                 SVC_OK, "%s: %s", r->key, errstr);
+    svc_buf_init(out, SIZE_MAX / 2);
+    cr_assert_eq(sch_avro_answer_to_json(NULL, body, blen, out, errstr, sizeof errstr), SVC_OK,
+                 "%s: %s", r->key, errstr);
+    cr_assert(svc_buf_addc(out, '\0') == SVC_OK);
+    out->len--;
+    return id;
+}
+
 /* ---------------------------------------------------------------- tests */
 
 Test(serve, usage) {
@@ -50,6 +83,12 @@ Test(serve, usage) {
     snprintf(cmd, sizeof cmd, "'%s' serve --model x 2>/dev/null", binary());
     st = system(cmd);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "missing flags: 2");
+    snprintf(cmd, sizeof cmd,
+             "'%s' serve --model x --brokers b --group g --input i --output o "
+             "--schema-registry http://h:1 2>/dev/null",
+             binary());
+    st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "--schema-registry without avro: 2");
 }
 
 /* 20 framed Avro requests (schema id 1) + one bad magic byte -> 21 results
@@ -62,21 +101,12 @@ Test(serve, avro_backfill, .timeout = 600) {
     enum { N_AV = 20 };
     static req_t     reqs[N_AV + 1];
     static svc_buf_t frames[N_AV];
-    char             json[512], errstr[256];
+    char             tag[16];
     for (int i = 0; i < N_AV; i++) {
         snprintf(reqs[i].key, sizeof reqs[i].key, "a-%04d", i);
         snprintf(reqs[i].rid, sizeof reqs[i].rid, "arid-%04d", i);
-        snprintf(json, sizeof json,
-                 "{\"state\": \"avro %d\", \"questions\": {\"c\": {\"type\": \"choice\", "
-                 "\"criteria\": {\"x\": \"X\", \"y\": \"Y\"}}}}",
-                 i);
-        svc_buf_t bin;
-        svc_buf_init(&bin, SIZE_MAX / 2);
-        svc_buf_init(&frames[i], SIZE_MAX / 2);
-        cr_assert_eq(sch_avro_request_from_json(json, strlen(json), &bin, errstr, sizeof errstr),
-                     SVC_OK, "%s", errstr);
-        cr_assert_eq(sch_frame_write(SCH_AVRO_ID_REQUEST, bin.data, bin.len, &frames[i]), SVC_OK);
-        svc_buf_fini(&bin);
+        snprintf(tag, sizeof tag, "%d", i);
+        avro_request(tag, SCH_AVRO_ID_REQUEST, &frames[i]);
         reqs[i].value = frames[i].data;
         reqs[i].len = frames[i].len;
     }
@@ -101,17 +131,8 @@ Test(serve, avro_backfill, .timeout = 600) {
         char rid[32];
         snprintf(rid, sizeof rid, "arid-%s", recs[k].key + 2);
         assert_result_headers(&recs[k], is_bad ? 400 : 200, rid, "application/vnd.d3.answer+avro");
-        uint32_t    id;
-        const void *body;
-        size_t      blen;
-        cr_assert_eq(sch_frame_parse(recs[k].value, recs[k].value_len, &id, &body, &blen, errstr,
-                                     sizeof errstr),
-                     SVC_OK, "%s: %s", recs[k].key, errstr);
-        cr_assert_eq(id, SCH_AVRO_ID_ANSWER);
         svc_buf_t out;
-        svc_buf_init(&out, SIZE_MAX / 2);
-        cr_assert_eq(sch_avro_answer_to_json(NULL, body, blen, &out, errstr, sizeof errstr), SVC_OK,
-                     "%s: %s", recs[k].key, errstr);
+        cr_assert_eq(avro_answer(&recs[k], &out), SCH_AVRO_ID_ANSWER);
         if (is_bad)
             cr_assert(strstr(out.data, "invalid_request") && strstr(out.data, "magic"), "%s",
                       out.data);
@@ -134,6 +155,102 @@ Test(serve, avro_backfill, .timeout = 600) {
               "the original headers are kept");
     recs_free(recs, n);
     assert_committed_at_end(t.group, t.in);
+    rm_tree(dir);
+}
+
+/* With a registry (credentials in its URL): answers carry the id it gives
+ * answer.avsc under <output>-value; a record whose schema id it has not
+ * (40403) gets a 400 and a dead letter, and no message shows the password. */
+Test(serve, avro_registry, .timeout = 600) {
+    char dir[64], pkg[128];
+    make_package(dir, pkg, sizeof pkg);
+    topics_t t;
+    topics_new(&t);
+    fake_registry_t reg;
+    fake_registry_start(&reg);
+    enum { N_AV = 4 };
+    static req_t reqs[N_AV + 1];
+    svc_buf_t    frames[N_AV + 1];
+    for (int i = 0; i <= N_AV; i++) {
+        snprintf(reqs[i].key, sizeof reqs[i].key, i < N_AV ? "r-%d" : "r-unknown", i);
+        snprintf(reqs[i].rid, sizeof reqs[i].rid, "rrid-%d", i);
+        avro_request(reqs[i].key, i < N_AV ? SCH_AVRO_ID_REQUEST : 5, &frames[i]);
+        reqs[i].value = frames[i].data;
+        reqs[i].len = frames[i].len;
+    }
+    produce(t.in, reqs, N_AV + 1);
+    for (int i = 0; i <= N_AV; i++)
+        svc_buf_fini(&frames[i]);
+
+    char base[2048], extra[256];
+    snprintf(extra, sizeof extra,
+             "--format avro --schema-registry http://alice:s3cr3t@127.0.0.1:%d", reg.port);
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, t.dlq, extra);
+    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
+    char subject[200];
+    snprintf(subject, sizeof subject, "%s-value", t.out);
+    cr_assert_str_eq(reg.subject, subject, "answer.avsc is registered under <output>-value");
+    cr_assert_eq(reg.hits[1], 1, "schema 1 is asked once, then cached");
+    cr_assert_eq(reg.hits[0], 1, "schema 5 is asked once");
+    fake_registry_stop(&reg);
+
+    static rec_t recs[MAX_RECS];
+    int          n = read_all(t.out, recs, MAX_RECS);
+    cr_assert_eq(n, N_AV + 1, "%d results", n);
+    for (int k = 0; k < n; k++) {
+        svc_buf_t out;
+        cr_assert_eq(avro_answer(&recs[k], &out), REG_ANSWER_ID, "%s", recs[k].key);
+        cr_assert(!strstr(out.data, "s3cr3t"), "%s", out.data);
+        if (!strcmp(recs[k].key, "r-unknown"))
+            cr_assert(strstr(out.data, "invalid_request") &&
+                          strstr(out.data, "unknown schema id 5"),
+                      "%s", out.data);
+        else
+            assert_answers(&(rec_t){.key = recs[k].key, .value = out.data, .value_len = out.len});
+        svc_buf_fini(&out);
+    }
+    recs_free(recs, n);
+    n = read_all(t.dlq, recs, MAX_RECS);
+    cr_assert_eq(n, 1, "%d dead-letter records", n);
+    char buf[1024];
+    cr_assert(header(&recs[0], "d3-error-message", buf, sizeof buf));
+    cr_assert(strstr(buf, "alice:****@") && !strstr(buf, "s3cr3t"), "%s", buf);
+    recs_free(recs, n);
+    assert_committed_at_end(t.group, t.in);
+    char log[128];
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    cr_assert_eq(log_count(log, "s3cr3t"), 0, "the log shows no password");
+    rm_tree(dir);
+}
+
+/* A registry URL that is not the registry (its 404 is not the registry's
+ * "not found"): serve stops at start with exit 3, nothing consumed. */
+Test(serve, avro_registry_wrong_url, .timeout = 300) {
+    char dir[64], pkg[128];
+    make_package(dir, pkg, sizeof pkg);
+    topics_t t;
+    topics_new(&t);
+    fake_registry_t reg;
+    fake_registry_start(&reg);
+    req_t     r = {.key = "w-0", .rid = "wrid-0"};
+    svc_buf_t f;
+    avro_request("w", SCH_AVRO_ID_REQUEST, &f);
+    r.value = f.data;
+    r.len = f.len;
+    produce(t.in, &r, 1);
+    svc_buf_fini(&f);
+    char base[2048], extra[256];
+    snprintf(extra, sizeof extra, "--format avro --schema-registry http://127.0.0.1:%d/not-here",
+             reg.port);
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, t.dlq, extra);
+    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 3);
+    fake_registry_stop(&reg);
+    char log[128];
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    cr_assert_eq(log_count(log, "base URL"), 1, "see %s", log);
+    static rec_t recs[4];
+    cr_assert_eq(read_all(t.out, recs, 4), 0);
+    cr_assert(!committed_at_end(t.group, t.in));
     rm_tree(dir);
 }
 
