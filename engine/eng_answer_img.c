@@ -53,6 +53,51 @@ svc_err_t eng_answer_expand(const eng_prompt_t *pr, int32_t pad_id, const size_t
 
 /* ---- the plain path (eng_answer_request): a table of its own ----------- */
 
+/* Image i (of its part) as ri's image k: the earlier one with the same
+ * bytes (no decode), else prepared and encoded here. *tokens counts the
+ * distinct images' tokens against ENG_REQ_MAX_IMAGE_TOKENS (the 413 the
+ * scheduler gives, eng_sched.c). */
+static svc_err_t req_image(const eng_model_t *model, const sch_image_t *img, size_t i, size_t k,
+                           eng_req_images_t *ri, size_t *tokens, sch_error_t *reject, char *errstr,
+                           size_t errstr_size) {
+    eng_image_digest(img, ri->sha[k]);
+    for (size_t o = 0; o < k; o++)
+        if (ri->ptrs[o] && memcmp(ri->sha[o], ri->sha[k], 32) == 0) {
+            ri->tokens[k] = ri->tokens[o];
+            ri->slots[k] = o;
+            return SVC_OK;
+        }
+    eng_image_prep_t *prep = NULL;
+    char              msg[384];
+    svc_err_t         err = eng_image_prepare(model, img, &prep, msg, sizeof msg);
+    if (err == SVC_ERR_INVALID) {
+        eng_answer_reject_image(reject, i, msg, errstr, errstr_size);
+        return err;
+    }
+    if (err) {
+        svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
+        return err;
+    }
+    ri->tokens[k] = eng_image_prep_tokens(prep);
+    ri->slots[k] = k;
+    *tokens += ri->tokens[k];
+    if (*tokens > ENG_REQ_MAX_IMAGE_TOKENS) {
+        eng_image_prep_free(prep);
+        svc_errf(errstr, errstr_size,
+                 "the request's distinct images come to more than %u image tokens, the most one "
+                 "request may show",
+                 ENG_REQ_MAX_IMAGE_TOKENS);
+        if (reject)
+            sch_error_set(reject, 413, "request_too_large", "%s", errstr);
+        return SVC_ERR_INVALID;
+    }
+    err = eng_image_encode(model, prep, &ri->embs[k], errstr, errstr_size);
+    ri->ptrs[k] = &ri->embs[k];
+    ri->n_encoded++;
+    eng_image_prep_free(prep);
+    return err;
+}
+
 svc_err_t eng_req_images_load(const eng_model_t *model, const sch_request_t *req,
                               eng_req_images_t *ri, sch_error_t *reject, char *errstr,
                               size_t errstr_size) {
@@ -71,36 +116,13 @@ svc_err_t eng_req_images_load(const eng_model_t *model, const sch_request_t *req
     ri->first = calloc(sch_request_n_parts(req) + 1, sizeof *ri->first);
     if (!ri->embs || !ri->ptrs || !ri->slots || !ri->tokens || !ri->sha || !ri->first)
         return SVC_ERR_NOMEM;
-    size_t k = 0;
+    size_t k = 0, tokens = 0;
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
         ri->first[p] = k;
         for (size_t i = 0; i < part->n_images; i++, k++) {
-            eng_image_prep_t *prep = NULL;
-            char              msg[384];
-            svc_err_t err = eng_image_prepare(model, &part->images[i], &prep, msg, sizeof msg);
-            if (err == SVC_ERR_INVALID) {
-                eng_answer_reject_image(reject, i, msg, errstr, errstr_size);
-                return err;
-            }
-            if (err) {
-                svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
-                return err;
-            }
-            /* the same bytes twice in one request: encoded once */
-            memcpy(ri->sha[k], eng_image_prep_digest(prep), 32);
-            size_t same = k;
-            for (size_t o = 0; o < k && same == k; o++)
-                if (ri->ptrs[o] && memcmp(ri->sha[o], ri->sha[k], 32) == 0)
-                    same = o;
-            ri->tokens[k] = eng_image_prep_tokens(prep);
-            ri->slots[k] = same;
-            if (same == k) {
-                err = eng_image_encode(model, prep, &ri->embs[k], errstr, errstr_size);
-                ri->ptrs[k] = &ri->embs[k];
-                ri->n_encoded++;
-            }
-            eng_image_prep_free(prep);
+            svc_err_t err =
+                req_image(model, &part->images[i], i, k, ri, &tokens, reject, errstr, errstr_size);
             if (err)
                 return err;
         }

@@ -155,6 +155,9 @@ void eng_imgreg_free(eng_imgreg_t *g);
  */
 SVC_WUR svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t mine,
                                      size_t *slot, size_t *tokens);
+/* A reference on the live slot of the image with digest sha, if there is
+ * one (true, *slot and its *tokens): no decode, no new memory. */
+bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], size_t *slot, size_t *tokens);
 /* true when a request holding no slot would be refused one now (the soft
  * bound is reached): the scheduler then waits before decoding. */
 bool eng_imgreg_would_wait(const eng_imgreg_t *g);

@@ -53,9 +53,13 @@ svc_err_t eng_image_prepare(const eng_model_t *m, const sch_image_t *img, eng_im
         return err;
     }
     pr->tokens = (size_t)(oh / p->patch) * (ow / p->patch) / (p->merge * p->merge);
-    SHA256(img->bytes, img->len, pr->sha);
+    eng_image_digest(img, pr->sha);
     *out = pr;
     return SVC_OK;
+}
+
+void eng_image_digest(const sch_image_t *img, unsigned char sha[32]) {
+    SHA256(img->bytes, img->len, sha);
 }
 
 size_t eng_image_prep_tokens(const eng_image_prep_t *p) {

@@ -7,6 +7,7 @@
  */
 #include "engine.h"
 
+#include "eng_image_int.h"
 #include "eng_util_int.h"
 
 #include <jansson.h>
@@ -24,6 +25,7 @@ struct eng_package {
     double           temperature;
     bool             noncausal;
     size_t           max_length;
+    size_t           img_factor, img_patch, img_merge; /* preprocessor_config.json */
 };
 
 typedef struct pkg_err {
@@ -221,6 +223,34 @@ static svc_err_t check_codes(eng_package_t *pkg, pkg_err_t *e) {
 }
 
 /* MODEL_MANIFEST.json model_name, else the directory's last component. */
+/* The image geometry prompts count with (SPEC c.7): the package's
+ * preprocessor_config.json, else Qwen's. A file that does not pass is left
+ * to the model load, which refuses it where the tower is used; a package
+ * that reads no images never counts image tokens. */
+static void read_image_geometry(eng_package_t *pkg) {
+    eng_vis_proc_t p;
+    bool           present = false;
+    char           why[256];
+    eng_vis_proc_default(&p);
+    if (eng_vis_proc_load(pkg->dir, &p, &present, why, sizeof why) != SVC_OK)
+        eng_vis_proc_default(&p);
+    pkg->img_patch = p.patch;
+    pkg->img_merge = p.merge;
+    pkg->img_factor = p.patch * p.merge;
+}
+
+size_t eng_package_image_tokens(const eng_package_t *pkg, uint32_t width, uint32_t height) {
+    if (!pkg)
+        return eng_image_tokens(width, height);
+    if (width == 0 || height == 0)
+        return 0;
+    uint32_t oh, ow;
+    eng_smart_resize_dims(height, width, pkg->img_factor, ENG_IMG_MIN_PIXELS, ENG_IMG_MAX_PIXELS,
+                          &oh, &ow);
+    return (size_t)(oh / pkg->img_patch) * (ow / pkg->img_patch) /
+           (pkg->img_merge * pkg->img_merge);
+}
+
 static svc_err_t find_model_id(eng_package_t *pkg) {
     char *path = eng_path_join(pkg->dir, "MODEL_MANIFEST.json");
     if (!path)
@@ -266,6 +296,8 @@ svc_err_t eng_package_open(const char *dir, eng_package_t **out, char *errstr, s
         err = check_codes(pkg, &e);
     if (!err)
         err = find_model_id(pkg);
+    if (!err)
+        read_image_geometry(pkg);
     if (err) {
         if (err == SVC_ERR_NOMEM)
             svc_errf(errstr, errstr_size, "package \"%s\": out of memory", dir);

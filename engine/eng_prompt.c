@@ -123,10 +123,11 @@ static svc_err_t render_text(svc_buf_t *b, const eng_package_t *pkg, const sch_p
 
 /* len(ids) - images + the images' tokens (SPEC c.7). Videos are refused by
  * validation for packages that read none, so they never reach here. */
-static size_t prompt_length(const eng_prompt_t *pr, const sch_part_t *part) {
+static size_t prompt_length(const eng_package_t *pkg, const eng_prompt_t *pr,
+                            const sch_part_t *part) {
     size_t n = pr->ids.n - part->n_images;
     for (size_t i = 0; i < part->n_images; i++)
-        n += eng_image_tokens(part->images[i].width, part->images[i].height);
+        n += eng_package_image_tokens(pkg, part->images[i].width, part->images[i].height);
     return n;
 }
 
@@ -146,6 +147,6 @@ svc_err_t eng_prompt_render(const eng_package_t *pkg, const sch_part_t *part,
                  err == SVC_ERR_NOMEM ? "out of memory" : "cannot be tokenized");
         return err;
     }
-    pr->n_tokens = prompt_length(pr, part);
+    pr->n_tokens = prompt_length(pkg, pr, part);
     return SVC_OK;
 }

@@ -152,8 +152,68 @@ static void sreq_complete(sreq_t *r) {
     sreq_free(r);
 }
 
-/* Every image of r's request prepared (checked: a refused one fills
- * reject) and held in a slot of s->reg. */
+/* A bound of ours (bounded memory), not the contract's: its 413 for a
+ * request too large (SPEC b.7, as for a bundle with too many tasks), so
+ * that the client sees its own request's fault, not a 500. */
+static svc_err_t too_large(sch_error_t *reject, char *errstr, size_t errstr_size, const char *fmt,
+                           unsigned bound) {
+    svc_errf(errstr, errstr_size, fmt, bound);
+    if (reject)
+        sch_error_set(reject, 413, "request_too_large", "%s", errstr);
+    return SVC_ERR_INVALID;
+}
+
+#define TOO_MANY_TOKENS                                                                            \
+    "the request's distinct images come to more than %u image tokens, the most one request may "   \
+    "show"
+
+/* Image i (of its part) of r's request into r's next slot: the slot held
+ * for the same bytes (by this request or another: no decode), else the
+ * image prepared (checked: a refused one fills reject) into a new one.
+ * *distinct and *tokens count the slots new to this request. */
+static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, size_t i,
+                            size_t *distinct, size_t *tokens, sch_error_t *reject, char *errstr,
+                            size_t errstr_size) {
+    unsigned char sha[32];
+    size_t       *slot = &r->img_slot[r->n_img], *tok = &r->img_tok[r->n_img];
+    eng_image_digest(img, sha);
+    if (!eng_imgreg_ref(s->reg, sha, slot, tok)) {
+        /* The header's size gives the tokens before any decode. */
+        if (*tokens + eng_package_image_tokens(s->pkg, img->width, img->height) >
+            ENG_REQ_MAX_IMAGE_TOKENS)
+            return too_large(reject, errstr, errstr_size, TOO_MANY_TOKENS,
+                             ENG_REQ_MAX_IMAGE_TOKENS);
+        eng_image_prep_t *prep = NULL;
+        char              msg[384];
+        svc_err_t         err = eng_image_prepare(s->model, img, &prep, msg, sizeof msg);
+        if (err == SVC_ERR_INVALID)
+            eng_answer_reject_image(reject, i, msg, errstr, errstr_size);
+        else if (err)
+            svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
+        if (!err)
+            err = eng_imgreg_acquire(s->reg, prep, *distinct, slot, tok);
+        if (err == SVC_ERR_TOO_LARGE)
+            return too_large(reject, errstr, errstr_size,
+                             "the request shows more than %u distinct images, the most one "
+                             "request may show",
+                             ENG_IMGREG_CAP);
+        if (err)
+            return err;
+    }
+    bool seen = false; /* a slot this request holds already */
+    for (size_t o = 0; o < r->n_img && !seen; o++)
+        seen = r->img_slot[o] == *slot;
+    r->n_img++; /* held from here: sreq_free releases it */
+    if (!seen) {
+        (*distinct)++;
+        *tokens += *tok;
+    }
+    if (*tokens > ENG_REQ_MAX_IMAGE_TOKENS)
+        return too_large(reject, errstr, errstr_size, TOO_MANY_TOKENS, ENG_REQ_MAX_IMAGE_TOKENS);
+    return SVC_OK;
+}
+
+/* Every image of r's request held in a slot of s->reg (sreq_image). */
 static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char *errstr,
                              size_t errstr_size) {
     const sch_request_t *req = r->req;
@@ -168,45 +228,17 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
     r->img_first = calloc(np + 1, sizeof *r->img_first);
     if (!r->img_slot || !r->img_tok || !r->img_first)
         return SVC_ERR_NOMEM;
-    size_t distinct = 0;
-    for (size_t p = 0; p < np; p++) {
+    size_t    distinct = 0, tokens = 0;
+    svc_err_t err = SVC_OK;
+    for (size_t p = 0; p < np && !err; p++) {
         const sch_part_t *part = sch_request_part(req, p);
         r->img_first[p] = r->n_img;
-        for (size_t i = 0; i < part->n_images; i++) {
-            eng_image_prep_t *prep = NULL;
-            char              msg[384];
-            svc_err_t err = eng_image_prepare(s->model, &part->images[i], &prep, msg, sizeof msg);
-            if (err == SVC_ERR_INVALID)
-                eng_answer_reject_image(reject, i, msg, errstr, errstr_size);
-            else if (err)
-                svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
-            if (!err)
-                err = eng_imgreg_acquire(s->reg, prep, distinct, &r->img_slot[r->n_img],
-                                         &r->img_tok[r->n_img]);
-            if (err == SVC_ERR_TOO_LARGE) {
-                /* A bound of ours (bounded memory), not the contract's:
-                 * its 413 for a request too large (SPEC b.7, as for a
-                 * bundle with too many tasks), so that the client sees
-                 * its own request's fault, not a 500. */
-                svc_errf(errstr, errstr_size,
-                         "the request shows more than %u distinct images, the most one request "
-                         "may show",
-                         ENG_IMGREG_CAP);
-                if (reject)
-                    sch_error_set(reject, 413, "request_too_large", "%s", errstr);
-                err = SVC_ERR_INVALID;
-            }
-            if (err)
-                return err;
-            bool seen = false; /* a slot this request holds already */
-            for (size_t o = 0; o < r->n_img && !seen; o++)
-                seen = r->img_slot[o] == r->img_slot[r->n_img];
-            distinct += !seen;
-            r->n_img++;
-        }
+        for (size_t i = 0; i < part->n_images && !err; i++)
+            err = sreq_image(s, r, &part->images[i], i, &distinct, &tokens, reject, errstr,
+                             errstr_size);
     }
     r->img_first[np] = r->n_img;
-    return SVC_OK;
+    return err;
 }
 
 /* Plans every valid question of req into r (eng_answer_plan); the ones

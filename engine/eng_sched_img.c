@@ -98,25 +98,45 @@ void eng_imgreg_free(eng_imgreg_t *g) {
     free(g);
 }
 
+/* The live slot of the image with digest sha, or g->n; *free_at: the
+ * first free slot (g->n: none). @locks g->mu held. */
+static size_t find_slot(const eng_imgreg_t *g, const unsigned char *sha, size_t *free_at) {
+    *free_at = g->n;
+    for (size_t i = 0; i < g->n; i++) {
+        const slot_t *sl = &g->slots[i];
+        if (sl->state == SLOT_FREE)
+            *free_at = *free_at < g->n ? *free_at : i;
+        else if (memcmp(sl->sha, sha, 32) == 0 && sl->state != SLOT_FAILED)
+            return i;
+    }
+    return g->n;
+}
+
+bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], size_t *slot, size_t *tokens) {
+    size_t free_at;
+    pthread_mutex_lock(&g->mu);
+    size_t i = find_slot(g, sha, &free_at);
+    if (i < g->n) {
+        g->slots[i].refs++;
+        *slot = i;
+        *tokens = g->slots[i].tokens;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return i < g->n;
+}
+
 svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t mine, size_t *slot,
                              size_t *tokens) {
-    const unsigned char *sha = eng_image_prep_digest(prep);
-    size_t               free_at = g->n;
+    size_t free_at;
     pthread_mutex_lock(&g->mu);
-    for (size_t i = 0; i < g->n; i++) {
-        slot_t *sl = &g->slots[i];
-        if (sl->state == SLOT_FREE) {
-            free_at = free_at < g->n ? free_at : i;
-            continue;
-        }
-        if (memcmp(sl->sha, sha, 32) == 0 && sl->state != SLOT_FAILED) {
-            sl->refs++;
-            *slot = i;
-            *tokens = sl->tokens;
-            pthread_mutex_unlock(&g->mu);
-            eng_image_prep_free(prep); /* the slot has these pixels already */
-            return SVC_OK;
-        }
+    size_t i = find_slot(g, eng_image_prep_digest(prep), &free_at);
+    if (i < g->n) { /* the slot has these pixels already */
+        g->slots[i].refs++;
+        *slot = i;
+        *tokens = g->slots[i].tokens;
+        pthread_mutex_unlock(&g->mu);
+        eng_image_prep_free(prep);
+        return SVC_OK;
     }
     bool others = g->held > mine; /* slots of other requests are held */
     if (free_at == g->n || (g->held >= g->soft && others)) {
@@ -127,7 +147,7 @@ svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t min
     slot_t *sl = &g->slots[free_at];
     g->held++;
     sl->state = SLOT_PREPARED;
-    memcpy(sl->sha, sha, 32);
+    memcpy(sl->sha, eng_image_prep_digest(prep), 32);
     sl->refs = 1;
     sl->tokens = eng_image_prep_tokens(prep);
     sl->prep = prep;

@@ -149,6 +149,18 @@ SVC_WUR svc_err_t eng_prompt_render(const eng_package_t *pkg, const sch_part_t *
 /* Image tokens of a width x height image after the Qwen2-VL smart resize
  * (factor 32, 65,536..1,638,400 pixels): (H/16)*(W/16)/4. 0 if a side is 0. */
 size_t eng_image_tokens(uint32_t width, uint32_t height);
+/* The same with pkg's preprocessor_config.json geometry (SPEC c.7:
+ * (H/patch)(W/patch)/merge^2, sides multiples of patch x merge); what
+ * prompts count and the tower makes. pkg NULL: eng_image_tokens. */
+size_t eng_package_image_tokens(const eng_package_t *pkg, uint32_t width, uint32_t height);
+
+/* The most image tokens the distinct images of one request may come to: a
+ * request past it gets 413 request_too_large (SPEC b.7) at submit. It
+ * bounds what a request holds while it runs (the resized pixels, 3 KiB a
+ * token, and the tower's output, hidden floats a token), which its 8 MB
+ * body does not: a 4000 x 4000 one-bit PNG is 3 KB. Two full contexts of
+ * image tokens (2 x 32,768). */
+#define ENG_REQ_MAX_IMAGE_TOKENS 65536u
 
 /* The fallback question text when a question has no instructions. */
 #define ENG_PROMPT_FALLBACK_INSTRUCTIONS "Choose the best matching option."
@@ -296,6 +308,9 @@ size_t eng_image_prep_tokens(const eng_image_prep_t *p);
  * images of any requests are encoded once by the scheduler. */
 const unsigned char *eng_image_prep_digest(const eng_image_prep_t *p);
 void                 eng_image_prep_free(eng_image_prep_t *p); /* NULL is a no-op */
+/* The same digest of img's bytes without preparing it: an image seen
+ * before (same bytes) is not decoded again. */
+void eng_image_digest(const sch_image_t *img, unsigned char sha[32]);
 
 /**
  * @brief Runs the vision tower over a prepared image.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "test_util.h"
 
 #define MINI D3_SOURCE_DIR "/tests/fixtures/qwen35-mini"
 
@@ -48,6 +49,68 @@ Test(engine, image_tokens) {
 }
 
 /* ------------------------------------------------------------ packages */
+
+static void        remove_package(void);
+static const char *package_with(const char *key, const char *value);
+
+/* A package whose preprocessor_config.json has patch 14 (factor 28): the
+ * prompt counts its image tokens with that geometry, as the tower makes
+ * them (SPEC c.7), not with Qwen's 16 x 2. */
+Test(engine, image_tokens_follow_the_package) {
+    const char *dir = package_with(NULL, NULL);
+    char        path[512], errstr[512];
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("{\"image_processor_type\": \"Qwen2VLImageProcessorFast\", \"patch_size\": 14, "
+          "\"temporal_patch_size\": 2, \"merge_size\": 2, \"image_mean\": [0.5, 0.5, 0.5], "
+          "\"image_std\": [0.5, 0.5, 0.5]}",
+          f);
+    fclose(f);
+    eng_package_t *pkg = NULL, *mini = NULL;
+    cr_assert_eq(eng_package_open(dir, &pkg, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_package_open(MINI, &mini, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    /* 64x48 -> 224x308 at factor 28 (Python's smart_resize): 16 x 22 / 4. */
+    cr_expect_eq(eng_package_image_tokens(pkg, 64, 48), 88);
+    cr_expect_eq(eng_package_image_tokens(mini, 64, 48), 70, "no preprocessor: Qwen's");
+    cr_expect_eq(eng_package_image_tokens(NULL, 64, 48), 70);
+
+    /* The prompt's length: one placeholder triple becomes the tokens. */
+    unsigned char *png;
+    size_t         n;
+    cr_assert_eq(eng_image_synth_png(64, 48, 7, &png, &n), SVC_OK);
+    svc_buf_t b;
+    svc_buf_init(&b, SCH_DEFAULT_MAX_REQUEST_BYTES);
+    cr_assert_eq(svc_buf_adds(&b, "{\"state\": \"s\", \"images\": [\"data:image/png;base64,"),
+                 SVC_OK);
+    b64_add(&b, png, n);
+    free(png);
+    cr_assert_eq(svc_buf_adds(&b, "\"], \"questions\": {\"q\": {\"type\": \"noul\", "
+                                  "\"instructions\": \"Is it?\"}}}"),
+                 SVC_OK);
+    sch_limits_t   lim = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t *req = NULL;
+    sch_error_t    e;
+    sch_error_init(&e);
+    cr_assert_eq(sch_request_decode(b.data, b.len, &lim, NULL, &req, &e), SVC_OK, "%s",
+                 e.message ? e.message : "");
+    svc_buf_fini(&b);
+    const sch_part_t *part = sch_request_part(req, 0);
+    eng_prompt_t      pr;
+    eng_prompt_init(&pr);
+    cr_assert_eq(eng_prompt_render(pkg, part, &part->questions[0], &pr, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_expect_eq(pr.n_tokens, pr.ids.n - 1 + 88, "%zu tokens for %zu ids", pr.n_tokens, pr.ids.n);
+    cr_assert_eq(eng_prompt_render(mini, part, &part->questions[0], &pr, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_expect_eq(pr.n_tokens, pr.ids.n - 1 + 70);
+    eng_prompt_fini(&pr);
+    sch_request_free(req);
+    sch_error_fini(&e);
+    eng_package_free(mini);
+    eng_package_free(pkg);
+    remove_package();
+}
 
 static char g_dir[256];
 

@@ -24,6 +24,18 @@ static inline void load(const char *dir, loaded_t *l) {
     cr_assert_eq(eng_model_load(dir, &l->model, errstr, sizeof errstr), SVC_OK, "%s", errstr);
 }
 
+/* Appends p (n bytes) to b as base64 (data: URLs of images). */
+static inline void b64_add(svc_buf_t *b, const unsigned char *p, size_t n) {
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        char q[4] = {A[v >> 18], A[v >> 12 & 63], i + 1 < n ? A[v >> 6 & 63] : '=',
+                     i + 2 < n ? A[v & 63] : '='};
+        cr_assert_eq(svc_buf_add(b, q, 4), SVC_OK);
+    }
+}
+
 static inline void unload(loaded_t *l) {
     eng_model_free(l->model);
     eng_package_free(l->pkg);

@@ -519,24 +519,15 @@ Test(vision, scheduler_rejects_bad_image_data) {
 }
 
 /* Standard base64 of n bytes, appended to b. */
-static void b64_add(svc_buf_t *b, const unsigned char *p, size_t n) {
-    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (size_t i = 0; i < n; i += 3) {
-        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
-                     (i + 2 < n ? p[i + 2] : 0);
-        char q[4] = {A[v >> 18], A[v >> 12 & 63], i + 1 < n ? A[v >> 6 & 63] : '=',
-                     i + 2 < n ? A[v & 63] : '='};
-        cr_assert_eq(svc_buf_add(b, q, 4), SVC_OK);
-    }
-}
-
-/* More distinct images than the scheduler holds for one request
- * (ENG_IMGREG_CAP): its 413 at submit, not a 500, and no done. */
+/* Distinct images past ENG_REQ_MAX_IMAGE_TOKENS (1,025 4x4 PNGs, 64
+ * tokens each after the resize to 256x256): its 413 at submit, not a 500
+ * nor gigabytes of held pixels, and no done. */
 Test(vision, scheduler_refuses_too_many_images) {
+    enum { N = ENG_REQ_MAX_IMAGE_TOKENS / 64 + 1 };
     svc_buf_t b;
     svc_buf_init(&b, SCH_DEFAULT_MAX_REQUEST_BYTES);
     cr_assert_eq(svc_buf_addf(&b, "{\"state\": \"many\", \"images\": ["), SVC_OK);
-    for (unsigned i = 0; i <= ENG_IMGREG_CAP; i++) {
+    for (unsigned i = 0; i < N; i++) {
         unsigned char *png;
         size_t         n;
         cr_assert_eq(eng_image_synth_png(4, 4, 1000 + i, &png, &n), SVC_OK);
@@ -548,7 +539,7 @@ Test(vision, scheduler_refuses_too_many_images) {
     cr_assert_eq(svc_buf_addf(&b, "], \"questions\": {\"n\": {\"type\": \"noul\", "
                                   "\"instructions\": \"Is it?\"}}}"),
                  SVC_OK);
-    sch_request_t *req = decode_for_package(b.data, b.len, "4,097 images");
+    sch_request_t *req = decode_for_package(b.data, b.len, "1,025 images");
     svc_buf_fini(&b);
 
     eng_sched_t     *s = NULL;
@@ -563,7 +554,7 @@ Test(vision, scheduler_refuses_too_many_images) {
     cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
     cr_assert_eq(reject.status, 413);
     cr_assert_str_eq(reject.code, "request_too_large");
-    cr_assert(strstr(reject.message, "more than 4096 distinct images"), "%s", reject.message);
+    cr_assert(strstr(reject.message, "more than 65536 image tokens"), "%s", reject.message);
     sch_error_fini(&reject);
     /* Nothing was kept: a request of one image goes in after it. */
     sch_request_t *one = golden_request("one_image");
