@@ -701,6 +701,42 @@ static jstep_t after_member(jparser_t *p, sch_json_t *v) {
     return f->is_object ? scan_key(p) : J_MORE;
 }
 
+/* true when s holds a lone surrogate: its 3-byte form (ED A0..BF), which
+ * only a \u escape can have put there (the UTF-8 check refuses it). */
+static bool has_surrogate(const char *s, size_t n) {
+    for (const char *e = memchr(s, 0xED, n); e; e = memchr(e + 1, 0xED, n - (size_t)(e + 1 - s)))
+        if (e + 1 < s + n && (unsigned char)e[1] >= 0xA0)
+            return true;
+    return false;
+}
+
+/* Whether a string the document keeps holds a lone surrogate. Upstream
+ * re-encodes the parsed body, so the value of a repeated key that a later
+ * one replaced does not count. Recursion is bounded by SCH_JSON_MAX_DEPTH. */
+static bool kept_surrogate(const sch_json_t *v) {
+    size_t len;
+    switch (sch_json_type(v)) {
+    case SCH_JSON_STRING: {
+        const char *str = sch_json_string(v, &len);
+        return has_surrogate(str, len);
+    }
+    case SCH_JSON_OBJECT:
+        for (size_t i = 0; i < sch_json_size(v); i++) {
+            const char *k = sch_json_key_at(v, i, &len);
+            if (has_surrogate(k, len) || kept_surrogate(sch_json_at(v, i)))
+                return true;
+        }
+        return false;
+    case SCH_JSON_ARRAY:
+        for (size_t i = 0; i < sch_json_size(v); i++)
+            if (kept_surrogate(sch_json_at(v, i)))
+                return true;
+        return false;
+    default:
+        return false;
+    }
+}
+
 /* JSONDecoder.decode: whitespace, one value, whitespace, end of text. */
 static bool parse_document(jparser_t *p) {
     skip_ws(p);
@@ -724,7 +760,7 @@ static bool parse_document(jparser_t *p) {
         return fail_at(p, "Extra data", p->pos);
     /* json.loads accepts lone surrogates; upstream refuses them afterwards,
      * so only an otherwise valid document gets this error. */
-    if (p->lone_surrogate)
+    if (p->lone_surrogate && kept_surrogate(&p->doc->root))
         return fail_with(p, SCH_JFAIL_SURROGATE, "the request contains an unpaired surrogate");
     return true;
 }

@@ -354,6 +354,17 @@ Test(schemas_json, surrogates) {
                     "the request contains an unpaired surrogate");
     parse_fails("[\"\\ud800\", x]", 13, SCH_JFAIL_SYNTAX,
                 "Expecting value: line 1 column 12 (char 11)");
+    /* Upstream re-encodes the parsed body: a repeated key's replaced value
+     * does not count, its kept one does. */
+    static const char *dropped[] = {
+        "{\"a\": \"\\ud800\", \"a\": \"ok\"}",
+        "{\"s\": {\"a\": [\"\\udc00\"], \"a\": 1}, \"t\": \"\\ud83d\\ude00\"}",
+    };
+    for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++)
+        sch_jdoc_free(parse_s(dropped[i]));
+    static const char kept[] = "{\"a\": \"ok\", \"b\": 2, \"a\": \"\\ud800\"}";
+    parse_fails(kept, strlen(kept), SCH_JFAIL_SURROGATE,
+                "the request contains an unpaired surrogate");
 }
 
 Test(schemas_json, literals_and_non_finite) {
