@@ -169,29 +169,46 @@ void ops_http_health(http_req_t *r, bool live) {
                        "model", h->label));
 }
 
+/* The card's modalities and limits (SPEC f.1): image ones only when the
+ * loaded model has a vision tower (d3stream reads no videos). */
+static void card_media(json_t *card, const eng_model_t *model) {
+    bool    vision = model && eng_model_has_vision(model);
+    json_t *mod = json_object_get(card, "modalities"), *lim = json_object_get(card, "limits");
+    if (!vision)
+        return;
+    json_array_append_new(mod, json_string("image"));
+    json_object_set_new(lim, "image_max_pixels", json_integer(1638400));
+    json_object_set_new(lim, "image_source_max_pixels", json_integer(16000000));
+    json_object_set_new(lim, "image_max_bytes", json_integer(8000000));
+}
+
 /* The worker's model card (SPEC f.1), as far as d3stream knows it. */
 static json_t *model_card(http_t *h, int state) {
     json_t *params = json_null();
-    if (state != HTTP_LOADING && h->ask.model) {
+    bool    loaded = state != HTTP_LOADING && h->ask.model;
+    if (loaded) {
         eng_model_info_t mi;
         eng_model_get_info(h->ask.model, &mi);
         params =
             json_integer((json_int_t)(mi.n_params_text + mi.n_params_readout + mi.n_params_vision));
     }
     const char *sha = h->ask.model_sha256 && h->ask.model_sha256[0] ? h->ask.model_sha256 : NULL;
-    return json_pack(
-        "{s:s, s:s, s:s, s:s, s:n, s:n, s:s?, s:n, s:[s], s:[s,s,s], s:[s], "
-        "s:{s:I, s:i, s:i, s:i, s:i}, s:n, s:s, s:[s], s:s, s:s, s:b, s:s, s:s, s:o, s:b, s:s, "
-        "s:s?, s:n, s:[]}",
-        "id", h->label, "object", "model", "owned_by", "vllm-sr", "family", "decision3", "repo",
-        "revision", "model_sha256", sha, "manifest_sha256", "surfaces", "decisions",
-        "question_types", "choice", "noul", "score", "modalities", "text", "limits",
-        "max_input_tokens", (json_int_t)eng_package_max_length(h->ask.pkg), "min_options", 2,
-        "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile", "exact",
-        "profiles", "exact", "engine", "d3stream", "accelerator", "cpu", "accelerator_validated", 0,
-        "device", h->device, "dtype", "fp32/fp32-readout", "parameters", params, "ready",
-        state == HTTP_READY, "status", state_name(state), "reason",
+    json_t     *card = json_pack(
+            "{s:s, s:s, s:s, s:s, s:n, s:n, s:s?, s:n, s:[s], s:[s,s,s], s:[s], "
+                "s:{s:I, s:i, s:i, s:i, s:i}, s:n, s:s, s:[s], s:s, s:s, s:b, s:s, s:s, s:o, s:b, s:s, "
+                "s:s?, s:n, s:[]}",
+            "id", h->label, "object", "model", "owned_by", "vllm-sr", "family", "decision3", "repo",
+            "revision", "model_sha256", sha, "manifest_sha256", "surfaces", "decisions",
+            "question_types", "choice", "noul", "score", "modalities", "text", "limits",
+            "max_input_tokens", (json_int_t)eng_package_max_length(h->ask.pkg), "min_options", 2,
+            "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile", "exact",
+            "profiles", "exact", "engine", "d3stream", "accelerator", "cpu", "accelerator_validated", 0,
+            "device", h->device, "dtype", "fp32/fp32-readout", "parameters", params, "ready",
+            state == HTTP_READY, "status", state_name(state), "reason",
         state == HTTP_READY ? NULL : "the model is not ready", "golden", "plugins");
+    if (card && loaded)
+        card_media(card, h->ask.model);
+    return card;
 }
 
 void ops_http_models(http_req_t *r, bool systemone) {

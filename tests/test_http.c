@@ -414,6 +414,14 @@ Test(http, routes_and_statuses) {
     json_t *card = json_array_get(json_object_get(j, "data"), 0);
     cr_assert_str_eq(json_string_value(json_object_get(card, "id")), MODEL_ID);
     cr_assert(json_is_true(json_object_get(card, "ready")));
+    /* The tiny package has a vision tower: the card says so (SPEC f.1). */
+    json_t *mod = json_object_get(card, "modalities");
+    cr_assert(json_array_size(mod) == 2 &&
+                  !strcmp(json_string_value(json_array_get(mod, 1)), "image"),
+              "%s", r.body.data);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(card, "limits"), "image_max_pixels")),
+        1638400);
     cr_assert_eq(
         json_integer_value(json_object_get(json_object_get(j, "limits"), "max_request_bytes")),
         LIMIT);
