@@ -223,9 +223,11 @@ static enum MHD_Result take(http_req_t *r, const char *data, size_t n) {
 }
 
 /* SPEC a.1 before a.2 1.: a body that is not JSON (or holds an unpaired
- * surrogate) gets its 400 even while the model loads. True with that
+ * surrogate) gets its 400 even while the model loads; with or_not_object
+ * also one that is not an object (a.2 2., which the other surfaces check
+ * before their 422, as upstream reads every body first). True with that
  * error in r->out. */
-static bool transport_error(http_req_t *r) {
+static bool transport_error(http_req_t *r, bool or_not_object) {
     sch_request_t *req = NULL;
     char           why[256];
     int            http = 0;
@@ -235,7 +237,9 @@ static bool transport_error(http_req_t *r) {
     sch_request_free(req);
     bool a1 = rc == OPS_EXIT_VERDICT && http == 400 && r->out.data &&
               (strstr(r->out.data, "\"message\":\"the request body is not JSON") ||
-               strstr(r->out.data, "\"message\":\"the request contains an unpaired surrogate\""));
+               strstr(r->out.data, "\"message\":\"the request contains an unpaired surrogate\"") ||
+               (or_not_object &&
+                strstr(r->out.data, "\"message\":\"the request body must be a JSON object\"")));
     if (a1)
         r->status = 400;
     return a1;
@@ -258,7 +262,9 @@ static enum MHD_Result finish(http_req_t *r) {
                            : r->route == HTTP_R_EMBEDDINGS ? "/v1/embeddings"
                            : r->route == HTTP_R_RERANK     ? "/v1/rerank"
                                                            : "/v1/bundle";
-        ops_http_error(r, 422, "unsupported_surface", "model %s does not serve %s", h->label, path);
+        if (!transport_error(r, true))
+            ops_http_error(r, 422, "unsupported_surface", "model %s does not serve %s", h->label,
+                           path);
         return send_json(r);
     }
     int state = atomic_load(&h->state);
@@ -267,7 +273,7 @@ static enum MHD_Result finish(http_req_t *r) {
         return send_json(r);
     }
     if (state == HTTP_LOADING) {
-        if (!transport_error(r))
+        if (!transport_error(r, false))
             ops_http_error(r, 503, "not_ready", "model %s is loading", h->label);
         return send_json(r);
     }

@@ -467,6 +467,17 @@ Test(http, routes_and_statuses) {
     cr_assert_eq(r.status, 422);
     cr_assert_str_eq(error_code(&r), "unsupported_surface");
     resp_fini(&r);
+    /* Upstream reads the body first: not JSON, or not an object, is its 400. */
+    request_on(e, &s, "POST", "/v1/rerank", "x", 1, &r, false);
+    cr_assert_eq(r.status, 400);
+    cr_assert(strstr(r.body.data, "the request body is not JSON: Expecting value"), "%s",
+              r.body.data);
+    resp_fini(&r);
+    request_on(e, &s, "POST", "/v1/bundle", "[1]", 3, &r, false);
+    cr_assert_eq(r.status, 400);
+    cr_assert(strstr(r.body.data, "the request body must be a JSON object"), "%s", r.body.data);
+    cr_assert(has_header(&r, "server-timing: parse;dur="));
+    resp_fini(&r);
 
     /* 413 from Content-Length, before a byte of the body is sent. */
     char *raw = raw_exchange(&s, "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: "
