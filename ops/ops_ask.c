@@ -78,14 +78,16 @@ static void listed_identity(const char *dir, char sha[ENG_SHA256_HEX + 1]) {
 }
 
 /* The manifest check before loading; sha gets the package identity for
- * meta.model_sha256 ("" when unknown). Returns OPS_EXIT_OK or the exit status. */
-static int ask_verify(const char *dir, bool no_verify, char sha[ENG_SHA256_HEX + 1]) {
+ * meta.model_sha256 ("" when unknown). Messages name cmd, the command the
+ * user ran. Returns OPS_EXIT_OK or the exit status. */
+static int ask_verify(const char *cmd, const char *dir, bool no_verify,
+                      char sha[ENG_SHA256_HEX + 1]) {
     sha[0] = '\0';
     if (no_verify) {
         fprintf(stderr,
-                "d3stream ask: warning: --no-verify: the files of \"%s\" are not "
+                "d3stream %s: warning: --no-verify: the files of \"%s\" are not "
                 "checked against its manifest\n",
-                dir);
+                cmd, dir);
         listed_identity(dir, sha);
         return OPS_EXIT_OK;
     }
@@ -95,7 +97,7 @@ static int ask_verify(const char *dir, bool no_verify, char sha[ENG_SHA256_HEX +
     eng_mf_verdict_init(&v);
     svc_err_t err = ops_manifest_verify(dir, &which, &v, errstr, sizeof errstr);
     if (err)
-        ops_fail("ask", "%s%s", v.message[0] ? v.message : errstr,
+        ops_fail(cmd, "%s%s", v.message[0] ? v.message : errstr,
                  which ? "" : " (--no-verify to use it anyway)");
     else if (strcmp(which, OPS_MF_JSON) == 0)
         memcpy(sha, v.model_sha256, ENG_SHA256_HEX + 1);
@@ -233,7 +235,7 @@ static int ask_run(const ops_ask_t *a, const char *path) {
 /* Verify, open, load, answer. */
 static int ask_package(const char *dir, bool no_verify, const char *path) {
     char sha[ENG_SHA256_HEX + 1];
-    int  rc = ask_verify(dir, no_verify, sha);
+    int  rc = ask_verify("ask", dir, no_verify, sha);
     if (rc != OPS_EXIT_OK)
         return rc;
     ops_chat_template_warn("ask", dir);
@@ -256,9 +258,13 @@ static int ask_package(const char *dir, bool no_verify, const char *path) {
     return rc;
 }
 
-/* serve loads its package through the same checks (ops_int.h). */
+/* serve and http load their packages through the same checks (ops_int.h). */
+int ops_ask_verify_as(const char *cmd, const char *dir, bool no_verify, char *sha) {
+    return ask_verify(cmd, dir, no_verify, sha);
+}
+
 int ops_ask_verify(const char *dir, bool no_verify, char *sha) {
-    return ask_verify(dir, no_verify, sha);
+    return ask_verify(ops_log_cmd(), dir, no_verify, sha);
 }
 
 int ops_cmd_ask(int argc, char **argv) {

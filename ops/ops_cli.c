@@ -7,6 +7,7 @@
 #include "npu.h"
 #include "schemas.h"
 
+#include <ctype.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <sys/stat.h>
@@ -355,9 +356,27 @@ int ops_cmd_validate(int argc, char **argv) {
 
 /* ----------------------------------------------------------------- version */
 
+static const char VERSION_HELP[] =
+    "Usage: d3stream version\n"
+    "\n"
+    "Prints the version and what a pass runs on here: the online CPUs, the compute\n"
+    "features found, the kernels, matmul layout and threads chosen (D3_NPU_KERNELS\n"
+    "and D3_NPU_THREADS change them), and whether an NPU device node is present.\n"
+    "\n"
+    "Exit status: 0 printed, 2 usage.\n";
+
 int ops_cmd_version(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    int                        c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        fputs(VERSION_HELP, c == 'h' ? stdout : stderr);
+        return c == 'h' ? OPS_EXIT_OK : OPS_EXIT_USAGE;
+    }
+    if (optind < argc) {
+        ops_fail("version", "unexpected operand \"%s\": see d3stream version --help", argv[optind]);
+        return OPS_EXIT_USAGE;
+    }
     const npu_features_t *f = npu_probe();
     svc_buf_t             feats;
     svc_buf_init(&feats, 4096);
@@ -378,7 +397,9 @@ int ops_cmd_version(int argc, char **argv) {
 bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t max, size_t *out) {
     char              *end = NULL;
     unsigned long long v = strtoull(arg, &end, 10);
-    if (!*arg || *end || v == 0 || v > max || arg[0] == '-') {
+    /* strtoull alone takes " 5", "+5" and "-5": the file and the
+     * environment refuse those, so a flag must too. */
+    if (!isdigit((unsigned char)arg[0]) || *end || v == 0 || v > max) {
         ops_fail(cmd, "--%s \"%s\": expected a whole number from 1 to %zu", name, arg, max);
         return false;
     }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 #include "ops_int.h"
@@ -197,116 +198,282 @@ static const char *node_str(const yaml_node_t *n) {
     return (const char *)n->data.scalar.value;
 }
 
-/* librdkafka: {property: value, ...} */
-static bool file_props(cfg_state_t *st, yaml_document_t *doc, yaml_node_t *map) {
+static size_t node_line(const yaml_node_t *n) {
+    return n->start_mark.line + 1;
+}
+
+/* YAML's null: nothing after the colon, or a plain ~ or null (the core
+ * schema's spellings), or a !!null tag. */
+static bool node_is_null(const yaml_node_t *n) {
+    if (n->type != YAML_SCALAR_NODE)
+        return false;
+    if (n->tag && !strcmp((const char *)n->tag, YAML_NULL_TAG))
+        return true;
+    if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *s = node_str(n);
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL");
+}
+
+/* A quoted "a\0b" would reach the options cut at its NUL: refused instead. */
+static bool node_has_nul(const yaml_node_t *n) {
+    return n->type == YAML_SCALAR_NODE && n->data.scalar.length != strlen(node_str(n));
+}
+
+/* At the top level, serve: is always a section and http: is one unless a
+ * scalar (then it is serve's --http); null is an empty section (every line
+ * of it commented out). */
+static bool is_section(const char *section, const char *key, const yaml_node_t *v) {
+    if (section)
+        return false;
+    if (!strcmp(key, "serve"))
+        return true;
+    return !strcmp(key, "http") && (v->type != YAML_SCALAR_NODE || node_is_null(v));
+}
+
+/* The line of an earlier pair of map with p's key (and, for http:, the same
+ * role), or 0: libyaml keeps every duplicate, and last-wins would hide a
+ * typo'd copy. The earlier pairs were checked: their keys are scalars. */
+static size_t dup_line(yaml_document_t *doc, const yaml_node_t *map, const yaml_node_pair_t *p,
+                       const char *section) {
+    yaml_node_t *k = yaml_document_get_node(doc, p->key);
+    yaml_node_t *v = yaml_document_get_node(doc, p->value);
+    for (const yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+        yaml_node_t *qk = yaml_document_get_node(doc, q->key);
+        yaml_node_t *qv = yaml_document_get_node(doc, q->value);
+        if (qk->data.scalar.length == k->data.scalar.length &&
+            !memcmp(qk->data.scalar.value, k->data.scalar.value, k->data.scalar.length) &&
+            is_section(section, node_str(k), qv) == is_section(section, node_str(k), v))
+            return node_line(qk);
+    }
+    return 0;
+}
+
+/* A pair's key: a scalar without NUL, given once in its mapping; *where gets
+ * "FILE:LINE: [section.]key". False after printing why. */
+static bool check_key(const cfg_state_t *st, yaml_document_t *doc, const yaml_node_t *map,
+                      const yaml_node_pair_t *p, const char *section, char *where, size_t size) {
+    yaml_node_t *k = yaml_document_get_node(doc, p->key);
+    yaml_node_t *v = yaml_document_get_node(doc, p->value);
+    size_t       line = node_line(k ? k : map);
+    if (!k || !v || k->type != YAML_SCALAR_NODE || node_has_nul(k)) {
+        ops_fail(st->who, "%s:%zu: %s%sexpected a key: value", st->file, line,
+                 section ? section : "", section ? ": " : "");
+        return false;
+    }
+    snprintf(where, size, "%s:%zu: %s%s%s", st->file, line, section ? section : "",
+             section ? "." : "", node_str(k));
+    size_t first = dup_line(doc, map, p, section);
+    if (first) {
+        ops_fail(st->who, "%s: given twice (first at line %zu)", where, first);
+        return false;
+    }
+    return true;
+}
+
+/* A value that must be one scalar: not null, no NUL. */
+static bool check_scalar(const cfg_state_t *st, const yaml_node_t *v, const char *where) {
+    if (v->type != YAML_SCALAR_NODE) {
+        ops_fail(st->who, "%s: expected a single value, not a %s", where,
+                 v->type == YAML_MAPPING_NODE ? "mapping" : "list");
+        return false;
+    }
+    if (node_is_null(v)) {
+        ops_fail(st->who, "%s: has no value (give one, or leave the key out)", where);
+        return false;
+    }
+    if (node_has_nul(v)) {
+        ops_fail(st->who, "%s: the value holds a NUL byte", where);
+        return false;
+    }
+    return true;
+}
+
+/* librdkafka: {property: value, ...}; null is empty (all commented out). */
+static bool file_props(cfg_state_t *st, yaml_document_t *doc, yaml_node_t *map,
+                       const char *section) {
+    char name[64];
+    snprintf(name, sizeof name, "%s%slibrdkafka", section ? section : "", section ? "." : "");
+    if (node_is_null(map))
+        return true;
     if (map->type != YAML_MAPPING_NODE) {
-        ops_fail(st->who, "%s:%zu: librdkafka: expected a mapping of property: value", st->file,
-                 map->start_mark.line + 1);
+        ops_fail(st->who, "%s:%zu: %s: expected a mapping of property: value", st->file,
+                 node_line(map), name);
         return false;
     }
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
          p++) {
+        char where[1200];
+        if (!check_key(st, doc, map, p, name, where, sizeof where))
+            return false;
         yaml_node_t *k = yaml_document_get_node(doc, p->key);
         yaml_node_t *v = yaml_document_get_node(doc, p->value);
-        if (!k || !v || k->type != YAML_SCALAR_NODE || v->type != YAML_SCALAR_NODE) {
-            ops_fail(st->who, "%s:%zu: librdkafka: each property must be a name and a value",
-                     st->file, (k ? k : map)->start_mark.line + 1);
+        if (!check_scalar(st, v, where))
             return false;
-        }
         if (!set_prop(st, node_str(k), strlen(node_str(k)), node_str(v), ORIG_FILE))
             return false;
     }
     return true;
 }
 
-/* One mapping: the top level (section NULL) or a serve:/http: section. */
+/* serve: or http: at the top level must be a mapping (or null: empty). */
+static bool check_section(const cfg_state_t *st, const yaml_node_t *v, const char *key,
+                          const char *where) {
+    if (v->type == YAML_MAPPING_NODE || node_is_null(v))
+        return true;
+    ops_fail(st->who, "%s: must be a mapping (the options of %s only)%s", where, key,
+             strcmp(key, "http") ? "" : ", or a HOST:PORT (serve's --http)");
+    return false;
+}
+
+static void unknown_key(const cfg_state_t *st, const char *where, const char *section) {
+    if (!section)
+        ops_fail(st->who,
+                 "%s: unknown key (expected an option of serve or http without its dashes, "
+                 "librdkafka, or a serve: or http: section; see d3stream %s --help)",
+                 where, st->cmd);
+    else if (!strcmp(section, "serve"))
+        ops_fail(st->who,
+                 "%s: unknown key (expected an option of serve without its dashes, or "
+                 "librdkafka; see d3stream serve --help)",
+                 where);
+    else
+        ops_fail(st->who,
+                 "%s: unknown key (expected an option of http without its dashes; see "
+                 "d3stream http --help)",
+                 where);
+}
+
+/* One pair of the top level (section NULL) or of a serve:/http: section. */
+static bool file_pair(cfg_state_t *st, yaml_document_t *doc, yaml_node_t *map,
+                      const yaml_node_pair_t *p, const char *section) {
+    char where[1200];
+    if (!check_key(st, doc, map, p, section, where, sizeof where))
+        return false;
+    const char  *key = node_str(yaml_document_get_node(doc, p->key));
+    yaml_node_t *v = yaml_document_get_node(doc, p->value);
+    if (is_section(section, key, v))
+        return check_section(st, v, key, where); /* read after the top level: they win */
+    if (!strcmp(key, "librdkafka")) {
+        if (section && !strcmp(section, "http")) {
+            ops_fail(st->who, "%s: unknown key (http has no librdkafka properties)", where);
+            return false;
+        }
+        return !(st->bit & CMD_SERVE) || file_props(st, doc, v, section);
+    }
+    size_t           idx;
+    const cfg_opt_t *o = opt_find(key, &idx);
+    unsigned scope = section ? (!strcmp(section, "serve") ? CMD_SERVE : CMD_HTTP) : CMD_BOTH;
+    if (!o || !(o->cmds & scope)) {
+        unknown_key(st, where, section);
+        return false;
+    }
+    const char *norm;
+    if (!check_scalar(st, v, where) || !check_value(st, o, where, node_str(v), &norm))
+        return false;
+    return !(o->cmds & scope & st->bit) || set_val(&st->val[idx], norm, ORIG_FILE);
+}
+
 static bool file_map(cfg_state_t *st, yaml_document_t *doc, yaml_node_t *map, const char *section) {
-    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++)
+        if (!file_pair(st, doc, map, p, section))
+            return false;
+    return true;
+}
+
+/* The top level, then the sections (a section's value wins). */
+static bool file_root(cfg_state_t *st, yaml_document_t *doc) {
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root || node_is_null(root))
+        return true; /* empty, or only comments */
+    if (root->type != YAML_MAPPING_NODE) {
+        ops_fail(st->who, "%s:%zu: expected a mapping of option: value", st->file, node_line(root));
+        return false;
+    }
+    if (!file_map(st, doc, root, NULL))
+        return false;
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
          p++) {
         yaml_node_t *k = yaml_document_get_node(doc, p->key);
         yaml_node_t *v = yaml_document_get_node(doc, p->value);
-        size_t       line = (k ? k : map)->start_mark.line + 1, idx;
-        if (!k || !v || k->type != YAML_SCALAR_NODE) {
-            ops_fail(st->who, "%s:%zu: expected a key: value", st->file, line);
-            return false;
-        }
-        const char *key = node_str(k);
-        char        where[1200];
-        snprintf(where, sizeof where, "%s:%zu: %s%s%s", st->file, line, section ? section : "",
-                 section ? "." : "", key);
-        /* "http" is serve's --http when a value, the http section when a mapping. */
-        if (!section && v->type == YAML_MAPPING_NODE &&
-            (!strcmp(key, "serve") || !strcmp(key, "http"))) {
-            continue; /* sections come after the top level (they win) */
-        }
-        if (!strcmp(key, "librdkafka")) {
-            if (section && !strcmp(section, "http")) {
-                ops_fail(st->who, "%s: unknown key (http has no librdkafka properties)", where);
-                return false;
-            }
-            if ((st->bit & CMD_SERVE) && !file_props(st, doc, v))
-                return false;
-            continue;
-        }
-        const cfg_opt_t *o = opt_find(key, &idx);
-        unsigned scope = section ? (!strcmp(section, "serve") ? CMD_SERVE : CMD_HTTP) : CMD_BOTH;
-        if (!o || !(o->cmds & scope)) {
-            ops_fail(st->who,
-                     "%s: unknown key (expected an option of %s without its dashes, "
-                     "librdkafka%s; see d3stream %s --help)",
-                     where, section ? section : "serve or http",
-                     section ? "" : ", or a serve: or http: section", section ? section : st->cmd);
-            return false;
-        }
-        if (v->type != YAML_SCALAR_NODE) {
-            ops_fail(st->who, "%s: expected a single value, not a %s", where,
-                     v->type == YAML_MAPPING_NODE ? "mapping" : "list");
-            return false;
-        }
-        const char *norm;
-        if (!check_value(st, o, where, node_str(v), &norm))
-            return false;
-        if ((o->cmds & scope & st->bit) && !set_val(&st->val[idx], norm, ORIG_FILE))
+        if (is_section(NULL, node_str(k), v) && v->type == YAML_MAPPING_NODE &&
+            !file_map(st, doc, v, node_str(k)))
             return false;
     }
     return true;
 }
 
-static bool file_load(cfg_state_t *st) {
-    FILE *f = fopen(st->file, "rb");
+/* How the file was named, for messages that cannot name a line. */
+static void file_label(const cfg_state_t *st, char *out, size_t size) {
+    if (st->file_origin == ORIG_ENV)
+        snprintf(out, size, "environment D3STREAM_CONFIG: \"%s\"", st->file);
+    else
+        snprintf(out, size, "--config \"%s\"", st->file);
+}
+
+/* A regular file, or a pipe (--config <(...)): a directory would reach
+ * libyaml as a read error ("not YAML: input error"). */
+static FILE *file_open(const cfg_state_t *st) {
+    char        label[4200];
+    struct stat sb;
+    FILE       *f = fopen(st->file, "rb");
+    file_label(st, label, sizeof label);
     if (!f) {
-        ops_fail(st->who, "--config \"%s\": %s", st->file, strerror(errno));
-        return false;
+        ops_fail(st->who, "%s: %s", label, strerror(errno));
+        return NULL;
     }
+    const char *why = NULL;
+    if (fstat(fileno(f), &sb) != 0)
+        why = strerror(errno);
+    else if (S_ISDIR(sb.st_mode))
+        why = "a directory, not a regular file";
+    else if (!S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode))
+        why = "not a regular file";
+    if (why) {
+        ops_fail(st->who, "%s: %s", label, why);
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* The next document of the stream into doc; false after printing why. */
+static bool file_parse(const cfg_state_t *st, yaml_parser_t *parser, yaml_document_t *doc) {
+    if (yaml_parser_load(parser, doc))
+        return true;
+    ops_fail(st->who, "%s:%zu: not YAML: %s", st->file, parser->problem_mark.line + 1,
+             parser->problem ? parser->problem : "parse error");
+    return false;
+}
+
+/* Only one document is read: a second one (or garbage after the first)
+ * would otherwise be ignored without a word. */
+static bool file_single(const cfg_state_t *st, yaml_parser_t *parser) {
+    yaml_document_t next;
+    if (!file_parse(st, parser, &next))
+        return false;
+    yaml_node_t *root = yaml_document_get_root_node(&next);
+    bool         ok = !root;
+    if (root)
+        ops_fail(st->who, "%s:%zu: a second YAML document (the file must hold one)", st->file,
+                 node_line(root));
+    yaml_document_delete(&next);
+    return ok;
+}
+
+static bool file_load(cfg_state_t *st) {
+    FILE *f = file_open(st);
+    if (!f)
+        return false;
     yaml_parser_t   parser;
     yaml_document_t doc;
     bool            ok = false;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, f);
-    if (!yaml_parser_load(&parser, &doc)) {
-        ops_fail(st->who, "%s:%zu: not YAML: %s", st->file, parser.problem_mark.line + 1,
-                 parser.problem ? parser.problem : "parse error");
-        goto out;
+    if (file_parse(st, &parser, &doc)) {
+        ok = file_single(st, &parser) && file_root(st, &doc);
+        yaml_document_delete(&doc);
     }
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (!root) {
-        ok = true; /* empty file */
-    } else if (root->type != YAML_MAPPING_NODE) {
-        ops_fail(st->who, "%s:%zu: expected a mapping of option: value", st->file,
-                 root->start_mark.line + 1);
-    } else if (file_map(st, &doc, root, NULL)) {
-        ok = true;
-        for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
-             ok && p < root->data.mapping.pairs.top; p++) {
-            yaml_node_t *k = yaml_document_get_node(&doc, p->key);
-            yaml_node_t *v = yaml_document_get_node(&doc, p->value);
-            if (v->type == YAML_MAPPING_NODE &&
-                (!strcmp(node_str(k), "serve") || !strcmp(node_str(k), "http")))
-                ok = file_map(st, &doc, v, node_str(k));
-        }
-    }
-    yaml_document_delete(&doc);
-out:
     yaml_parser_delete(&parser);
     fclose(f);
     return ok;
@@ -503,8 +670,11 @@ static const char CONFIG_HELP[] =
     "File layout (YAML): the options' long names as keys (model, brokers,\n"
     "exactly-once: true, workers: 2, ...), librdkafka: a mapping of -X properties,\n"
     "and optional serve: and http: mappings whose keys apply to that command only.\n"
+    "One document; each key once in its mapping; a key without a value (key:, ~,\n"
+    "null) is an error, but a section or librdkafka: without one is empty.\n"
     "\n"
-    "Exit status: 0 printed, 2 usage (an unknown key, a wrong type).\n";
+    "Exit status: 0 printed, 2 usage (an unknown, repeated or empty key, a wrong\n"
+    "type, an unreadable file).\n";
 
 static bool is_secret_prop(const char *key) {
     static const char *const S[] = {"password", "secret", "sasl.oauthbearer.config", "ssl.key"};
@@ -514,16 +684,43 @@ static bool is_secret_prop(const char *key) {
     return false;
 }
 
-/* v with the password of any scheme://user:pass@ masked, into out. */
-static void mask_url(const char *v, char *out, size_t size) {
+static const char *last_of(const char *s, size_t n, char ch) {
+    const char *hit = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == ch)
+            hit = s + i;
+    return hit;
+}
+
+/* v with the password of scheme://user:pass@host masked, as a new string
+ * (NULL: out of memory). The authority ends at the first '/', '?' or '#';
+ * its userinfo at the authority's last '@' (a password may hold an '@'),
+ * the user at the userinfo's first ':'. An unencoded '/' in the password
+ * ends the authority early ("u:pa" of https://u:pa/ss@h): when the
+ * authority has no '@' but the path has, the authority's first ':' up to
+ * the path's last '@' is masked, as showing too little beats showing a
+ * secret. */
+static char *mask_url(const char *v) {
+    size_t      n = strlen(v);
     const char *scheme = strstr(v, "://");
-    const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
-    const char *slash = scheme ? strchr(scheme + 3, '/') : NULL;
-    const char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
-    if (at && (!slash || at < slash) && colon && colon < at)
-        snprintf(out, size, "%.*s****%s", (int)(colon + 1 - v), v, at);
+    const char *colon = NULL, *at = NULL;
+    if (scheme) {
+        const char *auth = scheme + 3;
+        size_t      n_auth = strcspn(auth, "/?#");
+        at = last_of(auth, n_auth, '@');
+        if (!at)
+            at = last_of(auth, strcspn(auth, "?#"), '@');
+        if (at)
+            colon = memchr(auth, ':', (size_t)(at - auth) < n_auth ? (size_t)(at - auth) : n_auth);
+    }
+    char *out = malloc(n + sizeof "****");
+    if (!out)
+        return NULL;
+    if (colon)
+        snprintf(out, n + sizeof "****", "%.*s****%s", (int)(colon + 1 - v), v, at);
     else
-        snprintf(out, size, "%s", v);
+        memcpy(out, v, n + 1);
+    return out;
 }
 
 /* A YAML scalar: bare when a plain word or number, else double-quoted. */
@@ -550,17 +747,27 @@ static void put_scalar(const char *v) {
     putchar('"');
 }
 
-static void put_value(const cfg_opt_t *o, const cfg_val_t *v) {
+/* A string with any URL password masked; false when out of memory. */
+static bool put_masked(const char *v) {
+    char *masked = mask_url(v);
+    if (!masked)
+        return false;
+    put_scalar(masked);
+    free(masked);
+    return true;
+}
+
+static bool put_value(const cfg_opt_t *o, const cfg_val_t *v) {
     const char *s = v->v ? v->v : o->def;
-    char        masked[4096];
     if (!s) {
         fputs("null", stdout);
-    } else if (o->kind != CFG_STR) {
-        fputs(s, stdout); /* checked: a number, true or false */
-    } else {
-        mask_url(s, masked, sizeof masked);
-        put_scalar(masked);
+        return true;
     }
+    if (o->kind != CFG_STR) {
+        fputs(s, stdout); /* checked: a number, true or false */
+        return true;
+    }
+    return put_masked(s);
 }
 
 /* The flags of `config serve|http ...` into st (origin flag). */
@@ -613,7 +820,8 @@ static int flags_load(cfg_state_t *st, int argc, char **argv) {
     return -1;
 }
 
-static void config_print(const cfg_state_t *st) {
+/* False when out of memory. */
+static bool config_print(const cfg_state_t *st) {
     printf("# d3stream %s: the effective configuration (file < env < flag)\n", st->cmd);
     if (st->file)
         printf("# file: %s (from %s)\n", st->file,
@@ -623,25 +831,24 @@ static void config_print(const cfg_state_t *st) {
         if (!(o->cmds & st->bit))
             continue;
         printf("%s: ", o->name);
-        put_value(o, &st->val[i]);
+        if (!put_value(o, &st->val[i]))
+            return false;
         printf("  # %s\n", ORIGIN_NAME[st->val[i].v ? st->val[i].origin : ORIG_DEFAULT]);
     }
     if (!(st->bit & CMD_SERVE))
-        return;
+        return true;
     printf("librdkafka:%s\n", st->n_props ? "" : " {}");
     for (size_t i = 0; i < st->n_props; i++) {
-        char masked[4096];
         fputs("  ", stdout);
         put_scalar(st->props[i].key);
         fputs(": ", stdout);
-        if (is_secret_prop(st->props[i].key)) {
+        if (is_secret_prop(st->props[i].key))
             put_scalar("****");
-        } else {
-            mask_url(st->props[i].v, masked, sizeof masked);
-            put_scalar(masked);
-        }
+        else if (!put_masked(st->props[i].v))
+            return false;
         printf("  # %s\n", ORIGIN_NAME[st->props[i].origin]);
     }
+    return true;
 }
 
 int ops_cmd_config(int argc, char **argv) {
@@ -675,14 +882,18 @@ int ops_cmd_config(int argc, char **argv) {
         free(rest);
         return OPS_EXIT_USAGE;
     }
+    /* As serve --help and http --help: a broken file must not hide the help. */
+    if (wants_help(n_rest, rest)) {
+        free(rest);
+        fputs(CONFIG_HELP, stdout);
+        return OPS_EXIT_OK;
+    }
     cfg_state_t st;
     int         rc = OPS_EXIT_USAGE;
     if (state_load(&st, "config", cmd, file)) {
         rc = flags_load(&st, n_rest, rest);
-        if (rc < 0) {
-            config_print(&st);
-            rc = fflush(stdout) == 0 ? OPS_EXIT_OK : OPS_EXIT_FAILURE;
-        }
+        if (rc < 0)
+            rc = config_print(&st) && fflush(stdout) == 0 ? OPS_EXIT_OK : OPS_EXIT_FAILURE;
     }
     state_fini(&st);
     free(rest);

@@ -16,6 +16,7 @@
 #include "eng_manifest_int.h"
 #include "npu.h"
 
+#include <ctype.h>
 #include <getopt.h>
 #include <netdb.h>
 #include <signal.h>
@@ -79,7 +80,8 @@ static const char HTTP_HELP[] =
     "                        open-file limit); more are accepted and closed at once\n"
     "  --timeout S           idle connection timeout in seconds (default 30): slow or\n"
     "                        silent clients are disconnected\n"
-    "  --max-body-memory MIB request bodies held at once, in MiB (default 256)\n"
+    "  --max-body-memory MIB request bodies held at once, in MiB (default 256; at\n"
+    "                        least 8, so that one body of the largest size fits)\n"
     "  --no-verify           skip the manifest check (a warning is printed)\n"
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
@@ -120,7 +122,8 @@ bool ops_http_parse_listen(const char *arg, http_opts_t *o) {
     }
     char              *end = NULL;
     unsigned long long port = strtoull(colon + 1, &end, 10);
-    if (n == 0 || n >= sizeof o->host || !colon[1] || *end || port > 65535 || colon[1] == '-')
+    /* A digit first: strtoull also takes " 5", "+5" and "-5". */
+    if (n == 0 || n >= sizeof o->host || !isdigit((unsigned char)colon[1]) || *end || port > 65535)
         return false;
     memcpy(o->host, h, n);
     o->host[n] = '\0';
@@ -193,7 +196,9 @@ void ops_http_opts_default(http_opts_t *o) {
 }
 
 /* The connection limit must leave file descriptors for the package and
- * the engine: raise the soft limit to the hard one, then fit under it. */
+ * the engine: raise the soft limit to the hard one, then fit under it. It
+ * only ever lowers want: with a low limit the floor of 64 is above a small
+ * --max-connections, which must stay as given. */
 static size_t fit_connections(size_t want, const char *cmd) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
@@ -205,6 +210,8 @@ static size_t fit_connections(size_t want, const char *cmd) {
     }
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want + 64) {
         size_t fit = rl.rlim_cur > 128 ? (size_t)rl.rlim_cur - 64 : 64;
+        if (fit >= want)
+            return want;
         fprintf(stderr,
                 "d3stream %s: --max-connections %zu lowered to %zu (open-file limit %llu)\n", cmd,
                 want, fit, (unsigned long long)rl.rlim_cur);
@@ -214,8 +221,6 @@ static size_t fit_connections(size_t want, const char *cmd) {
 }
 
 void ops_http_opts_finish(http_opts_t *o, const char *cmd) {
-    if (o->body_budget < SCH_DEFAULT_MAX_REQUEST_BYTES)
-        o->body_budget = SCH_DEFAULT_MAX_REQUEST_BYTES; /* one largest body always fits */
     o->max_connections = fit_connections(o->max_connections, cmd);
 }
 
@@ -341,7 +346,7 @@ static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *
 /* Verify and open (as `ask`), then serve. */
 static int http_package(const http_opts_t *o) {
     char sha[ENG_SHA256_HEX + 1];
-    int  rc = ops_ask_verify(o->dir, o->no_verify, sha);
+    int  rc = ops_ask_verify_as("http", o->dir, o->no_verify, sha);
     if (rc != OPS_EXIT_OK)
         return rc;
     ops_chat_template_warn("http", o->dir);
@@ -383,6 +388,25 @@ static const struct option HTTP_OPTS[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* --max-body-memory MIB: below one body of the largest size a request
+ * could be refused 429 for ever, so such a value is a usage error rather
+ * than silently raised. */
+static int body_memory_opt(const char *arg, http_opts_t *o) {
+    size_t       v;
+    const size_t min = ((size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + (1u << 20) - 1) >> 20;
+    if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v))
+        return OPS_EXIT_USAGE;
+    if (v < min) {
+        ops_fail("http",
+                 "--max-body-memory \"%s\": at least %zu (MiB: one request body of the "
+                 "largest size, %u bytes, must fit)",
+                 arg, min, (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+        return OPS_EXIT_USAGE;
+    }
+    o->body_budget = v << 20;
+    return -1;
+}
+
 /* One option; -1 to go on, else the exit status. */
 static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv) {
     size_t v;
@@ -410,10 +434,7 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         o->timeout_s = (unsigned)v;
         return -1;
     case O_BODYMEM:
-        if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v))
-            return OPS_EXIT_USAGE;
-        o->body_budget = v << 20;
-        return -1;
+        return body_memory_opt(arg, o);
     case O_NOVERIFY:
         o->no_verify = true;
         return -1;

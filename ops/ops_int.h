@@ -78,8 +78,10 @@ void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
                     const char *names[3], sch_model_info_t *info);
 
 /* The manifest check `ask` makes before loading (ops_ask.c), shared with
- * serve: sha (ENG_SHA256_HEX + 1 bytes) gets meta.model_sha256 ("" when unknown). Returns
- * OPS_EXIT_OK or the exit status (messages say "d3stream ask:"). */
+ * serve and http: sha (ENG_SHA256_HEX + 1 bytes) gets meta.model_sha256 ("" when unknown).
+ * Returns OPS_EXIT_OK or the exit status; messages say "d3stream <cmd>:". */
+int ops_ask_verify_as(const char *cmd, const char *dir, bool no_verify, char *sha);
+/* As ops_ask_verify_as, naming the command ops_log_init set (serve's call). */
 int ops_ask_verify(const char *dir, bool no_verify, char *sha);
 
 /* The answers to req -> the 200 body appended to out, *status 200
@@ -153,6 +155,8 @@ typedef struct ops_log {
 /* The command named on every line and the lowest level written; call once
  * before any thread starts (default: "d3stream", info). */
 void ops_log_init(const char *cmd, ops_log_level_t min);
+/* The command ops_log_init set ("d3stream" before it). */
+const char *ops_log_cmd(void);
 /* "debug", "info", "warn" or "error" -> *out; false otherwise. */
 bool ops_log_level_parse(const char *s, ops_log_level_t *out);
 /* The --log-level option: true with *out set, else false after saying why. */

@@ -29,6 +29,10 @@ void ops_log_init(const char *cmd, ops_log_level_t min) {
     log_min = min;
 }
 
+const char *ops_log_cmd(void) {
+    return log_cmd;
+}
+
 bool ops_log_level_parse(const char *s, ops_log_level_t *out) {
     for (int i = 0; i <= OPS_LOG_ERROR; i++)
         if (strcmp(s, LEVEL_NAME[i]) == 0) {

@@ -59,10 +59,11 @@ static const char *write_file(const char *name, const char *text) {
     return path;
 }
 
-/* Runs "env ENV d3stream ARGS" (stderr too); exit status, output in out. */
-static int run(const char *env, const char *args, svc_buf_t *out) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cd '%s' && env %s '%s' %s 2>&1", dir, env, binary(), args);
+/* Runs "PRE; env ENV d3stream ARGS" (stderr too) in a shell; exit status,
+ * output in out. */
+static int run_sh(const char *pre, const char *env, const char *args, svc_buf_t *out) {
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s env %s '%s' %s 2>&1", dir, pre, env, binary(), args);
     svc_buf_init(out, (size_t)1 << 24);
     FILE *p = popen(cmd, "r");
     cr_assert(p, "popen(%s) failed", cmd);
@@ -73,6 +74,11 @@ static int run(const char *env, const char *args, svc_buf_t *out) {
     cr_assert(svc_buf_add(out, "", 1) == SVC_OK);
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs "env ENV d3stream ARGS" (stderr too); exit status, output in out. */
+static int run(const char *env, const char *args, svc_buf_t *out) {
+    return run_sh("", env, args, out);
 }
 
 /* out has the line "want" (a whole line). */
@@ -344,4 +350,258 @@ Test(config, help) {
     cr_assert_eq(run("", "--help", &out), 0);
     has_text(&out, "  config ");
     svc_buf_fini(&out);
+}
+
+/* ------------------------------------------------------------ review fixes */
+
+/* A key given twice, at any level, is an error naming both lines: last-wins
+ * would hide a stale copy. http: as serve's --http and as the http section
+ * are two keys (the sections case). */
+Test(config, duplicate_keys) {
+    static const struct {
+        const char *text, *cmd, *want;
+    } CASES[] = {
+        {"workers: 2\nmodel: /m\nworkers: 3\n", "http",
+         "d.yaml:3: workers: given twice (first at line 1)"},
+        {"http:\n  workers: 2\n  workers: 3\n", "http",
+         "d.yaml:3: http.workers: given twice (first at line 2)"},
+        {"serve:\n  group: a\nserve:\n  group: b\n", "serve",
+         "d.yaml:3: serve: given twice (first at line 1)"},
+        {"http:\n#  workers: 2\nhttp:\n  workers: 3\n", "http",
+         "d.yaml:3: http: given twice (first at line 1)"},
+        {"librdkafka:\n  acks: 1\n  acks: all\n", "serve",
+         "d.yaml:3: librdkafka.acks: given twice (first at line 2)"},
+        {"serve:\n  librdkafka:\n    acks: 1\n    acks: all\n", "serve",
+         "d.yaml:4: serve.librdkafka.acks: given twice (first at line 3)"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char      args[64];
+        svc_buf_t out;
+        write_file("d.yaml", CASES[i].text);
+        snprintf(args, sizeof args, "config --config d.yaml %s", CASES[i].cmd);
+        cr_assert_eq(run("", args, &out), 2, "case %zu:\n%s", i, out.data);
+        has_text(&out, CASES[i].want);
+        svc_buf_fini(&out);
+    }
+}
+
+/* An explicit null is no value (not the string "~"); a NUL byte would cut
+ * the value. */
+Test(config, null_and_nul_values) {
+    static const struct {
+        const char *text, *want;
+    } CASES[] = {
+        {"model: ~\n", "n.yaml:1: model: has no value"},
+        {"workers: 2\nmodel: null\n", "n.yaml:2: model: has no value"},
+        {"listen:\n", "n.yaml:1: listen: has no value"},
+        {"no-verify: ~\n", "n.yaml:1: no-verify: has no value"},
+        {"http:\n  listen:\n", "n.yaml:2: http.listen: has no value"},
+        {"model: \"a\\0b\"\n", "n.yaml:1: model: the value holds a NUL byte"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        svc_buf_t out;
+        write_file("n.yaml", CASES[i].text);
+        cr_assert_eq(run("", "config --config n.yaml http", &out), 2, "case %zu:\n%s", i, out.data);
+        has_text(&out, CASES[i].want);
+        svc_buf_fini(&out);
+    }
+    svc_buf_t out;
+    write_file("p.yaml", "librdkafka:\n  acks: ~\n");
+    cr_assert_eq(run("", "config --config p.yaml serve", &out), 2, "%s", out.data);
+    has_text(&out, "p.yaml:2: librdkafka.acks: has no value");
+    svc_buf_fini(&out);
+    /* quoted, they are strings */
+    write_file("q.yaml", "model: \"~\"\n");
+    cr_assert_eq(run("", "config --config q.yaml http", &out), 0, "%s", out.data);
+    has_line(&out, "model: \"~\"  # file");
+    svc_buf_fini(&out);
+}
+
+/* A section whose lines are all commented out is empty, not the value "". */
+Test(config, empty_and_scalar_sections) {
+    write_file("e.yaml", "workers: 2\nserve:\n#  workers: 3\nhttp:\n#  workers: 4\n"
+                         "librdkafka:\n#  acks: all\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config e.yaml serve", &out), 0, "%s", out.data);
+    has_line(&out, "http: null  # default");
+    has_line(&out, "workers: 2  # file");
+    has_line(&out, "librdkafka: {}");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config --config e.yaml http", &out), 0, "%s", out.data);
+    has_line(&out, "workers: 2  # file");
+    svc_buf_fini(&out);
+    write_file("s.yaml", "serve: 3\n");
+    cr_assert_eq(run("", "config --config s.yaml serve", &out), 2, "%s", out.data);
+    has_text(&out, "s.yaml:1: serve: must be a mapping");
+    cr_assert(!strstr(out.data, "unknown key"), "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+/* The http section has no librdkafka: its unknown-key message must not
+ * suggest it. */
+Test(config, unknown_key_in_http_section) {
+    write_file("h.yaml", "http:\n  brokerz: h:1\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config h.yaml http", &out), 2, "%s", out.data);
+    has_text(&out, "h.yaml:2: http.brokerz: unknown key");
+    cr_assert(!strstr(out.data, "librdkafka"), "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+/* Only one document: what follows the first must not be dropped unread. */
+Test(config, one_document) {
+    write_file("t.yaml", "workers: 2\n---\nworkers: 3\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config t.yaml http", &out), 2, "%s", out.data);
+    has_text(&out, "t.yaml:3: a second YAML document");
+    svc_buf_fini(&out);
+    write_file("b.yaml", "workers: 2\n---\nworkers: [\n");
+    cr_assert_eq(run("", "config --config b.yaml http", &out), 2, "%s", out.data);
+    has_text(&out, "b.yaml:4: not YAML");
+    svc_buf_fini(&out);
+    write_file("o.yaml", "---\nworkers: 2\n...\n");
+    cr_assert_eq(run("", "config --config o.yaml http", &out), 0, "%s", out.data);
+    has_line(&out, "workers: 2  # file");
+    svc_buf_fini(&out);
+}
+
+/* The file's name in a message says where it was given; a directory is
+ * refused as such, not as "not YAML". */
+Test(config, file_named_by_its_source) {
+    svc_buf_t out;
+    cr_assert_eq(run("D3STREAM_CONFIG=/nonexistent/c.yaml", "http --model pkg", &out), 2);
+    has_text(&out, "D3STREAM_CONFIG: \"/nonexistent/c.yaml\": No such file or directory");
+    cr_assert(!strstr(out.data, "--config"), "%s", out.data);
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "http --config /nonexistent/c.yaml --model pkg", &out), 2);
+    has_text(&out, "--config \"/nonexistent/c.yaml\": No such file or directory");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config --config /tmp http", &out), 2);
+    has_text(&out, "--config \"/tmp\": a directory, not a regular file");
+    cr_assert(!strstr(out.data, "not YAML"), "%s", out.data);
+    svc_buf_fini(&out);
+    /* a pipe is read (--config <(...)) */
+    cr_assert_eq(run_sh("printf 'workers: 7\\n' |", "", "config --config /dev/stdin http", &out), 0,
+                 "%s", out.data);
+    has_line(&out, "workers: 7  # file");
+    svc_buf_fini(&out);
+}
+
+/* config's --help, like serve's, does not read a broken file. */
+Test(config, help_before_file) {
+    write_file("bad.yaml", "workers: [\n");
+    svc_buf_t out;
+    cr_assert_eq(run("D3STREAM_CONFIG=bad.yaml", "config serve --help", &out), 0, "%s", out.data);
+    has_text(&out, "Usage: d3stream config");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "config --config bad.yaml http -h", &out), 0, "%s", out.data);
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_CONFIG=bad.yaml", "serve --help", &out), 0, "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+/* The userinfo ends at the authority's last '@', the authority at the first
+ * '/', '?' or '#'; a value is printed whole, however long. */
+Test(config, url_masking) {
+    static const struct {
+        const char *url, *want;
+    } CASES[] = {
+        {"https://u:p@ss@h", "\"https://u:****@h\""},
+        {"https://u:pa/ss@h", "\"https://u:****@h\""},
+        {"https://u:p@h:8081/a@b", "\"https://u:****@h:8081/a@b\""},
+        {"https://h:8081/x?q=a@b", "\"https://h:8081/x?q=a@b\""},
+        {"https://u@h:8081", "\"https://u@h:8081\""},
+        {"https://u:@h", "\"https://u:****@h\""},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char      args[256], want[256];
+        svc_buf_t out;
+        snprintf(args, sizeof args, "config serve --schema-registry '%s'", CASES[i].url);
+        cr_assert_eq(run("", args, &out), 0, "%s", out.data);
+        snprintf(want, sizeof want, "schema-registry: %s  # flag", CASES[i].want);
+        has_line(&out, want);
+        cr_assert(!strstr(out.data, "ss@") && !strstr(out.data, "pa/"), "%s", out.data);
+        svc_buf_fini(&out);
+    }
+    char      path[5001], args[10200], want[5100];
+    svc_buf_t out;
+    memset(path, 'a', 5000);
+    path[5000] = '\0';
+    snprintf(args, sizeof args, "config serve --schema-registry https://h/%s -X client.id=%s", path,
+             path);
+    cr_assert_eq(run("", args, &out), 0, "%s", out.data);
+    snprintf(want, sizeof want, "schema-registry: \"https://h/%s\"  # flag", path);
+    has_line(&out, want);
+    snprintf(want, sizeof want, "  client.id: %s  # flag", path);
+    has_line(&out, want);
+    svc_buf_fini(&out);
+}
+
+/* A count or a port starts with a digit on the command line too (strtoull
+ * takes " 5" and "+5"); "+5" from the file was already refused. */
+Test(config, numbers_need_a_digit) {
+    static const char *const ARGS[] = {
+        "http --model /nonexistent --workers +5",
+        "http --model /nonexistent --workers ' 5'",
+        "http --model /nonexistent --max-queue +1",
+        "http --model /nonexistent --listen 127.0.0.1:+80",
+        "http --model /nonexistent --listen '127.0.0.1: 80'",
+        "serve --model /nonexistent --brokers b --group g --input i --output o --workers +2",
+    };
+    for (size_t i = 0; i < sizeof ARGS / sizeof ARGS[0]; i++) {
+        svc_buf_t out;
+        cr_assert_eq(run("", ARGS[i], &out), 2, "%s:\n%s", ARGS[i], out.data);
+        svc_buf_fini(&out);
+    }
+    svc_buf_t out;
+    write_file("p.yaml", "workers: +5\n");
+    cr_assert_eq(run("", "config --config p.yaml http", &out), 2, "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+/* The open-file limit only ever lowers --max-connections, and says so only
+ * then. (The package is missing: the limit is fitted before it is opened.) */
+Test(config, max_connections_never_raised) {
+    svc_buf_t out;
+    cr_assert_eq(
+        run_sh("ulimit -n 70;", "", "http --model /nonexistent --max-connections 10", &out), 3,
+        "%s", out.data);
+    cr_assert(!strstr(out.data, "lowered"), "%s", out.data);
+    svc_buf_fini(&out);
+    cr_assert_eq(
+        run_sh("ulimit -n 70;", "", "http --model /nonexistent --max-connections 500", &out), 3,
+        "%s", out.data);
+    has_text(&out, "--max-connections 500 lowered to 64 (open-file limit 70)");
+    svc_buf_fini(&out);
+}
+
+/* Below one largest body (8 MiB) the budget is refused, not raised. */
+Test(config, max_body_memory_minimum) {
+    svc_buf_t out;
+    cr_assert_eq(run("", "http --model /nonexistent --max-body-memory 7", &out), 2, "%s", out.data);
+    has_text(&out, "--max-body-memory \"7\": at least 8");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "http --model /nonexistent --max-body-memory 8", &out), 3, "%s", out.data);
+    svc_buf_fini(&out);
+    cr_assert_eq(run("", "http --help", &out), 0);
+    has_text(&out, "least 8");
+    svc_buf_fini(&out);
+}
+
+/* The manifest check names the command that ran it, not `ask`. */
+Test(config, manifest_failure_names_the_command) {
+    static const struct {
+        const char *args, *want;
+    } CASES[] = {
+        {"http --model /nonexistent", "d3stream http: no manifest"},
+        {"serve --model /nonexistent --brokers b --group g --input i --output o",
+         "d3stream serve: no manifest"},
+        {"ask --model /nonexistent /dev/null", "d3stream ask: no manifest"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        svc_buf_t out;
+        cr_assert_eq(run("", CASES[i].args, &out), 3, "%s:\n%s", CASES[i].args, out.data);
+        has_text(&out, CASES[i].want);
+        svc_buf_fini(&out);
+    }
 }

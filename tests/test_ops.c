@@ -511,3 +511,25 @@ Test(ops, version_kernels) {
     cr_expect(strstr(out.data, "kernels: ref, matmul ref-f32, threads 1"), "%s", out.data);
     svc_buf_fini(&out);
 }
+
+/* version takes --help and no operands. */
+Test(ops, version_usage) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' version --help", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "Usage: d3stream version"), "%s", out.data);
+    cr_assert(!strstr(out.data, "\nkernels: "), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' version bogus 2>&1", binary());
+    cr_assert_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    cr_assert(strstr(out.data, "unexpected operand \"bogus\""), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' version --bogus 2>/dev/null", binary());
+    cr_assert_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' --version", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "\nkernels: "), "%s", out.data);
+    svc_buf_fini(&out);
+}
