@@ -220,12 +220,19 @@ static const char VALIDATE_HELP[] =
     "Exit status: 0 the request is valid (200), 1 it is not, 2 usage, 3 unreadable input.\n";
 
 void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
-                    const char *names[3], sch_model_info_t *info) {
+                    const char *names[3], char last[OPS_NAME_MAX], sch_model_info_t *info) {
     static const char *const profiles[] = {"exact"};
-    const char              *slash = strrchr(dir, '/');
+    /* The last component as Python's Path(dir).name: trailing '/' dropped. */
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    snprintf(last, OPS_NAME_MAX, "%.*s", (int)(n - b), dir + b);
     names[0] = eng_package_model_id(pkg);
     names[1] = dir;
-    names[2] = slash && slash[1] ? slash + 1 : dir;
+    names[2] = last[0] ? last : dir;
     *info = (sch_model_info_t){
         .names = names,
         .n_names = 3,
@@ -253,8 +260,9 @@ int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_visio
                        size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size) {
     const char      *names[3];
+    char             last[OPS_NAME_MAX];
     sch_model_info_t info;
-    ops_model_info(pkg, dir, has_vision, names, &info);
+    ops_model_info(pkg, dir, has_vision, names, last, &info);
     sch_limits_t limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
     sch_error_t  e;
     sch_error_init(&e);

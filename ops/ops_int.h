@@ -71,11 +71,15 @@ SVC_WUR svc_err_t ops_manifest_verify(const char *dir, const char **which, struc
  * not pinned by SPEC e.5 (never a refusal: d3stream does not execute it). */
 void ops_chat_template_warn(const char *cmd, const char *dir);
 
+#define OPS_NAME_MAX 4096
+
 /* What the contract must know about the package opened from dir: the names
- * that select it (its id, the path, the path's last component; SPEC a.2 4.),
- * the "exact" profile and whether images are rendered (has_vision). */
+ * that select it (its id, the path, the path's last component without
+ * trailing '/', written to last; SPEC a.2 4.), the "exact" profile and
+ * whether images are rendered (has_vision). names and info point into dir
+ * and last, which must outlive them. */
 void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
-                    const char *names[3], sch_model_info_t *info);
+                    const char *names[3], char last[OPS_NAME_MAX], sch_model_info_t *info);
 
 /* The manifest check `ask` makes before loading (ops_ask.c), shared with
  * serve and http: sha (ENG_SHA256_HEX + 1 bytes) gets meta.model_sha256 ("" when unknown).

@@ -360,6 +360,18 @@ Test(ops, ask_usage_and_refusals) {
     cr_assert_eq(run_shell(cmd, &out), 1);
     cr_assert(strstr(out.data, "{\"error\":{\"code\":\"invalid_request\""), "%s", out.data);
     svc_buf_fini(&out);
+    /* The path's last component names the package with --model DIR/ too
+     * (SPEC a.2 4.: Path(dir).name); a link gives it a name of its own. */
+    char link[64] = "/tmp/d3ops-XXXXXX";
+    cr_assert(mkdtemp(link));
+    snprintf(cmd, sizeof cmd,
+             "ln -s '%s' '%s/renamed' && printf '{\"model\": \"renamed\", \"state\": \"s\", "
+             "\"questions\": {\"q\": {\"type\": \"noul\", \"instructions\": \"i\"}}}' | "
+             "'%s' ask --model '%s/renamed//' 2>/dev/null; st=$?; rm -rf '%s'; exit $st",
+             TINY, link, binary(), link, link);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "\"noul\""), "%s", out.data);
+    svc_buf_fini(&out);
 }
 
 Test(ops, inspect_tiny_upstream) {
