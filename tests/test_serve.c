@@ -41,18 +41,12 @@ static void assert_answers(const rec_t *r) {
 
 /* A choice request of tag, as Avro framed with schema `id`, into f. */
 static void avro_request(const char *tag, uint32_t id, svc_buf_t *f) {
-    char json[512], errstr[256];
+    char json[512];
     snprintf(json, sizeof json,
              "{\"state\": \"avro %s\", \"questions\": {\"c\": {\"type\": \"choice\", "
              "\"criteria\": {\"x\": \"X\", \"y\": \"Y\"}}}}",
              tag);
-    svc_buf_t bin;
-    svc_buf_init(&bin, SIZE_MAX / 2);
-    svc_buf_init(f, SIZE_MAX / 2);
-    cr_assert_eq(sch_avro_request_from_json(json, strlen(json), &bin, errstr, sizeof errstr),
-                 SVC_OK, "%s", errstr);
-    cr_assert_eq(sch_frame_write(id, bin.data, bin.len, f), SVC_OK);
-    svc_buf_fini(&bin);
+    avro_frame(json, id, f);
 }
 
 /* A framed Avro answer as its JSON body (out: svc_buf_fini it). */

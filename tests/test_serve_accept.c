@@ -477,18 +477,6 @@ Test(accept, poison_json, .timeout = 900, .fini = fini) {
     rm_tree(dir);
 }
 
-/* An Avro frame (schema id, the request JSON encoded) in f. */
-static void avro_frame(const char *json, uint32_t id, svc_buf_t *f) {
-    char      errstr[256];
-    svc_buf_t bin;
-    svc_buf_init(&bin, SIZE_MAX / 2);
-    svc_buf_init(f, SIZE_MAX / 2);
-    cr_assert_eq(sch_avro_request_from_json(json, strlen(json), &bin, errstr, sizeof errstr),
-                 SVC_OK, "%s", errstr);
-    cr_assert_eq(sch_frame_write(id, bin.data, bin.len, f), SVC_OK);
-    svc_buf_fini(&bin);
-}
-
 Test(accept, poison_avro, .timeout = 900, .fini = fini) {
     char dir[64], pkg[128];
     make_package(dir, pkg, sizeof pkg);
