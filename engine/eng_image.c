@@ -79,7 +79,8 @@ static bool png_cid(const unsigned char *t) {
 }
 
 /* The IHDR/PLTE state Pillow's PngStream keeps while opening: the last
- * IHDR and the last PLTE before the first IDAT. */
+ * IHDR, and the last PLTE before the first IDAT that came while the mode
+ * was P (chunk_PLTE keeps it only then: not before IHDR, not for RGB). */
 typedef struct png_info {
     uint32_t w, h;
     unsigned depth, ct;
@@ -88,9 +89,22 @@ typedef struct png_info {
     size_t   idat;        /* offset of the first IDAT chunk */
 } png_info_t;
 
+/* Bits per pixel of Pillow's rawmode for (depth, colour type); 0 for a
+ * pair sch_image.c would have refused. */
+static unsigned png_bits(const png_info_t *pi) {
+    static const unsigned channels[7] = {1, 0, 3, 1, 2, 0, 4};
+    unsigned              d = pi->depth;
+    if (pi->ct > 6 || !channels[pi->ct] || !(d == 1 || d == 2 || d == 4 || d == 8 || d == 16))
+        return 0;
+    if ((pi->ct == 3 && d == 16) || (pi->ct != 0 && pi->ct != 3 && d < 8))
+        return 0;
+    return d * channels[pi->ct];
+}
+
 static const char *png_header(const unsigned char *p, size_t n, png_info_t *pi) {
     size_t pos = 8;
     bool   ihdr = false;
+    bool   mode_p = false; /* PngStream.im_mode == "P" */
     while (n - pos >= 8 && memcmp(p + pos + 4, "IDAT", 4) != 0) {
         uint32_t             len = be32(p + pos);
         const unsigned char *d = p + pos + 8;
@@ -103,11 +117,14 @@ static const char *png_header(const unsigned char *p, size_t n, png_info_t *pi) 
             pi->depth = d[8];
             pi->ct = d[9];
             pi->interlaced = d[12] != 0; /* d[10], the compression method, is ignored */
+            /* chunk_IHDR sets the mode only for a pair _MODES knows */
+            if (png_bits(pi))
+                mode_p = pi->ct == 3;
             /* chunk_IHDR: another filter method is a SyntaxError while
              * opening, which Image.open reports as unidentified. */
             if (d[11] != 0)
                 return UNIDENTIFIED;
-        } else if (memcmp(p + pos + 4, "PLTE", 4) == 0) {
+        } else if (memcmp(p + pos + 4, "PLTE", 4) == 0 && mode_p) {
             memset(pi->pal, 0, sizeof pi->pal);
             for (uint32_t i = 0; i < len / 3 && i < 256; i++)
                 memcpy(pi->pal[i], d + 3 * i, 3);
@@ -141,18 +158,6 @@ static const char *png_verify(const unsigned char *p, size_t n, size_t pos) {
             return SYNTAX_ERROR;
         pos += (size_t)len + 4;
     }
-}
-
-/* Bits per pixel of Pillow's rawmode for (depth, colour type); 0 for a
- * pair sch_image.c would have refused. */
-static unsigned png_bits(const png_info_t *pi) {
-    static const unsigned channels[7] = {1, 0, 3, 1, 2, 0, 4};
-    unsigned              d = pi->depth;
-    if (pi->ct > 6 || !channels[pi->ct] || !(d == 1 || d == 2 || d == 4 || d == 8 || d == 16))
-        return 0;
-    if ((pi->ct == 3 && d == 16) || (pi->ct != 0 && pi->ct != 3 && d < 8))
-        return 0;
-    return d * channels[pi->ct];
 }
 
 /* Pillow's ImagingZipDecode for PNG, its state kept across IDAT blocks. */

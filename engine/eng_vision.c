@@ -222,8 +222,8 @@ static void add_pos(const eng_vision_t *v, float *x, size_t gh, size_t gw) {
 static void rope_tables(const eng_vision_t *v, size_t gh, size_t gw, float *cos_t, float *sin_t) {
     const eng_vis_cfg_t *c = &v->cfg;
     size_t               D = c->head_dim, sp = D / 2, nf = D / 4;
-    float                inv[256];
-    SVC_ASSERT(nf <= 256);
+    float                inv[ENG_VIS_MAX_HEAD_DIM / 4];
+    SVC_ASSERT(nf <= ENG_VIS_MAX_HEAD_DIM / 4); /* eng_vis_cfg_load's bound */
     for (size_t j = 0; j < nf; j++)
         inv[j] = 1.0f / powf(c->theta, (float)(2 * j) / (float)sp);
     for (size_t i = 0; i < gh * gw; i++) {

@@ -134,6 +134,13 @@ static svc_err_t vc_check(const vc_ctx_t *c, size_t text_hidden, eng_vis_cfg_t *
                        "%shidden_size %zu over num_heads %zu must give a head size divisible by 4",
                        c->where, o->hidden, o->heads);
     o->head_dim = o->hidden / o->heads;
+    /* the rotary tables (eng_vision.c rope_tables) hold head_dim / 4
+     * frequencies, at most ENG_VIS_MAX_HEAD_DIM / 4 */
+    if (o->head_dim > ENG_VIS_MAX_HEAD_DIM)
+        return vc_fail(
+            c,
+            "%shidden_size %zu over num_heads %zu gives a head size of %zu, over the %d supported",
+            c->where, o->hidden, o->heads, o->head_dim, ENG_VIS_MAX_HEAD_DIM);
     o->side = (size_t)llround(sqrt((double)o->n_pos));
     if (o->side * o->side != o->n_pos)
         return vc_fail(c, "%snum_position_embeddings %zu is not a square", c->where, o->n_pos);

@@ -17,6 +17,10 @@
 #include "eng_image_int.h"
 #include "eng_model_int.h"
 
+/* The largest head size the tower runs (its rotary tables are sized for
+ * it); eng_vis_cfg_load refuses a config past it. */
+#define ENG_VIS_MAX_HEAD_DIM 1024
+
 /* vision_config of config.json (HF keys, or FastFlowLM's QWEN3_5_* keys). */
 typedef struct eng_vis_cfg {
     size_t  depth;          /* ViT blocks */

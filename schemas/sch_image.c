@@ -127,7 +127,7 @@ static bool png_mode_known(unsigned depth, unsigned colour) {
 /* PIL's PngImageFile._open: chunks up to IDAT, each whole (else OSError),
  * with a readable, matching CRC (else unidentified); IHDR gives the size.
  * Returns NULL, or the failure message. */
-static const char *probe_png(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h) {
+const char *sch_image_probe_png(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h) {
     size_t pos = 8;
     bool   mode = false;
     for (;;) {
@@ -288,16 +288,6 @@ static const char *probe_webp(const unsigned char *p, size_t n, uint32_t *w, uin
     return OS_ERROR;
 }
 
-/* Formats PIL opens that the contract refuses by name (GIF, BMP). */
-static bool probe_other(const unsigned char *p, size_t n) {
-    if (n >= 13 && (memcmp(p, "GIF87a", 6) == 0 || memcmp(p, "GIF89a", 6) == 0))
-        return true;
-    if (n < 26 || p[0] != 'B' || p[1] != 'M')
-        return false;
-    uint32_t hs = le32(p + 14);
-    return hs == 12 || hs == 40 || hs == 52 || hs == 56 || hs == 64 || hs == 108 || hs == 124;
-}
-
 const char *sch_image_probe(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h,
                             const char **fail) {
     static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
@@ -306,7 +296,7 @@ const char *sch_image_probe(const unsigned char *p, size_t n, uint32_t *w, uint3
     *fail = UNIDENTIFIED;
     if (n >= 8 && memcmp(p, png_sig, 8) == 0) {
         format = "png";
-        *fail = probe_png(p, n, w, h);
+        *fail = sch_image_probe_png(p, n, w, h);
     } else if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) {
         format = "jpeg";
         bool mpo = false;
@@ -316,9 +306,10 @@ const char *sch_image_probe(const unsigned char *p, size_t n, uint32_t *w, uint3
     } else if (n >= 12 && memcmp(p, "RIFF", 4) == 0 && memcmp(p + 8, "WEBP", 4) == 0) {
         format = "webp";
         *fail = probe_webp(p, n, w, h);
-    } else if (probe_other(p, n)) {
-        *fail = NULL;
-        return "other";
+    } else {
+        /* GIF, BMP, TIFF, ... (sch_image_other.c): refused by name */
+        *fail = sch_image_probe_other(p, n, w, h);
+        return *fail ? NULL : "other";
     }
     /* PIL's ImageFile refuses an empty size while opening. */
     if (!*fail && (*w == 0 || *h == 0))
@@ -426,15 +417,11 @@ static svc_err_t data_url(const media_kind_t *kind, const sch_json_t *v, bool de
     return SVC_OK;
 }
 
-/* PIL's Image.open refuses more than twice Image.MAX_IMAGE_PIXELS
- * (89,478,485 by default) as a decompression bomb. */
-#define PIL_BOMB_PIXELS 178956970u
-
 /* Size rules on a read header (SPEC a.10), in PIL's then the resizer's
  * order: bomb, format, pixel count, then the aspect ratio. */
 static svc_err_t check_size(const char *format, uint32_t w, uint32_t h, char *msg,
                             size_t msg_size) {
-    if ((uint64_t)w * h > PIL_BOMB_PIXELS) {
+    if ((uint64_t)w * h > SCH_IMAGE_BOMB_PIXELS) {
         svc_errf(msg, msg_size, "invalid image data (DecompressionBombError)");
         return SVC_ERR_INVALID;
     }

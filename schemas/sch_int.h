@@ -83,13 +83,28 @@ SVC_WUR svc_err_t sch_image_decode(const sch_json_t *v, sch_image_t *img, char *
  * decoder d3stream does not have). Same contract as sch_image_decode. */
 SVC_WUR svc_err_t sch_video_check(const sch_json_t *v, char *msg, size_t msg_size);
 
+/* PIL's Image.open refuses more than twice Image.MAX_IMAGE_PIXELS
+ * (89,478,485 by default) as a decompression bomb. */
+#define SCH_IMAGE_BOMB_PIXELS 178956970u
+
 /* Reads width and height from PNG, JPEG or WebP bytes as PIL opens them.
  * Returns the format ("png", "jpeg", "webp"), "other" for a format PIL
- * opens but the contract refuses (GIF, BMP), or NULL with *fail = the
- * message PIL's failure becomes, e.g. "invalid image data
- * (UnidentifiedImageError)". Pixels are not decoded. */
+ * opens but the contract refuses (GIF, BMP, TIFF, ...: w, h its size, for
+ * the bomb check), or NULL with *fail = the message PIL's failure becomes,
+ * e.g. "invalid image data (UnidentifiedImageError)". Pixels are not
+ * decoded. */
 const char *sch_image_probe(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h,
                             const char **fail);
+
+/* PngImageFile._open on bytes with the PNG signature: NULL (w, h from IHDR,
+ * maybe zero) or the failure's message. */
+const char *sch_image_probe_png(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h);
+
+/* Image.open over the other plugins (sch_image_other.c) for bytes that are
+ * not PNG, JPEG or WebP: NULL when one opens them (w, h nonzero: its size),
+ * else the message, "invalid image data (UnidentifiedImageError)" when none
+ * does. */
+const char *sch_image_probe_other(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h);
 
 /* Strict base64 (Python b64decode(validate=True)): false when invalid.
  * out may be NULL to validate only; *out_len gets the decoded size. */

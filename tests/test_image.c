@@ -330,6 +330,110 @@ Test(image, decode_lying_sizes) {
     free(p);
 }
 
+/* ---- formats upstream opens and refuses ---------------------------------- */
+
+/* tests/fixtures/image-other.json (tests/tools/gen_image_other.py, Pillow
+ * 13): GIF, BMP, DIB, TIFF, PPM and kin, ICO, CUR, QOI, JPEG 2000 and TGA
+ * files, whole, cut and past the bomb limit, with upstream's message. */
+Test(image, other_formats_as_upstream) {
+    json_error_t je;
+    json_t      *doc = json_load_file(D3_SOURCE_DIR "/tests/fixtures/image-other.json", 0, &je);
+    cr_assert(doc, "image-other.json: %s", je.text);
+    const json_t *cs = json_object_get(doc, "cases");
+    size_t        bad = 0;
+    cr_assert_gt(json_array_size(cs), 40);
+    for (size_t i = 0; i < json_array_size(cs); i++) {
+        const json_t *c = json_array_get(cs, i);
+        const char   *b64 = str(c, "data");
+        size_t        n;
+        uint8_t      *p = malloc(strlen(b64) + 1);
+        cr_assert(p && sch_base64_decode(b64, strlen(b64), p, &n), "%s", str(c, "name"));
+        eng_rgb_t im = {0};
+        char      msg[256] = "";
+        svc_err_t err = decode_bytes(p, n, "png", &im, msg, sizeof msg);
+        if (err != SVC_ERR_INVALID || strcmp(msg, str(c, "error")) != 0) {
+            cr_log_error("%s: want \"%s\", got %d \"%s\"", str(c, "name"), str(c, "error"), err,
+                         msg);
+            bad++;
+        }
+        eng_rgb_fini(&im);
+        free(p);
+    }
+    cr_expect_eq(bad, 0, "%zu of %zu files answered unlike upstream", bad, json_array_size(cs));
+    json_decref(doc);
+}
+
+/* The size the bomb check sees: GIF's screen grown to its first frame's
+ * extent, BMP's with a top-down (negative) height made positive. */
+Test(image, gif_and_bmp_sizes) {
+    static const uint8_t gif[] = {'G', 'I', 'F', '8', '9',  'a',  5,    0,    4, 0, 0x80, 0,
+                                  0,   0,   0,   0,   0xff, 0xff, 0xff, ',',  2, 0, 3,    0,
+                                  8,   0,   6,   0,   0,    2,    2,    0x44, 1, 0, ';'};
+    uint8_t              bmp[54] = {'B', 'M'};
+    bmp[10] = 54;
+    bmp[14] = 40;                            /* BITMAPINFOHEADER */
+    bmp[18] = 7;                             /* width 7 */
+    memset(bmp + 22, 0xff, 4), bmp[22] = -3; /* height -3: top-down */
+    bmp[26] = 1, bmp[28] = 24;
+    static const uint8_t core[] = {'B', 'M', 0, 0, 0, 0, 0, 0, 0, 0, 26, 0,  0,
+                                   0,   12,  0, 0, 0, 6, 0, 5, 0, 1, 0,  24, 0};
+    uint32_t             w, h;
+    const char          *fail;
+    cr_expect_str_eq(sch_image_probe(gif, sizeof gif, &w, &h, &fail), "other");
+    cr_expect(w == 10 && h == 9, "gif %ux%u, want 10x9", w, h);
+    cr_expect_str_eq(sch_image_probe(bmp, sizeof bmp, &w, &h, &fail), "other");
+    cr_expect(w == 7 && h == 3, "bmp %ux%u, want 7x3", w, h);
+    cr_expect_str_eq(sch_image_probe(core, sizeof core, &w, &h, &fail), "other");
+    cr_expect(w == 6 && h == 5, "bmp core %ux%u, want 6x5", w, h);
+}
+
+/* chunk_PLTE keeps a palette only while the mode is P: one before IHDR, or
+ * after an RGB IHDR that a P one replaces, leaves Pillow's black. */
+Test(image, png_palette_only_in_p_mode) {
+    static const uint8_t sig[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    static const uint8_t ihdr_p[] = {0, 0, 0, 13, 'I', 'H', 'D', 'R', 0,    0,    0,    2,   0,
+                                     0, 0, 2, 8,  3,   0,   0,   0,   0x45, 0x68, 0xfd, 0x16};
+    static const uint8_t ihdr_rgb[] = {0, 0, 0, 13, 'I', 'H', 'D', 'R', 0,    0,    0,    2,   0,
+                                       0, 0, 2, 8,  2,   0,   0,   0,   0xfd, 0xd4, 0x9a, 0x73};
+    static const uint8_t plte[] = {0,   0,   0,  9, 'P', 'L', 'T',  'E',  10,   20,  30,
+                                   200, 100, 50, 1, 2,   3,   0xb8, 0x8b, 0x9f, 0x6d};
+    static const uint8_t idat[] = {0,    0,    0,    14,   'I',  'D',  'A',  'T', 0x78,
+                                   0x9c, 0x63, 0x60, 0x60, 0x64, 0x60, 0x62, 4,   0,
+                                   0,    0x0f, 0,    5,    0x2b, 0xdc, 0x64, 0x4f};
+    static const uint8_t iend[] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    static const uint8_t colours[12] = {10, 20, 30, 200, 100, 50, 1, 2, 3, 200, 100, 50};
+    static const uint8_t black[12] = {0};
+    struct {
+        const char    *name;
+        const uint8_t *chunks[4];
+        size_t         lens[4];
+        const uint8_t *want;
+    } cases[] = {
+        {"IHDR PLTE", {ihdr_p, plte}, {sizeof ihdr_p, sizeof plte}, colours},
+        {"PLTE IHDR", {plte, ihdr_p}, {sizeof plte, sizeof ihdr_p}, black},
+        {"IHDR(RGB) PLTE IHDR(P)",
+         {ihdr_rgb, plte, ihdr_p},
+         {sizeof ihdr_rgb, sizeof plte, sizeof ihdr_p},
+         black},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint8_t png[256];
+        size_t  n = 0;
+        memcpy(png, sig, sizeof sig), n += sizeof sig;
+        for (size_t c = 0; c < 4 && cases[k].chunks[c]; c++)
+            memcpy(png + n, cases[k].chunks[c], cases[k].lens[c]), n += cases[k].lens[c];
+        memcpy(png + n, idat, sizeof idat), n += sizeof idat;
+        memcpy(png + n, iend, sizeof iend), n += sizeof iend;
+        eng_rgb_t im = {0};
+        char      msg[256] = "";
+        cr_assert_eq(decode_bytes(png, n, "png", &im, msg, sizeof msg), SVC_OK, "%s: %s",
+                     cases[k].name, msg);
+        cr_expect(im.w == 2 && im.h == 2 && memcmp(im.px, cases[k].want, 12) == 0,
+                  "%s: pixels differ from Pillow's", cases[k].name);
+        eng_rgb_fini(&im);
+    }
+}
+
 /* ---- resize ------------------------------------------------------------ */
 
 Test(image, resize_matches_torch) {

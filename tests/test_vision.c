@@ -680,3 +680,61 @@ Test(vision, q4nx_vision_weight_equals_its_twin) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* ------------------------------------------------------------ config */
+
+/* config.json with this vision_config in a new directory; *dir is its path. */
+static void vision_config_dir(const char *vc, char dir[32]) {
+    snprintf(dir, 32, "/tmp/d3viscfg-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "{\"vision_config\": %s}", vc);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void vision_config_rm(const char *dir) {
+    char path[64];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(rmdir(dir), 0);
+}
+
+/* The tower's rotary tables hold head sizes up to ENG_VIS_MAX_HEAD_DIM:
+ * a config past it is refused while loading (not an abort on the first
+ * image), in both key layouts. */
+Test(vision_config, head_size_is_bounded) {
+    static const struct {
+        const char *vc;
+        bool        ok;
+        const char *says;
+    } cases[] = {
+        {"{\"hidden_size\": 1024, \"num_heads\": 1, \"out_hidden_size\": 64}", true, NULL},
+        {"{\"hidden_size\": 1032, \"num_heads\": 1, \"out_hidden_size\": 64}", false,
+         "vision_config.hidden_size 1032 over num_heads 1 gives a head size of 1032, over the "
+         "1024 supported"},
+        {"{\"hidden_size\": 4128, \"num_heads\": 2, \"out_hidden_size\": 64}", false,
+         "head size of 2064"},
+        {"{\"QWEN3_5_PATCH_SIZE\": 16, \"QWEN3_5_SPATIAL_MERGE_SIZE\": 2, "
+         "\"QWEN3_5_TEMPORAL_PATCH_SIZE\": 2, \"QWEN3_5_VISION_EMBED_DIM\": 1032, "
+         "\"QWEN3_5_VISION_NUM_HEADS\": 1}",
+         false, "over the 1024 supported"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char          dir[32], errstr[512] = "";
+        eng_vis_cfg_t c;
+        bool          present = false;
+        vision_config_dir(cases[k].vc, dir);
+        svc_err_t err = eng_vis_cfg_load(dir, 64, &c, &present, errstr, sizeof errstr);
+        if (cases[k].ok) {
+            cr_expect_eq(err, SVC_OK, "%s: %s", cases[k].vc, errstr);
+            cr_expect(present && c.head_dim == ENG_VIS_MAX_HEAD_DIM);
+        } else {
+            cr_expect_eq(err, SVC_ERR_FORMAT, "%s", cases[k].vc);
+            cr_expect(strstr(errstr, cases[k].says) != NULL, "%s: %s", cases[k].vc, errstr);
+        }
+        vision_config_rm(dir);
+    }
+}
