@@ -16,6 +16,16 @@ void eng_answer_reject_image(sch_error_t *reject, size_t i, const char *msg, cha
         sch_error_set(reject, 400, "invalid_request", "images[%zu]: %s", i, msg);
 }
 
+svc_err_t eng_answer_refuse_image_tokens(sch_error_t *reject, char *errstr, size_t errstr_size) {
+    svc_errf(errstr, errstr_size,
+             "the request's distinct images come to more than %u image tokens, the most one "
+             "request may show",
+             ENG_REQ_MAX_IMAGE_TOKENS);
+    if (reject)
+        sch_error_set(reject, 413, "request_too_large", "%s", errstr);
+    return SVC_ERR_INVALID;
+}
+
 svc_err_t eng_answer_expand(const eng_prompt_t *pr, int32_t pad_id, const size_t *slots,
                             const size_t *tokens, size_t n_images, eng_ids_t *out, char *errstr,
                             size_t errstr_size) {
@@ -83,13 +93,7 @@ static svc_err_t req_image(const eng_model_t *model, const sch_image_t *img, siz
     *tokens += ri->tokens[k];
     if (*tokens > ENG_REQ_MAX_IMAGE_TOKENS) {
         eng_image_prep_free(prep);
-        svc_errf(errstr, errstr_size,
-                 "the request's distinct images come to more than %u image tokens, the most one "
-                 "request may show",
-                 ENG_REQ_MAX_IMAGE_TOKENS);
-        if (reject)
-            sch_error_set(reject, 413, "request_too_large", "%s", errstr);
-        return SVC_ERR_INVALID;
+        return eng_answer_refuse_image_tokens(reject, errstr, errstr_size);
     }
     err = eng_image_encode(model, prep, &ri->embs[k], errstr, errstr_size);
     ri->ptrs[k] = &ri->embs[k];

@@ -90,6 +90,10 @@ SVC_WUR svc_err_t eng_answers_put_hidden(eng_answers_t *ans, const eng_package_t
  * invalid_request with that message (SPEC a.10). */
 void eng_answer_reject_image(sch_error_t *reject, size_t i, const char *msg, char *errstr,
                              size_t errstr_size);
+/* A request past ENG_REQ_MAX_IMAGE_TOKENS: a bound of ours (bounded
+ * memory), so the contract's 413 for a request too large (SPEC b.7), not a
+ * 500. Fills reject (when given) and errstr; returns SVC_ERR_INVALID. */
+svc_err_t eng_answer_refuse_image_tokens(sch_error_t *reject, char *errstr, size_t errstr_size);
 
 /**
  * @brief out = pr's ids with the k-th <|image_pad|> (pad_id) replaced by

@@ -152,20 +152,17 @@ static void sreq_complete(sreq_t *r) {
     sreq_free(r);
 }
 
-/* A bound of ours (bounded memory), not the contract's: its 413 for a
- * request too large (SPEC b.7, as for a bundle with too many tasks), so
- * that the client sees its own request's fault, not a 500. */
-static svc_err_t too_large(sch_error_t *reject, char *errstr, size_t errstr_size, const char *fmt,
-                           unsigned bound) {
-    svc_errf(errstr, errstr_size, fmt, bound);
+/* More distinct images than the table holds (ENG_IMGREG_CAP): a bound of
+ * ours, so the contract's 413 for a request too large (SPEC b.7), as for
+ * too many image tokens (eng_answer_refuse_image_tokens), not a 500. */
+static svc_err_t too_many_images(sch_error_t *reject, char *errstr, size_t errstr_size) {
+    svc_errf(errstr, errstr_size,
+             "the request shows more than %u distinct images, the most one request may show",
+             ENG_IMGREG_CAP);
     if (reject)
         sch_error_set(reject, 413, "request_too_large", "%s", errstr);
     return SVC_ERR_INVALID;
 }
-
-#define TOO_MANY_TOKENS                                                                            \
-    "the request's distinct images come to more than %u image tokens, the most one request may "   \
-    "show"
 
 /* Image i (of its part) of r's request into r's next slot: the slot held
  * for the same bytes (by this request or another: no decode), else the
@@ -181,8 +178,7 @@ static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, s
         /* The header's size gives the tokens before any decode. */
         if (*tokens + eng_package_image_tokens(s->pkg, img->width, img->height) >
             ENG_REQ_MAX_IMAGE_TOKENS)
-            return too_large(reject, errstr, errstr_size, TOO_MANY_TOKENS,
-                             ENG_REQ_MAX_IMAGE_TOKENS);
+            return eng_answer_refuse_image_tokens(reject, errstr, errstr_size);
         eng_image_prep_t *prep = NULL;
         char              msg[384];
         svc_err_t         err = eng_image_prepare(s->model, img, &prep, msg, sizeof msg);
@@ -193,10 +189,7 @@ static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, s
         if (!err)
             err = eng_imgreg_acquire(s->reg, prep, *distinct, slot, tok);
         if (err == SVC_ERR_TOO_LARGE)
-            return too_large(reject, errstr, errstr_size,
-                             "the request shows more than %u distinct images, the most one "
-                             "request may show",
-                             ENG_IMGREG_CAP);
+            return too_many_images(reject, errstr, errstr_size);
         if (err)
             return err;
     }
@@ -209,7 +202,7 @@ static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, s
         *tokens += *tok;
     }
     if (*tokens > ENG_REQ_MAX_IMAGE_TOKENS)
-        return too_large(reject, errstr, errstr_size, TOO_MANY_TOKENS, ENG_REQ_MAX_IMAGE_TOKENS);
+        return eng_answer_refuse_image_tokens(reject, errstr, errstr_size);
     return SVC_OK;
 }
 
