@@ -26,6 +26,18 @@ svc_err_t eng_answer_refuse_image_tokens(sch_error_t *reject, char *errstr, size
     return SVC_ERR_INVALID;
 }
 
+svc_err_t eng_answer_pending(const sch_request_t *req, sch_error_t *reject, char *errstr,
+                             size_t errstr_size) {
+    const sch_error_t *held = sch_request_pending(req);
+    if (!held)
+        return SVC_OK;
+    const char *msg = held->message ? held->message : "";
+    svc_errf(errstr, errstr_size, "%s", msg);
+    if (reject)
+        sch_error_set(reject, held->status, held->code, "%s", msg);
+    return SVC_ERR_INVALID;
+}
+
 svc_err_t eng_answer_expand(const eng_prompt_t *pr, int32_t pad_id, const size_t *slots,
                             const size_t *tokens, size_t n_images, eng_ids_t *out, char *errstr,
                             size_t errstr_size) {

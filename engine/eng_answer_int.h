@@ -94,6 +94,11 @@ void eng_answer_reject_image(sch_error_t *reject, size_t i, const char *msg, cha
  * memory), so the contract's 413 for a request too large (SPEC b.7), not a
  * 500. Fills reject (when given) and errstr; returns SVC_ERR_INVALID. */
 svc_err_t eng_answer_refuse_image_tokens(sch_error_t *reject, char *errstr, size_t errstr_size);
+/* The whole-request error sch_request_decode held behind req's images
+ * (sch_request_pending), once they all decoded: into reject (when given)
+ * and errstr, SVC_ERR_INVALID; SVC_OK when none is held. */
+SVC_WUR svc_err_t eng_answer_pending(const sch_request_t *req, sch_error_t *reject, char *errstr,
+                                     size_t errstr_size);
 
 /**
  * @brief out = pr's ids with the k-th <|image_pad|> (pad_id) replaced by

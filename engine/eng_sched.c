@@ -844,6 +844,8 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
     }
     if (!err)
         err = sreq_images(s, r, reject, errstr, sizeof errstr);
+    if (!err) /* every image decoded: the error schemas/ held behind them */
+        err = eng_answer_pending(req, reject, errstr, sizeof errstr);
     if (!err)
         err = sreq_plan(s, r, errstr, sizeof errstr);
     if (err) {

@@ -185,9 +185,9 @@ int ops_ask_body(const ops_ask_t *a, const char *body, size_t len, svc_buf_t *ou
     sch_request_t *req = NULL;
     eng_answers_t *ans = NULL;
     int            http = 200;
-    bool           vision = eng_model_has_vision(a->model);
-    int         rc = ops_decode_request(a->pkg, a->dir, vision, body, len, &req, out, &http, errstr,
-                                        errstr_size);
+    unsigned       flags = OPS_DECODE_ENGINE | ops_decode_vision(a->model);
+    int            rc =
+        ops_decode_request(a->pkg, a->dir, flags, body, len, &req, out, &http, errstr, errstr_size);
     sch_error_t reject;
     sch_error_init(&reject);
     if (rc == OPS_EXIT_OK) {

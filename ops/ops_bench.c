@@ -216,8 +216,8 @@ static svc_err_t render(bench_t *bn, const svc_buf_t *body, size_t *n, sch_reque
     sch_request_t *r = NULL;
     svc_buf_t      out;
     svc_buf_init(&out, 1 << 20);
-    int rc = ops_decode_request(bn->pkg, bn->o->dir, eng_model_has_vision(bn->model), body->data,
-                                body->len, &r, &out, NULL, bn->errstr, sizeof bn->errstr);
+    int       rc = ops_decode_request(bn->pkg, bn->o->dir, ops_decode_vision(bn->model), body->data,
+                                      body->len, &r, &out, NULL, bn->errstr, sizeof bn->errstr);
     svc_err_t err = SVC_OK;
     if (rc != OPS_EXIT_OK) {
         if (rc == OPS_EXIT_VERDICT)

@@ -256,13 +256,14 @@ bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
     return false;
 }
 
-int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
+int ops_decode_request(const eng_package_t *pkg, const char *dir, unsigned flags, const char *body,
                        size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size) {
     const char      *names[3];
     char             last[OPS_NAME_MAX];
     sch_model_info_t info;
-    ops_model_info(pkg, dir, has_vision, names, last, &info);
+    ops_model_info(pkg, dir, flags & OPS_DECODE_VISION, names, last, &info);
+    info.engine_decodes = flags & OPS_DECODE_ENGINE;
     sch_limits_t limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
     sch_error_t  e;
     sch_error_init(&e);

@@ -84,9 +84,9 @@ bool ops_http_decisions(http_req_t *r) {
     char    why[1024] = "";
     int     http = 500;
     svc_buf_reset(&r->out);
-    int rc = ops_decode_request(h->ask.pkg, h->ask.dir, eng_model_has_vision(h->ask.model),
-                                r->body.data ? r->body.data : "", r->body.len, &r->req, &r->out,
-                                &http, why, sizeof why);
+    int rc = ops_decode_request(
+        h->ask.pkg, h->ask.dir, OPS_DECODE_ENGINE | ops_decode_vision(h->ask.model),
+        r->body.data ? r->body.data : "", r->body.len, &r->req, &r->out, &http, why, sizeof why);
     r->parse_ms = (ops_http_now_s() - t) * 1000.0;
     svc_buf_fini(&r->body); /* the request holds a copy */
     if (rc == OPS_EXIT_VERDICT) {

@@ -111,6 +111,10 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
     ops_prom_metric(&m, "d3stream_http_in_flight_requests", "gauge",
                     "Requests begun and not yet completed.", "",
                     (double)atomic_load(&h->in_flight));
+    ops_prom_metric(&m, "d3stream_http_body_bytes", "gauge",
+                    "Bytes of the request-body memory (--max-body-memory) taken by bodies being "
+                    "received or read.",
+                    "", (double)atomic_load(&h->body_bytes));
     ops_prom_metric(&m, "d3stream_http_engine_requests", "gauge",
                     "Decision requests the engine holds (submitted, not yet answered).", "",
                     (double)atomic_load(&h->in_engine));

@@ -231,9 +231,8 @@ static bool transport_error(http_req_t *r, bool or_not_object) {
     sch_request_t *req = NULL;
     char           why[256];
     int            http = 0;
-    int            rc =
-        ops_decode_request(r->h->ask.pkg, r->h->ask.dir, false, r->body.data ? r->body.data : "",
-                           r->body.len, &req, &r->out, &http, why, sizeof why);
+    int rc = ops_decode_request(r->h->ask.pkg, r->h->ask.dir, 0, r->body.data ? r->body.data : "",
+                                r->body.len, &req, &r->out, &http, why, sizeof why);
     sch_request_free(req);
     bool a1 = rc == OPS_EXIT_VERDICT && http == 400 && r->out.data &&
               (strstr(r->out.data, "\"message\":\"the request body is not JSON") ||

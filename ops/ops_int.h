@@ -49,7 +49,16 @@ bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t ma
 SVC_WUR svc_err_t ops_bench_image_body(size_t n_img, uint32_t w, uint32_t h, size_t nq,
                                        svc_buf_t *b);
 
-int ops_decode_request(const eng_package_t *pkg, const char *dir, bool has_vision, const char *body,
+/* ops_decode_request's flags: the model renders images (has_vision), and
+ * the request goes to the engine, which decodes them, so a whole-request
+ * error found after images is held for it (sch_model_info_t's
+ * engine_decodes); without OPS_DECODE_ENGINE such an error is the verdict. */
+enum { OPS_DECODE_VISION = 1u, OPS_DECODE_ENGINE = 2u };
+static inline unsigned ops_decode_vision(const eng_model_t *model) {
+    return eng_model_has_vision(model) ? OPS_DECODE_VISION : 0;
+}
+
+int ops_decode_request(const eng_package_t *pkg, const char *dir, unsigned flags, const char *body,
                        size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size);
 

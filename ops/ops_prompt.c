@@ -104,7 +104,8 @@ static svc_err_t add_request(svc_buf_t *out, const eng_package_t *pkg, const sch
 int ops_prompt_body(const eng_package_t *pkg, const char *dir, const char *body, size_t len,
                     svc_buf_t *out, char *errstr, size_t errstr_size) {
     sch_request_t *req = NULL;
-    int rc = ops_decode_request(pkg, dir, true, body, len, &req, out, NULL, errstr, errstr_size);
+    int rc = ops_decode_request(pkg, dir, OPS_DECODE_VISION, body, len, &req, out, NULL, errstr,
+                                errstr_size);
     if (rc == OPS_EXIT_OK && add_request(out, pkg, req, errstr, errstr_size))
         rc = OPS_EXIT_FAILURE;
     sch_request_free(req);

@@ -142,8 +142,9 @@ static void decode(serve_t *s, job_t *j) {
         vlen = json.len;
     }
     int http = 500;
-    int rc = ops_decode_request(s->ask.pkg, s->ask.dir, eng_model_has_vision(s->ask.model),
-                                v ? v : "", vlen, &j->req, &j->out, &http, j->why, sizeof j->why);
+    int rc = ops_decode_request(s->ask.pkg, s->ask.dir,
+                                OPS_DECODE_ENGINE | ops_decode_vision(s->ask.model), v ? v : "",
+                                vlen, &j->req, &j->out, &http, j->why, sizeof j->why);
     svc_buf_fini(&json);
     if (rc == OPS_EXIT_VERDICT)
         j->status = http;

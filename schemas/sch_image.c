@@ -418,8 +418,8 @@ static svc_err_t data_url(const media_kind_t *kind, const sch_json_t *v, bool de
 }
 
 /* Size rules on a read header (SPEC a.10), in PIL's then the resizer's
- * order: bomb, format, pixel count, then the aspect ratio. */
-static svc_err_t check_size(const char *format, uint32_t w, uint32_t h, char *msg,
+ * order: bomb, format, pixel count, then (when asked) the aspect ratio. */
+static svc_err_t check_size(const char *format, uint32_t w, uint32_t h, bool aspect, char *msg,
                             size_t msg_size) {
     if ((uint64_t)w * h > SCH_IMAGE_BOMB_PIXELS) {
         svc_errf(msg, msg_size, "invalid image data (DecompressionBombError)");
@@ -433,6 +433,8 @@ static svc_err_t check_size(const char *format, uint32_t w, uint32_t h, char *ms
         svc_errf(msg, msg_size, "each image must have at most 16,000,000 pixels");
         return SVC_ERR_INVALID;
     }
+    if (!aspect)
+        return SVC_OK;
     uint32_t big = w > h ? w : h;
     uint32_t small = w > h ? h : w;
     double   ratio = (double)big / (double)small;
@@ -449,7 +451,8 @@ static svc_err_t check_size(const char *format, uint32_t w, uint32_t h, char *ms
     return SVC_OK;
 }
 
-svc_err_t sch_image_decode(const sch_json_t *v, sch_image_t *img, char *msg, size_t msg_size) {
+svc_err_t sch_image_decode(const sch_json_t *v, sch_image_t *img, bool aspect, char *msg,
+                           size_t msg_size) {
     unsigned char *bytes;
     size_t         n;
     svc_err_t      err = data_url(&IMAGE, v, true, &bytes, &n, msg, msg_size);
@@ -462,7 +465,7 @@ svc_err_t sch_image_decode(const sch_json_t *v, sch_image_t *img, char *msg, siz
         svc_errf(msg, msg_size, "%s", fail);
         err = SVC_ERR_INVALID;
     } else {
-        err = check_size(format, w, h, msg, msg_size);
+        err = check_size(format, w, h, aspect, msg, msg_size);
     }
     if (err) {
         free(bytes);

@@ -29,7 +29,8 @@ struct sch_request {
     sch_options_t   options;
     const char     *model; /* into doc, or NULL */
     size_t          model_len;
-    char          **strs; /* heap strings the request owns (messages) */
+    sch_error_t     pending; /* held behind its images (pending.code NULL: none) */
+    char          **strs;    /* heap strings the request owns (messages) */
     size_t          n_strs;
     size_t          cap_strs;
 };
@@ -72,11 +73,14 @@ SVC_WUR svc_err_t sch_state_has_placeholder(const sch_json_t *state, bool *found
 
 /**
  * @brief Decodes one image data URL (SPEC a.10) into img.
+ * @param aspect whether the aspect ratio is checked here, from the header;
+ *        upstream checks it when it resizes, after the decode, so an engine
+ *        that decodes (sch_model_info_t's engine_decodes) checks it there.
  * @param msg on SVC_ERR_INVALID the reason without the "images[i]: " prefix.
  * @returns SVC_OK; SVC_ERR_INVALID with msg; SVC_ERR_NOMEM.
  * @remark On SVC_OK img->bytes is heap memory the caller frees.
  */
-SVC_WUR svc_err_t sch_image_decode(const sch_json_t *v, sch_image_t *img, char *msg,
+SVC_WUR svc_err_t sch_image_decode(const sch_json_t *v, sch_image_t *img, bool aspect, char *msg,
                                    size_t msg_size);
 
 /* Checks one video data URL's form, base64 and size (the rest needs a

@@ -106,6 +106,7 @@ void sch_request_free(sch_request_t *req) {
     for (size_t i = 0; i < req->n_strs; i++)
         free(req->strs[i]);
     free(req->strs);
+    sch_error_fini(&req->pending);
     free(req->own);
     free(req->parts);
     sch_jdoc_free(req->doc);
@@ -416,22 +417,23 @@ static bool media_list(const sch_json_t *v, size_t *n) {
 }
 
 static svc_err_t read_images(sch_request_t *req, size_t p, const sch_json_t *list,
-                             sch_error_t *err) {
-    size_t       n = sch_json_size(list);
+                             const sch_model_info_t *model, sch_error_t *err) {
+    bool   aspect = !model || !model->engine_decodes; /* else the engine's, after its decode */
+    size_t n = sch_json_size(list);
     sch_image_t *imgs = calloc(n, sizeof *imgs);
     if (!imgs)
         return out_of_memory(err);
     req->own[p].images = imgs;
+    req->parts[p].images = imgs; /* those before a refused one stay (sch_request_pending) */
     for (size_t i = 0; i < n; i++) {
         char      msg[MSG_SIZE];
-        svc_err_t e = sch_image_decode(sch_json_at(list, i), &imgs[i], msg, sizeof msg);
+        svc_err_t e = sch_image_decode(sch_json_at(list, i), &imgs[i], aspect, msg, sizeof msg);
         if (e == SVC_ERR_INVALID)
             return refuse(err, 400, "invalid_request", "images[%zu]: %s", i, msg);
         if (e)
             return out_of_memory(err);
         req->parts[p].n_images = i + 1;
     }
-    req->parts[p].images = imgs;
     return SVC_OK;
 }
 
@@ -447,7 +449,7 @@ static svc_err_t read_media(sch_request_t *req, size_t p, const part_src_t *src,
     if (model && !model->has_vision)
         return refuse(err, 400, "invalid_request",
                       "model %s has no vision tower; images are not supported", model->label);
-    svc_err_t e = n_images ? read_images(req, p, src->images, err) : SVC_OK;
+    svc_err_t e = n_images ? read_images(req, p, src->images, model, err) : SVC_OK;
     if (e || !n_videos)
         return e;
     /* d3stream decodes no videos; without model info none is readable. */
@@ -556,6 +558,39 @@ static svc_err_t check_any_valid(const sch_request_t *req, sch_error_t *err) {
     return refuse_buf(err, &msg);
 }
 
+/* ---- an error held behind the images (sch_model_info_t.engine_decodes) - */
+
+/* err found while reading the first n_read parts (the last one failed, or
+ * all were read and no question is valid): when images came before it,
+ * the request keeps them, drops every question, and holds err for the
+ * engine, which answers the first image that fails to decode instead. */
+static svc_err_t hold_behind_images(sch_request_t *req, size_t n_read, sch_error_t *err) {
+    size_t n_images = 0;
+    for (size_t p = 0; p < n_read; p++)
+        n_images += req->parts[p].n_images;
+    if (!n_images)
+        return SVC_ERR_INVALID;
+    for (size_t p = 0; p < n_read; p++) {
+        sch_part_own_t *own = &req->own[p];
+        for (size_t q = 0; own->questions && q < req->parts[p].n_questions; q++)
+            free((void *)own->questions[q].options);
+        free(own->questions);
+        own->questions = NULL;
+        req->parts[p].questions = NULL;
+        req->parts[p].n_questions = 0;
+    }
+    for (size_t p = n_read; p < req->n_parts; p++)
+        SVC_ASSERT(!req->parts[p].n_images && !req->own[p].questions);
+    req->n_parts = n_read;
+    req->pending = *err;
+    sch_error_init(err);
+    return SVC_OK;
+}
+
+const sch_error_t *sch_request_pending(const sch_request_t *req) {
+    return req->pending.code ? &req->pending : NULL;
+}
+
 /* ---- the whole request ------------------------------------------------- */
 
 static svc_err_t alloc_parts(sch_request_t *req, const sch_json_t *states, sch_error_t *err) {
@@ -593,14 +628,19 @@ static svc_err_t decode_root(sch_request_t *req, const sch_model_info_t *model, 
         e = check_options(req, opts, model, err);
     if (!e)
         e = alloc_parts(req, states, err);
-    for (size_t p = 0; !e && p < req->n_parts; p++) {
+    size_t n_read = 0;
+    for (size_t p = 0; !e && p < req->n_parts; p++, n_read++) {
         part_src_t src;
         part_source(p ? sch_json_at(states, p - 1) : root, &src);
         if (p)
             src.name = sch_json_key_at(states, p - 1, &src.name_len);
         e = read_part(req, p, &src, opts, model, err);
     }
-    return e ? e : check_any_valid(req, err);
+    if (!e)
+        e = check_any_valid(req, err);
+    if (e == SVC_ERR_INVALID && model && model->engine_decodes)
+        e = hold_behind_images(req, n_read, err);
+    return e;
 }
 
 svc_err_t sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,

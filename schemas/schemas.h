@@ -143,6 +143,14 @@ typedef struct sch_model_info {
     bool               reads_videos;
     const char *const *profiles; /* enabled profiles, "exact" included */
     size_t             n_profiles;
+    /* The request goes to an engine that decodes its images (eng_sched_submit,
+     * eng_answer_request). Upstream decodes each image in full before the
+     * checks that follow it (its own aspect ratio, the next image's data
+     * URL, the videos, the state, the questions, later states: SPEC a.3,
+     * a.10), and only the engine can decode; so the aspect ratio is left to
+     * the engine's resize, and a whole-request error found after images
+     * whose headers passed is held (sch_request_pending), not returned. */
+    bool engine_decodes;
 } sch_model_info_t;
 
 typedef struct sch_limits {
@@ -215,10 +223,16 @@ typedef struct sch_request sch_request_t;
  *          valid (...)" error.
  * @remark The body is copied; it need not outlive the request.
  */
-SVC_WUR svc_err_t    sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,
-                                        const sch_model_info_t *model, sch_request_t **out,
-                                        sch_error_t *err);
-void                 sch_request_free(sch_request_t *req);
+SVC_WUR svc_err_t sch_request_decode(const char *body, size_t len, const sch_limits_t *limits,
+                                     const sch_model_info_t *model, sch_request_t **out,
+                                     sch_error_t *err);
+void              sch_request_free(sch_request_t *req);
+/* The whole-request error held for the engine (sch_model_info_t's
+ * engine_decodes), or NULL. A request holding one has no question: its
+ * parts end with the one that failed, and each part keeps the images that
+ * came before the failure. The engine decodes those in order and answers
+ * the first that fails (SPEC a.10), else this error, as its reject. */
+const sch_error_t   *sch_request_pending(const sch_request_t *req);
 size_t               sch_request_n_parts(const sch_request_t *req); /* 1 + number of states */
 const sch_part_t    *sch_request_part(const sch_request_t *req, size_t i);
 const sch_options_t *sch_request_options(const sch_request_t *req);

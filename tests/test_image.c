@@ -156,7 +156,7 @@ static svc_err_t decode_bytes(const uint8_t *p, size_t n, const char *mime, eng_
     sch_jdoc_t *doc = sch_json_parse(text, strlen(text), &fail, jmsg, sizeof jmsg);
     cr_assert(doc, "%s", jmsg);
     sch_image_t img = {0};
-    svc_err_t   err = sch_image_decode(sch_jdoc_root(doc), &img, msg, msg_size);
+    svc_err_t   err = sch_image_decode(sch_jdoc_root(doc), &img, true, msg, msg_size);
     if (!err) {
         err = eng_image_decode(&img, out, msg, msg_size);
         free((void *)img.bytes);

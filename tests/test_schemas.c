@@ -180,9 +180,11 @@ Test(schemas, too_deep_is_not_json) {
 
 static const char *const      NAMES[] = {"d3-nano", "", "org/D3-Nano"};
 static const char *const      PROFILES[] = {"exact", "fast"};
-static const sch_model_info_t NANO = {NAMES, 3, "d3-nano", false, false, PROFILES, 2};
-static const sch_model_info_t VISION = {NAMES, 3, "d3-vl", true, false, NULL, 0};
-static const sch_model_info_t VIDEO = {NAMES, 3, "d3-vl", true, true, NULL, 0};
+static const sch_model_info_t NANO = {NAMES, 3, "d3-nano", false, false, PROFILES, 2, false};
+static const sch_model_info_t VISION = {NAMES, 3, "d3-vl", true, false, NULL, 0, false};
+static const sch_model_info_t VIDEO = {NAMES, 3, "d3-vl", true, true, NULL, 0, false};
+/* VISION for an engine that decodes the images (errors after them held). */
+static const sch_model_info_t VISION_ENGINE = {NAMES, 3, "d3-vl", true, false, NULL, 0, true};
 
 #define Q_NOUL "\"questions\": {\"q\": {\"type\": \"noul\"}}"
 
@@ -251,6 +253,80 @@ Test(schemas, model_vision_and_videos) {
                &VIDEO);
     cr_assert_eq(d.rc, SVC_OK, "%s", d.err.message);
     cr_expect_eq(sch_request_part(d.req, 0)->n_videos, 1);
+    decoded_fini(&d);
+}
+
+/* A body that decodes with its whole-request error held behind its images
+ * (engine_decodes): no question left, n_parts parts, n_images[p] images. */
+static void expect_held(const char *body, const char *message, size_t n_parts,
+                        const size_t *n_images) {
+    decoded_t d = decode(body, &VISION_ENGINE);
+    cr_assert_eq(d.rc, SVC_OK, "%s: %s", body, d.err.message ? d.err.message : "?");
+    const sch_error_t *held = sch_request_pending(d.req);
+    cr_assert(held, "nothing held for %s", body);
+    cr_expect_eq(held->status, 400);
+    cr_expect_str_eq(held->code, "invalid_request");
+    cr_expect_str_eq(held->message, message);
+    cr_assert_eq(sch_request_n_parts(d.req), n_parts, "%s", body);
+    for (size_t p = 0; p < n_parts; p++) {
+        const sch_part_t *part = sch_request_part(d.req, p);
+        cr_expect_eq(part->n_questions, 0, "part %zu of %s", p, body);
+        cr_expect_eq(part->n_images, n_images[p], "part %zu of %s", p, body);
+        for (size_t i = 0; i < part->n_images; i++)
+            cr_expect_str_eq(part->images[i].format, "png");
+    }
+    decoded_fini(&d);
+}
+
+/* SPEC a.3, a.10: upstream decodes each image in full before the next
+ * image's data URL, the state, the questions and the later states are
+ * checked, so an image that fails to decode must answer before them. Only
+ * the engine decodes: the decoder holds those later errors for it. */
+Test(schemas, errors_after_images_are_held_for_the_engine) {
+    const char  *bad_state = "state must be text, an object, or an array";
+    const size_t one[] = {1}, two[] = {2}, one_two[] = {1, 2}, one_zero[] = {1, 0};
+    expect_held("{\"state\": null, " Q_NOUL ", \"images\": [\"" PNG_1X1 "\"]}", bad_state, 1, one);
+    expect_held("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1 "\", \"" PNG_1X1
+                "\", \"data:image/gif;base64,AAAA\"]}",
+                "images[2]: images must be base64 PNG, JPEG or WebP data URLs", 1, two);
+    expect_held(
+        "{\"state\": \"s\", \"questions\": {\"a\": {\"type\": \"set\"}}, \"images\": [\"" PNG_1X1
+        "\"]}",
+        "no question is valid (a: type must be one of ['choice', 'noul', 'score'])", 1, one);
+    expect_held("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1
+                "\"], \"videos\": [\"data:video/mp4;base64,AAAA\"]}",
+                "model d3-vl reads no videos", 1, one);
+    /* a later state's error waits for the images of the states before it */
+    expect_held("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1
+                "\"], \"states\": {\"b\": {\"state\": 1, " Q_NOUL ", \"images\": [\"" PNG_1X1
+                "\", \"" PNG_1X1 "\"]}, \"c\": {\"state\": [], " Q_NOUL "}}}",
+                bad_state, 2, one_two);
+    expect_held("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1
+                "\"], \"states\": {\"b\": {\"state\": \"t\", \"questions\": []}}}",
+                "questions must be a nonempty mapping of question IDs", 2, one_zero);
+
+    /* no image before the error, or no engine to decode: answered at once */
+    expect_error("{\"state\": null, " Q_NOUL "}", &VISION_ENGINE, 400, "invalid_request",
+                 bad_state);
+    expect_error("{\"state\": \"s\", " Q_NOUL
+                 ", \"images\": [\"data:image/gif;base64,AAAA\", \"" PNG_1X1 "\"]}",
+                 &VISION_ENGINE, 400, "invalid_request",
+                 "images[0]: images must be base64 PNG, JPEG or WebP data URLs");
+    expect_error("{\"state\": null, " Q_NOUL ", \"images\": [\"" PNG_1X1 "\"]}", &VISION, 400,
+                 "invalid_request", bad_state);
+    expect_error("{\"state\": null, " Q_NOUL ", \"images\": [\"" PNG_1X1 "\"]}", NULL, 400,
+                 "invalid_request", bad_state);
+    /* checks before any part (options, model) never wait */
+    expect_error("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1
+                 "\"], \"options\": {\"x\": 1}}",
+                 &VISION_ENGINE, 400, "invalid_request",
+                 "options accepts only ['deadline_ms', 'max_tokens', 'profile', 'return_meta']");
+
+    decoded_t d =
+        decode("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1 "\"]}", &VISION_ENGINE);
+    cr_assert_eq(d.rc, SVC_OK);
+    cr_expect_null(sch_request_pending(d.req));
+    cr_expect_eq(sch_request_part(d.req, 0)->n_questions, 1);
     decoded_fini(&d);
 }
 

@@ -518,6 +518,94 @@ Test(vision, scheduler_rejects_bad_image_data) {
     cr_assert_eq(d.n, 0, "done ran for a refused request");
 }
 
+/* A body of one synthetic w x h PNG (cut to its first half when cut) and
+ * the state given (JSON text), decoded as serve and http decode. */
+static sch_request_t *image_request(uint32_t w, uint32_t h, bool cut, const char *state) {
+    unsigned char *png;
+    size_t         n;
+    svc_buf_t      b;
+    svc_buf_init(&b, SCH_DEFAULT_MAX_REQUEST_BYTES);
+    cr_assert_eq(eng_image_synth_png(w, h, 7, &png, &n), SVC_OK);
+    cr_assert_eq(svc_buf_addf(&b, "{\"state\": %s, \"images\": [\"data:image/png;base64,", state),
+                 SVC_OK);
+    b64_add(&b, png, cut ? n / 2 : n);
+    free(png);
+    cr_assert_eq(svc_buf_addf(&b, "\"], \"questions\": {\"n\": {\"type\": \"noul\", "
+                                  "\"instructions\": \"Is it?\"}}}"),
+                 SVC_OK);
+    const char      *names[1] = {eng_package_model_id(g_l.pkg)};
+    sch_model_info_t info = {.names = names,
+                             .n_names = 1,
+                             .label = names[0],
+                             .has_vision = true,
+                             .engine_decodes = true};
+    sch_limits_t     limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_request_t   *req = NULL;
+    sch_error_t      e;
+    sch_error_init(&e);
+    cr_assert_eq(sch_request_decode(b.data, b.len, &limits, &info, &req, &e), SVC_OK, "%s",
+                 e.message ? e.message : "?");
+    sch_error_fini(&e);
+    svc_buf_fini(&b);
+    return req;
+}
+
+/* The reject of req on the scheduler and on the plain path: both the same
+ * 400 with message want, and no done. */
+static void expect_reject_both_ways(const sch_request_t *req, const char *want) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1};
+    char             errstr[512] = "";
+    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    sch_error_t reject;
+    sch_error_init(&reject);
+    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    done_ref_t  ref = {&d, 0};
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
+    cr_expect_eq(reject.status, 400);
+    cr_expect_str_eq(reject.code, "invalid_request");
+    cr_expect_str_eq(reject.message, want);
+    eng_sched_free(s);
+    cr_expect_eq(d.n, 0, "done ran for a refused request");
+
+    eng_answers_t *ans = NULL;
+    sch_error_fini(&reject);
+    sch_error_init(&reject);
+    cr_assert_eq(eng_answer_request(g_l.pkg, g_l.model, req, &ans, &reject, errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_expect_null(ans);
+    cr_expect_eq(reject.status, 400);
+    cr_expect_str_eq(reject.message, want);
+    sch_error_fini(&reject);
+}
+
+/* SPEC a.3: images are decoded before the state is checked, so an image
+ * that does not decode answers before a bad state; with the image whole,
+ * the state's error (held by the decoder) answers once it decoded. */
+Test(vision, image_decode_errors_come_before_the_state) {
+    sch_request_t *req = image_request(64, 48, true, "null");
+    cr_assert(sch_request_pending(req));
+    expect_reject_both_ways(req, "images[0]: invalid image data (OSError)");
+    sch_request_free(req);
+    req = image_request(64, 48, false, "null");
+    expect_reject_both_ways(req, "state must be text, an object, or an array");
+    sch_request_free(req);
+}
+
+/* The aspect ratio is checked when the image is resized, after its decode
+ * (images.py's smart_resize): data cut short answers first. */
+Test(vision, aspect_ratio_after_the_decode) {
+    sch_request_t *req = image_request(201, 1, true, "\"s\"");
+    cr_assert_null(sch_request_pending(req));
+    expect_reject_both_ways(req, "images[0]: invalid image data (OSError)");
+    sch_request_free(req);
+    req = image_request(1, 201, false, "null");
+    expect_reject_both_ways(req, "images[0]: absolute aspect ratio must be smaller than 200, got "
+                                 "201.0");
+    sch_request_free(req);
+}
+
 /* Standard base64 of n bytes, appended to b. */
 /* Distinct images past ENG_REQ_MAX_IMAGE_TOKENS (1,025 4x4 PNGs, 64
  * tokens each after the resize to 256x256): its 413 at submit, not a 500

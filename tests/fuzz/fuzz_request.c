@@ -5,8 +5,10 @@
  *
  *     tests/fuzz/run.sh [SECONDS]    # builds and runs every harness
  *
- * The decode runs with and without model information; valid requests are
- * answered with uniform probabilities so the response writer runs too.
+ * The decode runs without model information, for a text model and for a
+ * vision model whose engine decodes (errors held behind images); valid
+ * requests are answered with uniform probabilities so the response writer
+ * runs too.
  */
 #include "schemas.h"
 
@@ -64,8 +66,11 @@ static void decode(const uint8_t *data, size_t size, const sch_model_info_t *inf
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    sch_model_info_t info = {NAMES, 2, "d3-nano", false, false, PROFILES, 1};
+    sch_model_info_t info = {NAMES, 2, "d3-nano", false, false, PROFILES, 1, false};
+    /* a vision model whose engine decodes: errors held behind the images */
+    sch_model_info_t vl = {NAMES, 2, "d3-vl", true, false, PROFILES, 1, true};
     decode(data, size, NULL);
     decode(data, size, &info);
+    decode(data, size, &vl);
     return 0;
 }
