@@ -254,7 +254,7 @@ svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
     if (err)
         return err;
     eng_req_images_t ri;
-    err = eng_req_images_load(model, req, &ri, reject, errstr, errstr_size);
+    err = eng_req_images_load(pkg, model, req, &ri, reject, errstr, errstr_size);
     if (!err) /* every image decoded: the error schemas/ held behind them */
         err = eng_answer_pending(req, reject, errstr, errstr_size);
     if (err) {

@@ -78,10 +78,10 @@ svc_err_t eng_answer_expand(const eng_prompt_t *pr, int32_t pad_id, const size_t
 /* Image i (of its part) as ri's image k: the earlier one with the same
  * bytes (no decode), else prepared and encoded here. *tokens counts the
  * distinct images' tokens against ENG_REQ_MAX_IMAGE_TOKENS (the 413 the
- * scheduler gives, eng_sched.c). */
-static svc_err_t req_image(const eng_model_t *model, const sch_image_t *img, size_t i, size_t k,
-                           eng_req_images_t *ri, size_t *tokens, sch_error_t *reject, char *errstr,
-                           size_t errstr_size) {
+ * scheduler gives, eng_sched.c), from the header before any decode. */
+static svc_err_t req_image(const eng_package_t *pkg, const eng_model_t *model,
+                           const sch_image_t *img, size_t i, size_t k, eng_req_images_t *ri,
+                           size_t *tokens, sch_error_t *reject, char *errstr, size_t errstr_size) {
     eng_image_digest(img, ri->sha[k]);
     for (size_t o = 0; o < k; o++)
         if (ri->ptrs[o] && memcmp(ri->sha[o], ri->sha[k], 32) == 0) {
@@ -89,6 +89,8 @@ static svc_err_t req_image(const eng_model_t *model, const sch_image_t *img, siz
             ri->slots[k] = o;
             return SVC_OK;
         }
+    if (*tokens + eng_package_image_tokens(pkg, img->width, img->height) > ENG_REQ_MAX_IMAGE_TOKENS)
+        return eng_answer_refuse_image_tokens(reject, errstr, errstr_size);
     eng_image_prep_t *prep = NULL;
     char              msg[384];
     svc_err_t         err = eng_image_prepare(model, img, &prep, msg, sizeof msg);
@@ -114,9 +116,9 @@ static svc_err_t req_image(const eng_model_t *model, const sch_image_t *img, siz
     return err;
 }
 
-svc_err_t eng_req_images_load(const eng_model_t *model, const sch_request_t *req,
-                              eng_req_images_t *ri, sch_error_t *reject, char *errstr,
-                              size_t errstr_size) {
+svc_err_t eng_req_images_load(const eng_package_t *pkg, const eng_model_t *model,
+                              const sch_request_t *req, eng_req_images_t *ri, sch_error_t *reject,
+                              char *errstr, size_t errstr_size) {
     memset(ri, 0, sizeof *ri);
     size_t n = 0;
     for (size_t p = 0; p < sch_request_n_parts(req); p++)
@@ -137,8 +139,8 @@ svc_err_t eng_req_images_load(const eng_model_t *model, const sch_request_t *req
         const sch_part_t *part = sch_request_part(req, p);
         ri->first[p] = k;
         for (size_t i = 0; i < part->n_images; i++, k++) {
-            svc_err_t err =
-                req_image(model, &part->images[i], i, k, ri, &tokens, reject, errstr, errstr_size);
+            svc_err_t err = req_image(pkg, model, &part->images[i], i, k, ri, &tokens, reject,
+                                      errstr, errstr_size);
             if (err)
                 return err;
         }

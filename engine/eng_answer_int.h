@@ -132,12 +132,15 @@ typedef struct eng_req_images {
  * @brief Prepares and encodes every image of req (eng_answer_request's own
  *        table; the scheduler keeps a shared one).
  * @returns SVC_OK; SVC_ERR_INVALID for an image the contract refuses
- *          (errstr and, with reject, the 400); SVC_ERR_NOMEM or the
- *          tower's error. ri is to be finied whatever the outcome.
+ *          (errstr and, with reject, the 400) or for images past
+ *          ENG_REQ_MAX_IMAGE_TOKENS (the 413, counted from each image's
+ *          header before it is decoded, as the scheduler counts);
+ *          SVC_ERR_NOMEM or the tower's error. ri is to be finied whatever
+ *          the outcome.
  */
-SVC_WUR svc_err_t eng_req_images_load(const eng_model_t *model, const sch_request_t *req,
-                                      eng_req_images_t *ri, sch_error_t *reject, char *errstr,
-                                      size_t errstr_size);
+SVC_WUR svc_err_t eng_req_images_load(const eng_package_t *pkg, const eng_model_t *model,
+                                      const sch_request_t *req, eng_req_images_t *ri,
+                                      sch_error_t *reject, char *errstr, size_t errstr_size);
 void              eng_req_images_fini(eng_req_images_t *ri);
 
 /* ---- the scheduler's image slots (eng_sched_img.c) ---- */

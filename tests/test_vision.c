@@ -644,6 +644,16 @@ Test(vision, scheduler_refuses_too_many_images) {
     cr_assert_str_eq(reject.code, "request_too_large");
     cr_assert(strstr(reject.message, "more than 65536 image tokens"), "%s", reject.message);
     sch_error_fini(&reject);
+    /* The plain path counts the same way, from the headers, before it
+     * decodes the image that would pass the bound. */
+    eng_answers_t *ans = NULL;
+    sch_error_init(&reject);
+    cr_assert_eq(eng_answer_request(g_l.pkg, g_l.model, req, &ans, &reject, errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    cr_assert_null(ans);
+    cr_assert_eq(reject.status, 413);
+    cr_assert(strstr(reject.message, "more than 65536 image tokens"), "%s", reject.message);
+    sch_error_fini(&reject);
     /* Nothing was kept: a request of one image goes in after it. */
     sch_request_t *one = golden_request("one_image");
     cr_assert_eq(eng_sched_submit(s, one, on_done, &ref, NULL), SVC_OK);
