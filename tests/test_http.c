@@ -657,18 +657,9 @@ Test(http, contract_cases) {
  * HTTP (the engine decodes) an image cut short answers before a null
  * state, and a whole image lets the state's error answer. */
 static void post_null_state_image(const server_t *s, bool cut, resp_t *r) {
-    unsigned char *png;
-    size_t         n;
-    svc_buf_t      b;
+    svc_buf_t b;
     svc_buf_init(&b, LIMIT);
-    cr_assert_eq(eng_image_synth_png(64, 48, 3, &png, &n), SVC_OK);
-    cr_assert_eq(svc_buf_adds(&b, "{\"state\": null, \"images\": [\"data:image/png;base64,"),
-                 SVC_OK);
-    b64_add(&b, png, cut ? n / 2 : n);
-    free(png);
-    cr_assert_eq(svc_buf_adds(&b, "\"], \"questions\": {\"q\": {\"type\": \"noul\", "
-                                  "\"instructions\": \"Is it?\"}}}"),
-                 SVC_OK);
+    image_body(&b, 64, 48, cut, "null");
     request(s, "POST", "/v1/systemone", b.data, b.len, r);
     svc_buf_fini(&b);
 }

@@ -36,6 +36,22 @@ static inline void b64_add(svc_buf_t *b, const unsigned char *p, size_t n) {
     }
 }
 
+/* A request body into b: one synthetic w x h PNG (only its first half when
+ * cut, the pixel data then short), the state given as JSON text, and one
+ * noul question. */
+static inline void image_body(svc_buf_t *b, uint32_t w, uint32_t h, bool cut, const char *state) {
+    unsigned char *png;
+    size_t         n;
+    cr_assert_eq(eng_image_synth_png(w, h, 7, &png, &n), SVC_OK);
+    cr_assert_eq(svc_buf_addf(b, "{\"state\": %s, \"images\": [\"data:image/png;base64,", state),
+                 SVC_OK);
+    b64_add(b, png, cut ? n / 2 : n);
+    free(png);
+    cr_assert_eq(svc_buf_adds(b, "\"], \"questions\": {\"n\": {\"type\": \"noul\", "
+                                 "\"instructions\": \"Is it?\"}}}"),
+                 SVC_OK);
+}
+
 static inline void unload(loaded_t *l) {
     eng_model_free(l->model);
     eng_package_free(l->pkg);

@@ -492,47 +492,11 @@ Test(vision, scheduler_encodes_each_image_once) {
     eng_sched_free(s);
 }
 
-/* A request whose image the contract refuses gets its 400 at submit. */
-Test(vision, scheduler_rejects_bad_image_data) {
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = 1};
-    char             errstr[512] = "";
-    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
-                 errstr);
-    sch_request_t *req = golden_request("one_image");
-    /* the PNG's pixel data cut short after its header: the decoder sees it */
-    sch_part_t  *part = (sch_part_t *)sch_request_part(req, 0);
-    sch_image_t *img = (sch_image_t *)&part->images[0];
-    img->len = img->len / 2;
-    sch_error_t reject;
-    sch_error_init(&reject);
-    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    done_ref_t  ref = {&d, 0};
-    cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
-    cr_assert_eq(reject.status, 400);
-    cr_assert_str_eq(reject.code, "invalid_request");
-    cr_assert_str_eq(reject.message, "images[0]: invalid image data (OSError)");
-    sch_error_fini(&reject);
-    sch_request_free(req);
-    eng_sched_free(s);
-    cr_assert_eq(d.n, 0, "done ran for a refused request");
-}
-
-/* A body of one synthetic w x h PNG (cut to its first half when cut) and
- * the state given (JSON text), decoded as serve and http decode. */
+/* image_body's request, decoded as serve and http decode it. */
 static sch_request_t *image_request(uint32_t w, uint32_t h, bool cut, const char *state) {
-    unsigned char *png;
-    size_t         n;
-    svc_buf_t      b;
+    svc_buf_t b;
     svc_buf_init(&b, SCH_DEFAULT_MAX_REQUEST_BYTES);
-    cr_assert_eq(eng_image_synth_png(w, h, 7, &png, &n), SVC_OK);
-    cr_assert_eq(svc_buf_addf(&b, "{\"state\": %s, \"images\": [\"data:image/png;base64,", state),
-                 SVC_OK);
-    b64_add(&b, png, cut ? n / 2 : n);
-    free(png);
-    cr_assert_eq(svc_buf_addf(&b, "\"], \"questions\": {\"n\": {\"type\": \"noul\", "
-                                  "\"instructions\": \"Is it?\"}}}"),
-                 SVC_OK);
+    image_body(&b, w, h, cut, state);
     const char      *names[1] = {eng_package_model_id(g_l.pkg)};
     sch_model_info_t info = {.names = names,
                              .n_names = 1,
@@ -550,34 +514,60 @@ static sch_request_t *image_request(uint32_t w, uint32_t h, bool cut, const char
     return req;
 }
 
-/* The reject of req on the scheduler and on the plain path: both the same
- * 400 with message want, and no done. */
-static void expect_reject_both_ways(const sch_request_t *req, const char *want) {
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = 1};
-    char             errstr[512] = "";
-    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
-                 errstr);
+/* A refused request's reject: status, code, and a message that is want
+ * (or holds it, when part). */
+static void expect_reject(const sch_error_t *reject, int status, const char *code, const char *want,
+                          bool part) {
+    cr_expect_eq(reject->status, status);
+    cr_expect_str_eq(reject->code, code);
+    if (part)
+        cr_expect(strstr(reject->message, want), "%s", reject->message);
+    else
+        cr_expect_str_eq(reject->message, want);
+}
+
+/* req refused at submit to s (as expect_reject), and no done. */
+static void refused_by_scheduler(eng_sched_t *s, const sch_request_t *req, int status,
+                                 const char *code, const char *want, bool part) {
     sch_error_t reject;
     sch_error_init(&reject);
     done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     done_ref_t  ref = {&d, 0};
     cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
-    cr_expect_eq(reject.status, 400);
-    cr_expect_str_eq(reject.code, "invalid_request");
-    cr_expect_str_eq(reject.message, want);
-    eng_sched_free(s);
-    cr_expect_eq(d.n, 0, "done ran for a refused request");
-
-    eng_answers_t *ans = NULL;
+    expect_reject(&reject, status, code, want, part);
     sch_error_fini(&reject);
+    cr_expect_eq(d.n, 0, "done ran for a refused request");
+}
+
+/* req refused by the plain path (eng_answer_request) the same way. */
+static void refused_by_plain_path(const sch_request_t *req, int status, const char *code,
+                                  const char *want, bool part) {
+    eng_answers_t *ans = NULL;
+    sch_error_t    reject;
+    char           errstr[512] = "";
     sch_error_init(&reject);
     cr_assert_eq(eng_answer_request(g_l.pkg, g_l.model, req, &ans, &reject, errstr, sizeof errstr),
                  SVC_ERR_INVALID);
     cr_expect_null(ans);
-    cr_expect_eq(reject.status, 400);
-    cr_expect_str_eq(reject.message, want);
+    expect_reject(&reject, status, code, want, part);
     sch_error_fini(&reject);
+}
+
+static eng_sched_t *one_worker_scheduler(void) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1};
+    char             errstr[512] = "";
+    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    return s;
+}
+
+/* The same 400 invalid_request on the scheduler and on the plain path. */
+static void expect_reject_both_ways(const sch_request_t *req, const char *want) {
+    eng_sched_t *s = one_worker_scheduler();
+    refused_by_scheduler(s, req, 400, "invalid_request", want, false);
+    eng_sched_free(s);
+    refused_by_plain_path(req, 400, "invalid_request", want, false);
 }
 
 /* SPEC a.3: images are decoded before the state is checked, so an image
@@ -630,30 +620,13 @@ Test(vision, scheduler_refuses_too_many_images) {
     sch_request_t *req = decode_for_package(b.data, b.len, "1,025 images");
     svc_buf_fini(&b);
 
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = 1};
-    char             errstr[512] = "";
-    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
-                 errstr);
-    sch_error_t reject;
-    sch_error_init(&reject);
-    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    done_ref_t  ref = {&d, 0};
-    cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, &reject), SVC_ERR_INVALID);
-    cr_assert_eq(reject.status, 413);
-    cr_assert_str_eq(reject.code, "request_too_large");
-    cr_assert(strstr(reject.message, "more than 65536 image tokens"), "%s", reject.message);
-    sch_error_fini(&reject);
+    eng_sched_t *s = one_worker_scheduler();
+    refused_by_scheduler(s, req, 413, "request_too_large", "more than 65536 image tokens", true);
     /* The plain path counts the same way, from the headers, before it
      * decodes the image that would pass the bound. */
-    eng_answers_t *ans = NULL;
-    sch_error_init(&reject);
-    cr_assert_eq(eng_answer_request(g_l.pkg, g_l.model, req, &ans, &reject, errstr, sizeof errstr),
-                 SVC_ERR_INVALID);
-    cr_assert_null(ans);
-    cr_assert_eq(reject.status, 413);
-    cr_assert(strstr(reject.message, "more than 65536 image tokens"), "%s", reject.message);
-    sch_error_fini(&reject);
+    refused_by_plain_path(req, 413, "request_too_large", "more than 65536 image tokens", true);
+    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    done_ref_t  ref = {&d, 0};
     /* Nothing was kept: a request of one image goes in after it. */
     sch_request_t *one = golden_request("one_image");
     cr_assert_eq(eng_sched_submit(s, one, on_done, &ref, NULL), SVC_OK);
