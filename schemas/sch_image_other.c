@@ -10,8 +10,9 @@
  * an opened image past twice MAX_IMAGE_PIXELS is a DecompressionBombError.
  * Each probe below is that plugin's _open, as far as it decides between
  * those outcomes, for the formats a client is likely to send: BMP, DIB,
- * GIF, PPM/PGM/PBM/PFM, CUR, JPEG 2000, ICO, TIFF, QOI and TGA (Pillow 13,
- * compared with it by cutting and mutating files of each format). Not
+ * GIF, PPM/PGM/PBM/PFM, AVIF (sch_image_avif.c), CUR, JPEG 2000, ICO,
+ * TIFF, QOI and TGA (Pillow 13, compared with it by cutting and mutating
+ * files of each format). Not
  * reproduced: TIFF's pixel-mode table, the pixel data ICO decodes while
  * opening, a JPEG 2000 palette of more than 256 colours (three ValueErrors
  * or OSErrors upstream; here the format is named); formats a client is not
@@ -803,6 +804,13 @@ static const char *probe_tga(const unsigned char *p, size_t n, uint32_t *w, uint
     return NULL;
 }
 
+/* ---- AVIF (sch_image_avif.c) -------------------------------------------- */
+
+static const char *probe_avif(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h) {
+    bool opens = sch_image_avif_accepts(p, n) && sch_image_probe_avif(p, n, w, h);
+    return opens ? NULL : NEXT; /* the size goes to the caller's bomb check */
+}
+
 /* ---- Image.open's order ------------------------------------------------- */
 
 typedef const char *(*probe_fn)(const unsigned char *, size_t, uint32_t *, uint32_t *);
@@ -811,8 +819,9 @@ const char *sch_image_probe_other(const unsigned char *p, size_t n, uint32_t *w,
     /* preinit()'s plugins (BMP, DIB, GIF, JPEG, PPM, PNG), then init()'s
      * in the order Pillow 13 registers them; JPEG, PNG and WebP are the
      * caller's, and no plugin here accepts their signatures. */
-    static const probe_fn chain[] = {probe_bmp, probe_dib, probe_gif,  probe_ppm, probe_cur,
-                                     probe_jp2, probe_ico, probe_tiff, probe_qoi, probe_tga};
+    static const probe_fn chain[] = {probe_bmp,  probe_dib, probe_gif, probe_ppm,
+                                     probe_avif, probe_cur, probe_jp2, probe_ico,
+                                     probe_tiff, probe_qoi, probe_tga};
     for (size_t i = 0; i < sizeof chain / sizeof chain[0]; i++) {
         *w = *h = 0;
         const char *e = chain[i](p, n, w, h);

@@ -110,6 +110,11 @@ const char *sch_image_probe_png(const unsigned char *p, size_t n, uint32_t *w, u
  * does. */
 const char *sch_image_probe_other(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h);
 
+/* Pillow's AVIF plugin (sch_image_avif.c): whether its prefix test takes
+ * the bytes, and whether its open succeeds (true with w, h its size). */
+bool sch_image_avif_accepts(const unsigned char *p, size_t n);
+bool sch_image_probe_avif(const unsigned char *p, size_t n, uint32_t *w, uint32_t *h);
+
 /* Strict base64 (Python b64decode(validate=True)): false when invalid.
  * out may be NULL to validate only; *out_len gets the decoded size. */
 bool sch_base64_decode(const char *s, size_t n, unsigned char *out, size_t *out_len);

@@ -333,7 +333,7 @@ Test(image, decode_lying_sizes) {
 /* ---- formats upstream opens and refuses ---------------------------------- */
 
 /* tests/fixtures/image-other.json (tests/tools/gen_image_other.py, Pillow
- * 13): GIF, BMP, DIB, TIFF, PPM and kin, ICO, CUR, QOI, JPEG 2000 and TGA
+ * 13): GIF, BMP, DIB, TIFF, PPM and kin, AVIF, ICO, CUR, QOI, JPEG 2000 and TGA
  * files, whole, cut and past the bomb limit, with upstream's message. */
 Test(image, other_formats_as_upstream) {
     json_error_t je;

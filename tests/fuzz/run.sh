@@ -30,7 +30,8 @@ SCH_AVRO=$(ls schemas/sch_*.c | grep -v sch_registry)
     -o "$OUT/fuzz_request"
   "${CC[@]}" $SCH_AVRO build/generated/sch_avsc.c tests/fuzz/fuzz_avro.c \
     $(pkg-config --cflags --libs libutf8proc avro-c jansson) -lm -o "$OUT/fuzz_avro"
-  "${CC[@]}" -Iengine -Inpu schemas/sch_image.c schemas/sch_image_other.c schemas/sch_json.c \
+  "${CC[@]}" -Iengine -Inpu schemas/sch_image.c schemas/sch_image_other.c schemas/sch_image_avif.c \
+    schemas/sch_json.c \
     schemas/sch_json_write.c schemas/sch_pytext.c engine/eng_image.c engine/eng_vis_pre.c \
     engine/eng_util.c \
     tests/fuzz/fuzz_image.c \

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/image-other.json for tests/test_image.c: small files
 of the formats Pillow opens besides PNG, JPEG and WebP (GIF, BMP, DIB, TIFF,
-PPM and kin, ICO, CUR, QOI, JPEG 2000, TGA), whole, cut and with sizes past
+PPM and kin, AVIF, ICO, CUR, QOI, JPEG 2000, TGA), whole, cut and with sizes past
 the decompression-bomb limit, each with what upstream answers for it
 (images.py: Image.open, the bomb check inside it, then the format check).
 
-    python3 tests/tools/gen_image_other.py    # Pillow 13
+    python3 tests/tools/gen_image_other.py    # Pillow 13 (its wheels read AVIF)
 """
 import base64, io, json, pathlib, struct, warnings, zlib
 warnings.simplefilter("ignore")
@@ -118,12 +118,35 @@ CASES = [
     ("text", b"hello, world\n"),
 ]
 
+def avif(mode="RGB", size=(64, 48), **kw):
+    b = io.BytesIO()
+    Image.new(mode, size, 128).save(b, "AVIF", **kw)
+    return b.getvalue()
+
+def avif_sized(w, h):
+    d = avif()
+    i = d.index(b"ispe") + 8
+    return d[:i] + struct.pack(">II", w, h) + d[i + 8:]
+
+def avif_cases():
+    """Pillow's AVIF plugin (libavif's parse): whole files, cuts, sizes, brands."""
+    d, exif = avif(), avif(size=(20, 20), exif=b"Exif\0\0II*\0\x08\0\0\0\0\0\0\0")
+    out = [("avif 64x48", d), ("avif rgba 33x17", avif("RGBA", (33, 17))),
+           ("avif grey 300x7", avif("L", (300, 7))), ("avif exif", exif),
+           ("avif exif data cut", exif[:350]),
+           ("avif brand mif1 only", d[:8] + b"mif1" + d[12:16] + b"mif1" * 4 + d[32:])]
+    out += [(f"avif cut at {c}", d[:c]) for c in range(0, len(d) + 1, 9)]
+    for w, h in [(20000, 10000), (13000, 13000), (40000, 100), (32768, 100), (16384, 16384),
+                 (16385, 16384), (0, 5)]:
+        out.append((f"avif ispe {w}x{h}", avif_sized(w, h)))
+    return out
+
 OUT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "image-other.json"
 
 
 def main():
     cases = []
-    for name, b in CASES:
+    for name, b in CASES + avif_cases():
         a = answer(b)
         assert a is not None, name
         cases.append({"name": name, "data": base64.b64encode(b).decode(), "error": a})
