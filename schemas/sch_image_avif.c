@@ -338,8 +338,8 @@ bool sch_image_probe_avif(const unsigned char *p, size_t n, uint32_t *w, uint32_
         if (ftyp && (!need_meta || meta) && (!need_moov || moov))
             break;
     }
-    if (!ftyp || (need_meta && !meta) || (need_moov && !moov) || !meta)
-        return false; /* a sequence without a primary item: not modelled */
+    if (!ftyp || !meta || (need_moov && !moov))
+        return false; /* incomplete, or a sequence without a primary item (not modelled) */
     if (!iw || !ih || iw > AVIF_MAX_SIDE || ih > AVIF_MAX_SIDE || iw * ih > AVIF_MAX_PIXELS)
         return false;
     *w = (uint32_t)iw;
