@@ -87,10 +87,17 @@ struct sreq {
     double               submit_ms; /* eng_now_ms at submit */
     bool                 started;   /* a forward ran: queue_ms is set */
     size_t               left;      /* questions not finished, under s->mu */
-    squ_t               *qs;        /* (n_qs) */
+    squ_t               *qs;        /* (n_qs), in part order */
     size_t               n_qs;
-    svc_err_t            err; /* the first failure; under s->mu */
-    char                 errstr[512];
+    /* Admission (eng_sched_conf_t.max_jobs): job_left[p], questions of
+     * part p not finished, under s->mu; job_tok[p], their prompt tokens,
+     * released when the last one finishes. n_jobs: parts with a question. */
+    size_t   *job_left;
+    uint64_t *job_tok;
+    size_t    n_jobs;
+    uint64_t  tokens;
+    svc_err_t err; /* the first failure; under s->mu */
+    char      errstr[512];
     /* images: image k of the request (parts in order) is slot img_slot[k]
      * of reg, with img_tok[k] tokens; part p's are [img_first[p],
      * img_first[p + 1]). The request holds a reference on each. */
@@ -104,7 +111,7 @@ struct eng_sched {
     const eng_model_t   *model;
     eng_imgreg_t        *reg; /* image slots, or NULL without a vision tower */
     bool                 noncausal;
-    size_t               max_questions, max_group, n_workers;
+    size_t               max_jobs, max_tokens, max_group, n_workers;
     pthread_t           *threads;   /* (n_workers) */
     struct wctx         *ctx;       /* (n_workers) */
     size_t               n_threads; /* started */
@@ -133,6 +140,8 @@ static void sreq_free(sreq_t *r) {
     free(r->img_slot);
     free(r->img_tok);
     free(r->img_first);
+    free(r->job_left);
+    free(r->job_tok);
     for (size_t k = 0; k < r->n_qs; k++)
         free(r->qs[k].ids);
     free(r->qs);
@@ -245,9 +254,12 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
         for (size_t i = 0; i < part->n_questions; i++)
             n_valid += !part->questions[i].error_code;
     }
+    size_t np = sch_request_n_parts(req);
     r->ans = eng_answers_new(req);
     r->qs = calloc(n_valid ? n_valid : 1, sizeof *r->qs);
-    if (!r->ans || !r->qs)
+    r->job_left = calloc(np ? np : 1, sizeof *r->job_left);
+    r->job_tok = calloc(np ? np : 1, sizeof *r->job_tok);
+    if (!r->ans || !r->qs || !r->job_left || !r->job_tok)
         return SVC_ERR_NOMEM;
     eng_prompt_t pr;
     eng_prompt_init(&pr);
@@ -283,6 +295,9 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
             q->p = p;
             q->i = i;
             r->n_qs++;
+            r->n_jobs += r->job_left[p]++ == 0;
+            r->job_tok[p] += q->n;
+            r->tokens += q->n;
         }
     }
     eng_prompt_fini(&pr);
@@ -321,6 +336,10 @@ typedef struct wctx {
 static void finish_locked(wctx_t *w, squ_t *q) {
     eng_sched_t *s = w->s;
     s->stats.queued--;
+    if (--q->r->job_left[q->p] == 0) { /* its job is answered */
+        s->stats.queued_jobs--;
+        s->stats.queued_tokens -= q->r->job_tok[q->p];
+    }
     if (--q->r->left == 0) {
         s->stats.requests++;
         w->done[w->n_done++] = q->r;
@@ -761,7 +780,8 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
         int n = npu_probe()->n_cpus;
         s->n_workers = n > 0 ? (size_t)n : 1;
     }
-    s->max_questions = conf->max_questions ? conf->max_questions : 1024;
+    s->max_jobs = conf->max_jobs ? conf->max_jobs : ENG_SCHED_MAX_JOBS;
+    s->max_tokens = conf->max_tokens ? conf->max_tokens : ENG_SCHED_MAX_TOKENS;
     s->max_group = conf->max_group ? conf->max_group : 32;
     if (eng_model_has_vision(model)) {
         s->reg = eng_imgreg_new(model, conf->max_images ? conf->max_images : 32);
@@ -805,23 +825,34 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     return SVC_OK;
 }
 
+/* Whether n_jobs more jobs of tokens would pass a bound while other jobs
+ * are pending (eng_sched_conf_t.max_jobs). @locks s->mu held */
+static bool queue_full_locked(const eng_sched_t *s, size_t n_jobs, uint64_t tokens) {
+    return s->stats.queued_jobs > 0 && (s->stats.queued_jobs + n_jobs > s->max_jobs ||
+                                        s->stats.queued_tokens + tokens > s->max_tokens);
+}
+
 /* A request with images that the queue or the image slots would turn away
  * is turned away before its images are decoded, since every retry would
- * decode them again. The questions counted are all the valid ones (the
- * exact check below counts those that reach the model), so this may wait
- * a little earlier than needed, never forever: an empty queue admits. */
+ * decode them again. The jobs counted are the parts with a valid question
+ * (the exact check below counts those that reach the model), so this may
+ * wait a little earlier than needed, never forever: an empty queue
+ * admits. Tokens are not known before the decode; the exact check counts
+ * them. */
 static bool images_would_wait(eng_sched_t *s, const sch_request_t *req) {
-    size_t n_img = 0, n_valid = 0;
+    size_t n_img = 0, n_jobs = 0;
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
+        bool              valid = false;
         n_img += part->n_images;
         for (size_t i = 0; i < part->n_questions; i++)
-            n_valid += !part->questions[i].error_code;
+            valid |= !part->questions[i].error_code;
+        n_jobs += valid;
     }
     if (!n_img || !s->reg)
         return false;
     pthread_mutex_lock(&s->mu);
-    bool full = s->stats.queued > 0 && s->stats.queued + n_valid > s->max_questions;
+    bool full = queue_full_locked(s, n_jobs, 0);
     pthread_mutex_unlock(&s->mu);
     return full || eng_imgreg_would_wait(s->reg);
 }
@@ -861,7 +892,7 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
     }
     pthread_mutex_lock(&s->mu);
     SVC_ASSERT(!s->stopping);
-    if (s->stats.queued > 0 && s->stats.queued + r->n_qs > s->max_questions) {
+    if (queue_full_locked(s, r->n_jobs, r->tokens)) {
         pthread_mutex_unlock(&s->mu);
         sreq_free(r);
         return SVC_ERR_RETRIABLE;
@@ -878,6 +909,8 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
         s->q_tail = q;
     }
     s->stats.queued += r->n_qs;
+    s->stats.queued_jobs += r->n_jobs;
+    s->stats.queued_tokens += r->tokens;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return SVC_OK;

@@ -493,17 +493,27 @@ const eng_answer_stats_t *eng_answers_stats(const eng_answers_t *ans);
 
 typedef struct eng_sched eng_sched_t;
 
+#define ENG_SCHED_MAX_JOBS   256u
+#define ENG_SCHED_MAX_TOKENS 4194304u
+
 typedef struct eng_sched_conf {
-    size_t n_workers;     /* forward-pass threads; 0: the online CPUs */
-    size_t max_questions; /* bound on admitted, unfinished questions; 0: 1024.
-                             A request larger than the bound is admitted when
-                             nothing else is, so it never waits forever. */
-    size_t max_group;     /* questions a worker takes at once to group; 0: 32 */
-    size_t max_images;    /* distinct images requests hold at once (each its
-                             pixels, then its tokens); 0: 32. A submit past
-                             it is SVC_ERR_RETRIABLE, like a full queue; a
-                             request with more is admitted when no other
-                             holds images (up to 4,096). */
+    size_t n_workers; /* forward-pass threads; 0: the online CPUs */
+    /* Admission, as upstream's scheduler (SPEC b.7, 429 overloaded): a
+     * job is one part (state) of a request with a question that reaches
+     * the model, pending until its last question is answered; its tokens
+     * are its questions' prompt ids. A request is refused (nothing taken,
+     * SVC_ERR_RETRIABLE) when jobs are pending and its jobs or tokens
+     * would pass either bound. Unlike upstream, which refuses more jobs
+     * than max_jobs even on an empty queue, an empty queue admits any
+     * request, so that serve never waits for ever on one. */
+    size_t max_jobs;   /* 0: 256 (upstream's --max-queue) */
+    size_t max_tokens; /* 0: 4,194,304 (upstream's --max-queued-tokens) */
+    size_t max_group;  /* questions a worker takes at once to group; 0: 32 */
+    size_t max_images; /* distinct images requests hold at once (each its
+                          pixels, then its tokens); 0: 32. A submit past
+                          it is SVC_ERR_RETRIABLE, like a full queue; a
+                          request with more is admitted when no other
+                          holds images (up to 4,096). */
 } eng_sched_conf_t;
 
 /* The outcome of one submitted request, exactly once, on a worker thread.
@@ -567,6 +577,8 @@ typedef struct eng_sched_stats {
                                  the later layers still run over every prompt
                                  token of every question (see token_layers). */
     uint64_t queued;          /* questions admitted, not finished (gauge) */
+    uint64_t queued_jobs;     /* jobs admitted, not finished (gauge; see max_jobs) */
+    uint64_t queued_tokens;   /* their prompt tokens not finished (gauge) */
     uint64_t token_layers;    /* the work: sum of tokens x layers run through,
                                  incl. the head; without any sharing it would
                                  be tokens x the model's layers */

@@ -25,7 +25,8 @@
 
 static const char HTTP_HELP[] =
     "Usage: d3stream http --model DIR [--listen HOST:PORT] [--workers N] [--max-queue N]\n"
-    "                     [--max-connections N] [--timeout S] [--max-body-memory MIB]\n"
+    "                     [--max-queued-tokens N] [--max-connections N] [--timeout S]\n"
+    "                     [--max-body-memory MIB]\n"
     "                     [--no-verify] [--log-level debug|info|warn|error]\n"
     "\n"
     "Serves the System One API of the upstream decision runtime over HTTP/1.1\n"
@@ -74,8 +75,13 @@ static const char HTTP_HELP[] =
     "                        picks a free one; [::1]:PORT for IPv6). The address is\n"
     "                        printed on stderr once listening\n"
     "  --workers N           engine threads (default: the online CPUs)\n"
-    "  --max-queue N         questions admitted to the engine and not answered\n"
-    "                        (default 1024); past it requests get 429\n"
+    "  --max-queue N         jobs admitted to the engine and not answered (default\n"
+    "                        256, as upstream; a job is one state of a request, its\n"
+    "                        questions with it); past it requests get 429 overloaded\n"
+    "  --max-queued-tokens N prompt tokens of those jobs (default 4194304, as\n"
+    "                        upstream); past it requests get 429 too. An empty queue\n"
+    "                        takes any request (upstream refuses more states than\n"
+    "                        --max-queue even then)\n"
     "  --max-connections N   open connections (default 1024, lowered to fit the\n"
     "                        open-file limit); more are accepted and closed at once\n"
     "  --timeout S           idle connection timeout in seconds (default 30): slow or\n"
@@ -189,7 +195,8 @@ static void device_label(http_t *h) {
 void ops_http_opts_default(http_opts_t *o) {
     *o = (http_opts_t){.host = "127.0.0.1",
                        .port = 52625,
-                       .max_queue = 1024,
+                       .max_queue = ENG_SCHED_MAX_JOBS,
+                       .max_queued_tokens = ENG_SCHED_MAX_TOKENS,
                        .max_connections = 1024,
                        .timeout_s = 30,
                        .body_budget = (size_t)256 << 20};
@@ -301,7 +308,8 @@ static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **
         ops_fail("http", "%s", errstr);
         return false;
     }
-    eng_sched_conf_t sc = {.n_workers = o->workers, .max_questions = o->max_queue};
+    eng_sched_conf_t sc = {
+        .n_workers = o->workers, .max_jobs = o->max_queue, .max_tokens = o->max_queued_tokens};
     if (eng_sched_new(ask->pkg, *model, &sc, sched, errstr, sizeof errstr)) {
         ops_fail("http", "engine: %s", errstr);
         return false;
@@ -372,13 +380,24 @@ static int http_package(const http_opts_t *o) {
 
 /* ------------------------------------------------------------ options */
 
-enum { O_LISTEN = 256, O_WORKERS, O_QUEUE, O_CONNS, O_TIMEOUT, O_BODYMEM, O_NOVERIFY, O_LOGLEVEL };
+enum {
+    O_LISTEN = 256,
+    O_WORKERS,
+    O_QUEUE,
+    O_QTOKENS,
+    O_CONNS,
+    O_TIMEOUT,
+    O_BODYMEM,
+    O_NOVERIFY,
+    O_LOGLEVEL
+};
 
 static const struct option HTTP_OPTS[] = {
     {"model", required_argument, NULL, 'm'},
     {"listen", required_argument, NULL, O_LISTEN},
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
+    {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
     {"max-connections", required_argument, NULL, O_CONNS},
     {"timeout", required_argument, NULL, O_TIMEOUT},
     {"max-body-memory", required_argument, NULL, O_BODYMEM},
@@ -424,6 +443,11 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
     case O_QUEUE:
         return ops_count_opt("http", "max-queue", arg, 1u << 20, &o->max_queue) ? -1
                                                                                 : OPS_EXIT_USAGE;
+    case O_QTOKENS:
+        return ops_count_opt("http", "max-queued-tokens", arg, (size_t)1 << 40,
+                             &o->max_queued_tokens)
+                   ? -1
+                   : OPS_EXIT_USAGE;
     case O_CONNS:
         return ops_count_opt("http", "max-connections", arg, 1u << 20, &o->max_connections)
                    ? -1

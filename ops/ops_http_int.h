@@ -30,7 +30,7 @@ typedef struct http_opts {
     char        host[256];
     int         port;
     bool        no_verify;
-    size_t      workers, max_queue, max_connections, body_budget;
+    size_t      workers, max_queue, max_queued_tokens, max_connections, body_budget;
     unsigned    timeout_s; /* idle connection timeout */
 } http_opts_t;
 

@@ -91,6 +91,13 @@ void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
                     (double)es.tokens_computed);
     ops_prom_metric(p, "d3stream_engine_queued_questions", "gauge",
                     "Questions admitted, not finished.", "", (double)es.queued);
+    ops_prom_metric(p, "d3stream_engine_queued_jobs", "gauge",
+                    "Jobs (request states with a question for the model) admitted, not "
+                    "finished; bounded by --max-queue.",
+                    "", (double)es.queued_jobs);
+    ops_prom_metric(p, "d3stream_engine_queued_tokens", "gauge",
+                    "Prompt tokens of those jobs; bounded by --max-queued-tokens.", "",
+                    (double)es.queued_tokens);
     ops_prom_metric(p, "d3stream_engine_token_layers_total", "counter",
                     "Tokens times layers run through the text tower (the work done).", "",
                     (double)es.token_layers);

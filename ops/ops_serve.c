@@ -29,7 +29,8 @@ static const char SERVE_HELP[] =
     "                      [--dlq T] [--format json|avro] [--schema-registry URL]\n"
     "                      [--exactly-once [--transactional-id ID]] [--instance-id ID]\n"
     "                      [--from-beginning] [--stop-at-end] [--workers N] [--max-queue N]\n"
-    "                      [--window N] [--metrics-file PATH] [--http HOST:PORT]\n"
+    "                      [--max-queued-tokens N] [--window N] [--metrics-file PATH]\n"
+    "                      [--http HOST:PORT]\n"
     "                      [--log-level debug|info|warn|error] [--no-verify] [-X k=v]...\n"
     "\n"
     "Answers System One requests read from a Kafka topic as a member of a consumer\n"
@@ -91,8 +92,12 @@ static const char SERVE_HELP[] =
     "                      delivered; progress (messages/s, remaining, ETA) every 2 s\n"
     "                      on stderr\n"
     "  --workers N         engine threads (default: the online CPUs)\n"
-    "  --max-queue N       questions admitted to the engine and not answered (default\n"
-    "                      1024); a full queue stops the intake\n"
+    "  --max-queue N       jobs admitted to the engine and not answered (default 256;\n"
+    "                      a job is one state of a request, its questions with it);\n"
+    "                      a full queue stops the intake until a job is answered\n"
+    "  --max-queued-tokens N\n"
+    "                      prompt tokens of those jobs (default 4194304); past it the\n"
+    "                      intake stops too. An empty queue takes any request\n"
     "  --window N          records taken from Kafka and not yet finished (default\n"
     "                      2048); a full window pauses fetching\n"
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
@@ -403,8 +408,9 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
     char    errstr[1024] = "";
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
-    eng_sched_conf_t sc = {.n_workers = o->workers, .max_questions = o->max_queue};
-    int              rc = OPS_EXIT_FAILURE;
+    eng_sched_conf_t sc = {
+        .n_workers = o->workers, .max_jobs = o->max_queue, .max_tokens = o->max_queued_tokens};
+    int rc = OPS_EXIT_FAILURE;
     s.reg = sch_registry_new(o->registry_url, 0, errstr, sizeof errstr);
     if (!s.reg)
         ops_fail("serve", "--schema-registry: %s", errstr);
@@ -512,6 +518,7 @@ enum {
     O_NOVERIFY,
     O_WORKERS,
     O_QUEUE,
+    O_QTOKENS,
     O_WINDOW,
     O_METRICS,
     O_HTTP,
@@ -536,6 +543,7 @@ static const struct option SERVE_OPTS[] = {
     {"no-verify", no_argument, NULL, O_NOVERIFY},
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
+    {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
     {"window", required_argument, NULL, O_WINDOW},
     {"metrics-file", required_argument, NULL, O_METRICS},
     {"http", required_argument, NULL, O_HTTP},
@@ -637,6 +645,11 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
     case O_QUEUE:
         return ops_count_opt("serve", "max-queue", arg, 1u << 20, &o->max_queue) ? -1
                                                                                  : OPS_EXIT_USAGE;
+    case O_QTOKENS:
+        return ops_count_opt("serve", "max-queued-tokens", arg, (size_t)1 << 40,
+                             &o->max_queued_tokens)
+                   ? -1
+                   : OPS_EXIT_USAGE;
     case O_WINDOW:
         return ops_count_opt("serve", "window", arg, 1u << 20, &o->window) ? -1 : OPS_EXIT_USAGE;
     case 'h':
@@ -680,6 +693,8 @@ static int serve_main(int argc, char **argv) {
         o.http.workers = o.workers;
         if (o.max_queue)
             o.http.max_queue = o.max_queue;
+        if (o.max_queued_tokens)
+            o.http.max_queued_tokens = o.max_queued_tokens;
         if (o.http_on)
             ops_http_opts_finish(&o.http, "serve");
         rc = serve_package(&o);

@@ -533,6 +533,8 @@ Test(http, routes_and_statuses) {
     double before = prom_check(r.body.data, ok200);
     cr_assert(before >= 3, "%s = %g\n%s", ok200, before, r.body.data);
     cr_assert(prom_check(r.body.data, "d3stream_engine_queued_questions") >= 0);
+    cr_assert(prom_check(r.body.data, "d3stream_engine_queued_jobs") == 0);
+    cr_assert(prom_check(r.body.data, "d3stream_engine_queued_tokens") == 0);
     /* every answered question ran in some pass; batched ones share one */
     double passes = prom_check(r.body.data, "d3stream_engine_passes_total");
     cr_assert(passes >= 1 && passes <= prom_check(r.body.data, "d3stream_engine_questions_total"),

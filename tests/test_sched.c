@@ -882,48 +882,127 @@ static sch_request_t *n_questions(size_t n) {
     return decode_valid(body, strlen(body));
 }
 
-Test(sched, backpressure) {
-    loaded_t l;
-    load(PKG, &l);
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = 1, .max_questions = 2};
-    char             errstr[256];
-    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
-    waiter_t w;
-    waiter_init(&w);
-    sch_request_t *ra = n_questions(1), *rb = n_questions(2), *rc = n_questions(1),
-                  *rd = n_questions(3);
-    slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
-    /* a's done holds the only worker: nothing else runs meanwhile */
-    cr_assert_eq(eng_sched_submit(s, ra, on_done, &a, NULL), SVC_OK);
-    pthread_mutex_lock(&w.mu);
-    while (!a.in_done)
-        pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    /* the queue is empty: d, larger than the bound, is admitted */
-    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, NULL), SVC_OK);
-    eng_sched_stats_t st;
-    eng_sched_stats(s, &st);
-    cr_assert_eq(st.queued, 3);
-    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_ERR_RETRIABLE);
-    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_ERR_RETRIABLE);
-    pthread_mutex_lock(&w.mu);
-    a.released = true;
-    pthread_cond_broadcast(&w.cv);
-    pthread_mutex_unlock(&w.mu);
-    wait_done(&w, 2); /* a, d */
-    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_OK);
-    submit(s, rc, &c);
-    wait_done(&w, 4);
-    eng_sched_free(s);
-    slot_t *all[] = {&a, &b, &c, &d};
-    for (size_t k = 0; k < 4; k++) {
+/* A request of k states (k jobs), one question each. */
+static sch_request_t *n_states(size_t k) {
+    char body[2048];
+    int  len = snprintf(body, sizeof body,
+                        "{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"noul\", "
+                         "\"instructions\": \"Is it 0?\"}}, \"states\": {");
+    for (size_t i = 1; i < k; i++)
+        len += snprintf(body + len, sizeof body - (size_t)len,
+                        "%s\"s%zu\": {\"state\": \"y%zu\", \"questions\": {\"q\": {\"type\": "
+                        "\"noul\", \"instructions\": \"Is it %zu?\"}}}",
+                        i > 1 ? "," : "", i, i, i);
+    snprintf(body + len, sizeof body - (size_t)len, "}}");
+    return decode_valid(body, strlen(body));
+}
+
+/* Holds the only worker in a's done (a's questions are finished, so
+ * nothing is pending) until release_blocked. */
+static void block_worker(eng_sched_t *s, sch_request_t *ra, slot_t *a) {
+    cr_assert_eq(eng_sched_submit(s, ra, on_done, a, NULL), SVC_OK);
+    pthread_mutex_lock(&a->w->mu);
+    while (!a->in_done)
+        pthread_cond_wait(&a->w->cv, &a->w->mu);
+    pthread_mutex_unlock(&a->w->mu);
+}
+
+static void release_blocked(slot_t *a) {
+    pthread_mutex_lock(&a->w->mu);
+    a->released = true;
+    pthread_cond_broadcast(&a->w->cv);
+    pthread_mutex_unlock(&a->w->mu);
+}
+
+static void check_all_ok(slot_t *const *all, size_t n) {
+    for (size_t k = 0; k < n; k++) {
         cr_assert_eq(all[k]->calls, 1);
         cr_assert_eq(all[k]->err, SVC_OK);
         eng_answers_free(all[k]->ans);
     }
+}
+
+/* The queue counts jobs, as upstream's --max-queue: one per state with a
+ * question, however many questions it has. */
+Test(sched, backpressure_counts_jobs) {
+    loaded_t l;
+    load(PKG, &l);
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .max_jobs = 2};
+    char             errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    waiter_init(&w);
+    sch_request_t *ra = n_questions(1), *rb = n_questions(5), *rc = n_questions(1),
+                  *rd = n_states(3);
+    slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
+    block_worker(s, ra, &a);
+    /* the queue is empty: d, 3 jobs, more than the bound, is admitted */
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, NULL), SVC_OK);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.queued_jobs, 3);
+    cr_assert_eq(st.queued, 3);
+    cr_assert_gt(st.queued_tokens, 0);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_ERR_RETRIABLE);
+    release_blocked(&a);
+    wait_done(&w, 2); /* a, d */
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.queued_jobs, 0);
+    cr_assert_eq(st.queued_tokens, 0);
+    /* b: five questions, one job; c, a second job, fits beside it */
+    slot_t blk = {.w = &w, .block = true};
+    block_worker(s, ra, &blk);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_OK);
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.queued_jobs, 2);
+    cr_assert_eq(st.queued, 6);
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, NULL), SVC_ERR_RETRIABLE);
+    release_blocked(&blk);
+    wait_done(&w, 5);
+    eng_sched_free(s);
+    slot_t *all[] = {&a, &b, &c, &d, &blk};
+    check_all_ok(all, 5);
     sch_request_free(ra);
     sch_request_free(rb);
+    sch_request_free(rc);
+    sch_request_free(rd);
+    unload(&l);
+}
+
+/* And the prompt tokens of those jobs, as upstream's --max-queued-tokens:
+ * those the questions run (their prompt ids), released when answered. */
+Test(sched, backpressure_counts_tokens) {
+    loaded_t l;
+    load(PKG, &l);
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .max_tokens = 1};
+    char             errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    waiter_init(&w);
+    sch_request_t *ra = n_questions(1), *rc = n_questions(1), *rd = n_questions(3);
+    slot_t         a = {.w = &w, .block = true}, c = {.w = &w}, d = {.w = &w};
+    block_worker(s, ra, &a);
+    eng_sched_stats_t st0, st1, st2;
+    eng_sched_stats(s, &st0);
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, NULL), SVC_OK); /* empty: admitted */
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.queued_jobs, 1);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_ERR_RETRIABLE);
+    release_blocked(&a);
+    wait_done(&w, 2);
+    eng_sched_stats(s, &st2);
+    /* what d held is what its questions ran */
+    cr_assert_eq(st1.queued_tokens, st2.tokens - st0.tokens);
+    cr_assert_eq(st2.queued_tokens, 0);
+    submit(s, rc, &c);
+    wait_done(&w, 3);
+    eng_sched_free(s);
+    slot_t *all[] = {&a, &c, &d};
+    check_all_ok(all, 3);
+    sch_request_free(ra);
     sch_request_free(rc);
     sch_request_free(rd);
     unload(&l);
