@@ -69,7 +69,8 @@ typedef enum cfg_origin { ORIG_DEFAULT, ORIG_FILE, ORIG_ENV, ORIG_FLAG } cfg_ori
 static const char *const ORIGIN_NAME[] = {"default", "file", "env", "flag"};
 
 typedef struct cfg_val {
-    char        *v; /* owned; NULL when unset */
+    char        *v;     /* owned; NULL when unset */
+    char        *where; /* owned: the file's line or the variable; NULL for a flag */
     cfg_origin_t origin;
 } cfg_val_t;
 
@@ -91,8 +92,10 @@ typedef struct cfg_state {
 } cfg_state_t;
 
 static void state_fini(cfg_state_t *st) {
-    for (size_t i = 0; i < CFG_N; i++)
+    for (size_t i = 0; i < CFG_N; i++) {
         free(st->val[i].v);
+        free(st->val[i].where);
+    }
     for (size_t i = 0; i < st->n_props; i++) {
         free(st->props[i].key);
         free(st->props[i].v);
@@ -109,12 +112,17 @@ static const cfg_opt_t *opt_find(const char *name, size_t *idx) {
     return NULL;
 }
 
-static bool set_val(cfg_val_t *val, const char *v, cfg_origin_t origin) {
-    char *dup = strdup(v);
-    if (!dup)
+static bool set_val(cfg_val_t *val, const char *v, cfg_origin_t origin, const char *where) {
+    char *dup = strdup(v), *wdup = where ? strdup(where) : NULL;
+    if (!dup || (where && !wdup)) {
+        free(dup);
+        free(wdup);
         return false;
+    }
     free(val->v);
+    free(val->where);
     val->v = dup;
+    val->where = wdup;
     val->origin = origin;
     return true;
 }
@@ -372,7 +380,7 @@ static bool file_pair(cfg_state_t *st, yaml_document_t *doc, yaml_node_t *map,
     const char *norm;
     if (!check_scalar(st, v, where) || !check_value(st, o, where, node_str(v), &norm))
         return false;
-    return !(o->cmds & scope & st->bit) || set_val(&st->val[idx], norm, ORIG_FILE);
+    return !(o->cmds & scope & st->bit) || set_val(&st->val[idx], norm, ORIG_FILE, where);
 }
 
 static bool file_map(cfg_state_t *st, yaml_document_t *doc, yaml_node_t *map, const char *section) {
@@ -502,7 +510,7 @@ static bool env_load(cfg_state_t *st) {
             continue;
         const char *norm;
         snprintf(where, sizeof where, "environment %s", name);
-        if (!check_value(st, o, where, v, &norm) || !set_val(&st->val[i], norm, ORIG_ENV))
+        if (!check_value(st, o, where, v, &norm) || !set_val(&st->val[i], norm, ORIG_ENV, where))
             return false;
     }
     return true;
@@ -561,26 +569,50 @@ static bool state_load(cfg_state_t *st, const char *who, const char *cmd, const 
     return (!file || file_load(st)) && env_load(st);
 }
 
-static bool push(ops_config_t *cfg, char *s, bool owned) {
+/* where: what set s (kept for ops_config_origin), for an owned s. */
+static bool push(ops_config_t *cfg, char *s, bool owned, const char *where) {
     if (!s)
         return false;
     cfg->argv[cfg->argc++] = s;
-    if (owned)
+    if (owned) {
+        cfg->where[cfg->n_owned] = where;
         cfg->owned[cfg->n_owned++] = s;
+    }
     return true;
+}
+
+/* s, owned by cfg from here on, not an argument. */
+static bool push_owned(ops_config_t *cfg, char *s) {
+    cfg->where[cfg->n_owned] = NULL;
+    cfg->owned[cfg->n_owned++] = s;
+    return true;
+}
+
+const char *ops_config_origin(const ops_config_t *cfg, const char *arg) {
+    for (size_t i = 0; arg && i < cfg->n_owned; i++)
+        if (cfg->owned[i] == arg)
+            return cfg->where[i];
+    return NULL;
+}
+
+void ops_config_blame(const ops_config_t *cfg, const char *cmd, int rc, const char *arg) {
+    const char *where = rc == OPS_EXIT_USAGE ? ops_config_origin(cfg, arg) : NULL;
+    if (where)
+        ops_fail(cmd, "that value comes from %s", where);
 }
 
 int ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     size_t cap = (size_t)argc + 2 * CFG_N + 1;
     cfg->argv = calloc(cap, sizeof *cfg->argv);
-    cfg->owned = calloc(cap, sizeof *cfg->owned);
+    cfg->owned = calloc(cap + CFG_N, sizeof *cfg->owned); /* + each value's origin */
+    cfg->where = calloc(cap + CFG_N, sizeof *cfg->where);
     char      **rest = calloc((size_t)argc + 1, sizeof *rest);
     const char *file = NULL;
     int         n_rest = 0, rc = -1;
     cfg_state_t st;
     memset(&st, 0, sizeof st);
-    if (!cfg->argv || !cfg->owned || !rest) {
+    if (!cfg->argv || !cfg->owned || !cfg->where || !rest) {
         rc = OPS_EXIT_FAILURE;
         goto out;
     }
@@ -597,15 +629,19 @@ int ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg) {
      * the flags' -X come later, so a flag's value for the same key wins. */
     size_t n_x = st.n_props;
     char **grown = realloc(cfg->argv, (cap + 2 * n_x) * sizeof *grown);
-    char **owned = grown ? realloc(cfg->owned, (cap + 2 * n_x) * sizeof *owned) : NULL;
+    char **owned = grown ? realloc(cfg->owned, (cap + CFG_N + 2 * n_x) * sizeof *owned) : NULL;
     if (grown)
         cfg->argv = grown;
-    if (!grown || !owned) {
+    if (owned)
+        cfg->owned = owned;
+    const char **where =
+        owned ? realloc(cfg->where, (cap + CFG_N + 2 * n_x) * sizeof *where) : NULL;
+    if (!grown || !owned || !where) {
         rc = OPS_EXIT_FAILURE;
         goto out;
     }
-    cfg->owned = owned;
-    push(cfg, rest[0], false);
+    cfg->where = where;
+    push(cfg, rest[0], false, NULL);
     for (size_t i = 0; i < CFG_N; i++) {
         const cfg_val_t *v = &st.val[i];
         char             flag[64];
@@ -614,9 +650,15 @@ int ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg) {
         if (CFG_OPTS[i].kind == CFG_BOOL && strcmp(v->v, "true") != 0)
             continue; /* false: the flag is left out (it is off by default) */
         snprintf(flag, sizeof flag, "--%s", CFG_OPTS[i].name);
-        bool ok = push(cfg, strdup(flag), true);
-        if (ok && CFG_OPTS[i].kind != CFG_BOOL)
-            ok = push(cfg, strdup(v->v), true);
+        /* The value's origin outlives st: it moves to cfg. */
+        bool ok = push(cfg, strdup(flag), true, NULL);
+        if (ok && CFG_OPTS[i].kind != CFG_BOOL) {
+            ok = push(cfg, strdup(v->v), true, v->where);
+            if (ok && v->where)
+                ok = push_owned(cfg, v->where);
+            if (ok)
+                st.val[i].where = NULL;
+        }
         if (!ok) {
             rc = OPS_EXIT_FAILURE;
             goto out;
@@ -625,7 +667,7 @@ int ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg) {
     for (size_t i = 0; i < n_x; i++) {
         size_t kl = strlen(st.props[i].key), vl = strlen(st.props[i].v);
         char  *kv = malloc(kl + vl + 2);
-        if (!kv || !push(cfg, strdup("-X"), true)) {
+        if (!kv || !push(cfg, strdup("-X"), true, NULL)) {
             free(kv);
             rc = OPS_EXIT_FAILURE;
             goto out;
@@ -633,10 +675,10 @@ int ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg) {
         memcpy(kv, st.props[i].key, kl);
         kv[kl] = '=';
         memcpy(kv + kl + 1, st.props[i].v, vl + 1);
-        push(cfg, kv, true);
+        push(cfg, kv, true, NULL);
     }
     for (int i = 1; i < n_rest; i++)
-        push(cfg, rest[i], false);
+        push(cfg, rest[i], false, NULL);
     cfg->argv[cfg->argc] = NULL;
 out:
     state_fini(&st);
@@ -650,6 +692,7 @@ void ops_config_fini(ops_config_t *cfg) {
     for (size_t i = 0; i < cfg->n_owned; i++)
         free(cfg->owned[i]);
     free(cfg->owned);
+    free(cfg->where);
     free(cfg->argv);
     memset(cfg, 0, sizeof *cfg);
 }
@@ -811,7 +854,7 @@ static int flags_load(cfg_state_t *st, int argc, char **argv) {
         snprintf(where, sizeof where, "--%s", o->name);
         if (o->kind != CFG_BOOL && !check_value(st, o, where, optarg, &norm))
             return OPS_EXIT_USAGE;
-        if (!set_val(&st->val[c - 256], norm, ORIG_FLAG))
+        if (!set_val(&st->val[c - 256], norm, ORIG_FLAG, NULL))
             return OPS_EXIT_FAILURE;
     }
     if (optind != argc) {

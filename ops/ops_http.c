@@ -473,14 +473,16 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
     }
 }
 
-static int http_main(int argc, char **argv) {
+static int http_main(const ops_config_t *cfg) {
     http_opts_t     o;
     ops_log_level_t lv = OPS_LOG_INFO;
-    int             c, rc = -1;
+    int             c, rc = -1, argc = cfg->argc;
+    char          **argv = cfg->argv;
     ops_http_opts_default(&o);
     optind = 1;
     while (rc < 0 && (c = getopt_long(argc, argv, "m:h", HTTP_OPTS, NULL)) != -1)
         rc = http_opt(c, optarg, &o, &lv);
+    ops_config_blame(cfg, "http", rc, optarg);
     if (rc < 0 && (!o.dir || optind != argc)) {
         ops_fail("http", "--model DIR is required (and no other operand): see --help");
         rc = OPS_EXIT_USAGE;
@@ -497,7 +499,7 @@ int ops_cmd_http(int argc, char **argv) {
     int          rc = ops_config_argv("http", argc, argv, &cfg);
     if (rc >= 0)
         return rc;
-    rc = http_main(cfg.argc, cfg.argv);
+    rc = http_main(&cfg);
     ops_config_fini(&cfg);
     return rc;
 }

@@ -195,10 +195,11 @@ SVC_FMT(2, 3) void ops_logf(ops_log_level_t lv, const char *fmt, ...);
  * the file's librdkafka: properties as "-X k=v", then the real arguments
  * without --config: getopt keeps the last value, so a flag wins. */
 typedef struct ops_config {
-    int    argc;
-    char **argv;  /* NULL-terminated; valid until ops_config_fini() */
-    char **owned; /* the strings made here */
-    size_t n_owned;
+    int          argc;
+    char       **argv;  /* NULL-terminated; valid until ops_config_fini() */
+    char       **owned; /* the strings made here */
+    const char **where; /* where[i]: what set owned[i] (a value), or NULL */
+    size_t       n_owned;
 } ops_config_t;
 
 /* Builds cfg for cmd ("serve" or "http") from argc/argv (argv[0] the
@@ -208,5 +209,15 @@ typedef struct ops_config {
  * neither the file nor the environment is read. */
 int  ops_config_argv(const char *cmd, int argc, char **argv, ops_config_t *cfg);
 void ops_config_fini(ops_config_t *cfg);
+/* What set arg, an element of cfg->argv (optarg after getopt_long, which
+ * may permute argv but not the strings), when it came from the file
+ * ("FILE:LINE: key") or the environment ("environment D3STREAM_X"): the
+ * commands' own checks name the flag, and this names where to fix it.
+ * NULL for a real argument. Valid until ops_config_fini(). */
+const char *ops_config_origin(const ops_config_t *cfg, const char *arg);
+/* After a command's getopt loop: when it stopped on a usage error (rc
+ * OPS_EXIT_USAGE) at arg, a value from the file or the environment,
+ * prints where that value is set. */
+void ops_config_blame(const ops_config_t *cfg, const char *cmd, int rc, const char *arg);
 
 #endif

@@ -661,7 +661,9 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
     }
 }
 
-static int serve_main(int argc, char **argv) {
+static int serve_main(const ops_config_t *cfg) {
+    int             argc = cfg->argc;
+    char          **argv = cfg->argv;
     serve_opts_t    o = {.window = 2048, .commit_ms = 100};
     ops_log_level_t lv = OPS_LOG_INFO;
     ops_http_opts_default(&o.http);
@@ -673,6 +675,7 @@ static int serve_main(int argc, char **argv) {
     optind = 1;
     while (rc < 0 && (c = getopt_long(argc, argv, "m:X:h", SERVE_OPTS, NULL)) != -1)
         rc = serve_opt(c, optarg, &o, &n_props, &lv);
+    ops_config_blame(cfg, "serve", rc, optarg);
     if (rc < 0 && (!o.dir || !o.brokers || !o.group || !o.input || !o.output || optind != argc)) {
         ops_fail("serve", "--model, --brokers, --group, --input and --output are required "
                           "(and nothing else): see --help");
@@ -708,7 +711,7 @@ int ops_cmd_serve(int argc, char **argv) {
     int          rc = ops_config_argv("serve", argc, argv, &cfg);
     if (rc >= 0)
         return rc;
-    rc = serve_main(cfg.argc, cfg.argv);
+    rc = serve_main(&cfg);
     ops_config_fini(&cfg);
     return rc;
 }

@@ -588,6 +588,33 @@ Test(config, max_body_memory_minimum) {
     svc_buf_fini(&out);
 }
 
+/* A value the file or the environment gives passes the config reader's
+ * type check and fails the command's own (a range): the message names the
+ * flag, and then where the value is set, since no flag was typed. */
+Test(config, range_errors_name_their_origin) {
+    write_file("r.yaml", "model: /nonexistent\nmax-queue: 0\n");
+    svc_buf_t out;
+    cr_assert_eq(run("", "http --config r.yaml", &out), 2, "%s", out.data);
+    has_text(&out, "--max-queue \"0\": expected a whole number from 1 to");
+    has_text(&out, "that value comes from r.yaml:2: max-queue");
+    svc_buf_fini(&out);
+    write_file("s.yaml", "model: /nonexistent\nhttp:\n  max-body-memory: 4\n");
+    cr_assert_eq(run("", "http --config s.yaml", &out), 2, "%s", out.data);
+    has_text(&out, "that value comes from s.yaml:3: http.max-body-memory");
+    svc_buf_fini(&out);
+    cr_assert_eq(run("D3STREAM_WORKERS=0",
+                     "serve --model m --brokers b --group g --input i "
+                     "--output o",
+                     &out),
+                 2, "%s", out.data);
+    has_text(&out, "that value comes from environment D3STREAM_WORKERS");
+    svc_buf_fini(&out);
+    /* a flag typed is its own origin: nothing more is said */
+    cr_assert_eq(run("", "http --model /nonexistent --max-queue 0", &out), 2, "%s", out.data);
+    cr_assert(!strstr(out.data, "comes from"), "%s", out.data);
+    svc_buf_fini(&out);
+}
+
 /* The manifest check names the command that ran it, not `ask`. */
 Test(config, manifest_failure_names_the_command) {
     static const struct {
