@@ -359,18 +359,43 @@ static bool send_dlq(serve_t *s, job_t *j) {
     return !err;
 }
 
-/* The record value: the JSON body, or its Avro form (s->answer_id). */
+/* j->out as Avro (s->answer_id) into avro; false with e2 when answer.avsc
+ * cannot carry it. */
+static bool avro_value(const serve_t *s, const job_t *j, svc_buf_t *avro, char *e2,
+                       size_t e2_size) {
+    svc_buf_t bin;
+    svc_buf_init(&bin, SIZE_MAX / 2);
+    svc_buf_reset(avro);
+    bool ok = !sch_avro_answer_from_json(j->out.data, j->out.len, &bin, e2, e2_size) &&
+              !sch_frame_write(s->answer_id, bin.data, bin.len, avro);
+    svc_buf_fini(&bin);
+    return ok;
+}
+
+/* The record value: the JSON body, or its Avro form (s->answer_id). A
+ * body that answer.avsc cannot carry (a NUL in an option name or a
+ * question id: avro-c's map keys are C strings) becomes the 500 its
+ * request gets instead: the same bytes would be refused on every retry,
+ * so abandoning it would stall its partition. false only when even that
+ * cannot be written. */
 static bool result_value(serve_t *s, job_t *j, svc_buf_t *avro, const void **value, size_t *len) {
     *value = j->out.data;
     *len = j->out.len;
     if (!s->o->avro)
         return true;
-    char      e2[512] = "";
-    svc_buf_t bin;
-    svc_buf_init(&bin, SIZE_MAX / 2);
-    bool ok = !sch_avro_answer_from_json(j->out.data, j->out.len, &bin, e2, sizeof e2) &&
-              !sch_frame_write(s->answer_id, bin.data, bin.len, avro);
-    svc_buf_fini(&bin);
+    char e2[512] = "";
+    bool ok = avro_value(s, j, avro, e2, sizeof e2);
+    if (!ok) {
+        ops_log_t l;
+        if (job_log(&l, OPS_LOG_ERROR, "the answer cannot be written as Avro: a 500 instead", j)) {
+            ops_log_str(&l, "error", e2);
+            ops_log_end(&l);
+        }
+        char m[700];
+        snprintf(m, sizeof m, "the answer cannot be written as Avro (answer.avsc): %s", e2);
+        j->status = internal_error(&j->out, m);
+        ok = j->status > 0 && avro_value(s, j, avro, e2, sizeof e2);
+    }
     if (!ok)
         snprintf(j->why, sizeof j->why, "Avro answer: %s", e2);
     *value = avro->data;
@@ -418,17 +443,19 @@ static void publish(serve_t *s, job_t *j) {
         abandon(s, j);
         return;
     }
+    /* Without --dlq an undecodable record gets its 400 result only. */
+    bool dead = j->undecodable && s->o->dlq && *s->o->dlq;
     /* One line per record: the access log (and what the tests follow). */
     if (job_log(&l, OPS_LOG_INFO, "result", j)) {
         ops_log_int(&l, "status", j->status);
         if (j->undecodable) {
-            ops_log_str(&l, "dlq", "true");
+            ops_log_str(&l, "dlq", dead ? "true" : "false");
             ops_log_str(&l, "error", j->why);
         }
         ops_log_end(&l);
     }
     j->pending = 1;
-    if (j->undecodable) {
+    if (dead) {
         j->pending = 2;
         if (!send_dlq(s, j)) {
             j->pending = 1;

@@ -90,7 +90,20 @@ static json_t *record_fields(json_t *s, const char **name) {
     return type && strcmp(type, "record") == 0 && *name && json_is_array(fields) ? fields : NULL;
 }
 
-/* Collects every record definition of a schema: short name -> fields. */
+/* The symbols of s when it is an enum definition (*key "enum:" + its short
+ * name, in key), else NULL. */
+static json_t *enum_symbols(json_t *s, char *key, size_t size) {
+    const char *type = json_string_value(json_object_get(s, "type"));
+    const char *name = json_string_value(json_object_get(s, "name"));
+    json_t     *symbols = json_object_get(s, "symbols");
+    if (!type || strcmp(type, "enum") != 0 || !name || !json_is_array(symbols))
+        return NULL;
+    snprintf(key, size, "enum:%s", short_name(name));
+    return symbols;
+}
+
+/* Collects every record definition of a schema: short name -> fields, and
+ * every enum's: "enum:" + short name -> symbols. */
 static void collect_records(json_t *s, json_t *records) {
     if (json_is_array(s)) {
         size_t  i;
@@ -100,8 +113,14 @@ static void collect_records(json_t *s, json_t *records) {
     }
     if (!json_is_object(s))
         return;
+    char        key[300];
+    json_t     *symbols = enum_symbols(s, key, sizeof key);
     const char *name;
     json_t     *fields = record_fields(s, &name);
+    if (symbols) {
+        json_object_set(records, key, symbols);
+        return;
+    }
     if (fields) {
         json_object_set(records, short_name(name), fields);
         size_t  i;
@@ -126,7 +145,13 @@ static bool has_field(json_t *fields, const char *name) {
 }
 
 /* Removes from the reader's records the fields the writer's same-named
- * records lack; false (errstr set) for such a field without a default. */
+ * records lack; false (errstr set) for such a field without a default.
+ * A reader enum takes the symbols of the writer's same-named enum, in the
+ * writer's order: avro-c's resolved reader passes the writer's index
+ * through unchanged (it matches enums by name only), so the index must
+ * name the same symbol in both. A symbol the writer has and the embedded
+ * enum has not then decodes as that name, which the contract refuses as
+ * any unknown question type. */
 static bool prune(json_t *s, json_t *wrecords, char *errstr, size_t errstr_size) {
     if (json_is_array(s)) {
         size_t  i;
@@ -136,6 +161,11 @@ static bool prune(json_t *s, json_t *wrecords, char *errstr, size_t errstr_size)
     }
     if (!json_is_object(s))
         return true;
+    char key[300];
+    if (enum_symbols(s, key, sizeof key)) {
+        json_t *ws = json_object_get(wrecords, key);
+        return !ws || json_object_set(s, "symbols", ws) == 0;
+    }
     const char *name;
     json_t     *fields = record_fields(s, &name);
     if (fields) {

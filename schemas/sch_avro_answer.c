@@ -130,8 +130,11 @@ static svc_err_t set_answer(enc_t *e, avro_value_t *u, const sch_json_t *a) {
     if (get(a, "error")) {
         if (!sch_av_keys_within(a, K_ERROR) || sch_av_set_branch(u, AVRO_RECORD, "ErrorAnswer", &r))
             return shape(e, "answers.<id>");
+        /* The echoed type came in the request: its text is bounded by the
+         * body it came from (its escapes at most 6 bytes for 1), so any
+         * answer the JSON form could carry fits. */
         svc_buf_t text;
-        svc_buf_init(&text, (size_t)1 << 20);
+        svc_buf_init(&text, SIZE_MAX / 2);
         err = sch_json_dump_compact(type, &text);
         if (!err && (!sch_av_field(&r, "type", &f) || sch_av_set_str(&f, text.data, text.len)))
             err = av_fail(e, "type");
@@ -202,12 +205,14 @@ static svc_err_t set_usage(enc_t *e, avro_value_t *r, const sch_json_t *u) {
 }
 
 static svc_err_t set_meta(enc_t *e, avro_value_t *r, const sch_json_t *m) {
-    static const char *const STRS[] = {"model_id", "model_sha256", "profile", "numerics",
-                                       "engine",   "accelerator",  "device"};
+    static const char *const STRS[] = {"model_id", "profile",     "numerics",
+                                       "engine",   "accelerator", "device"};
     if (!sch_av_keys_within(m, K_META))
         return shape(e, "meta");
     svc_err_t err = set_opt_str(e, r, "revision", m);
-    for (size_t i = 0; i < 7 && !err; i++)
+    if (!err)
+        err = set_opt_str(e, r, "model_sha256", m);
+    for (size_t i = 0; i < 6 && !err; i++)
         err = set_str(e, r, STRS[i], m);
     if (!err)
         err = set_num(e, r, "queue_ms", m);
@@ -443,8 +448,7 @@ static svc_err_t w_usage(dec_t *d, avro_value_t *r, const char *what) {
 }
 
 static svc_err_t w_meta(dec_t *d, avro_value_t *r, const char *what) {
-    static const char *const STRS[] = {"model_sha256", "profile",     "numerics",
-                                       "engine",       "accelerator", "device"};
+    static const char *const STRS[] = {"profile", "numerics", "engine", "accelerator", "device"};
     bool                     first = true;
     svc_err_t                err = svc_buf_addc(d->out, '{');
     (void)what;
@@ -452,7 +456,9 @@ static svc_err_t w_meta(dec_t *d, avro_value_t *r, const char *what) {
         err = w_field(d, &first, r, "model_id", sch_av_w_str);
     if (!err)
         err = w_opt_str(d, &first, r, "revision", true);
-    for (size_t i = 0; i < 6 && !err; i++)
+    if (!err)
+        err = w_opt_str(d, &first, r, "model_sha256", true);
+    for (size_t i = 0; i < 5 && !err; i++)
         err = w_field(d, &first, r, STRS[i], sch_av_w_str);
     if (!err)
         err = w_field(d, &first, r, "queue_ms", w_double);

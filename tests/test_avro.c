@@ -215,6 +215,11 @@ Test(avro, answers_from_the_encoder_round_trip) {
     meta.revision = "0123456789012345678901234567890123456789";
     cr_assert_eq(sch_response_encode(req, "d3", results, tokens, &meta, &out, &err), SVC_OK);
     answer_round_trip(out.data);
+    svc_buf_reset(&out);
+    meta.model_sha256 = NULL; /* the identity unknown: null, as in the JSON body */
+    cr_assert_eq(sch_response_encode(req, "d3", results, tokens, &meta, &out, &err), SVC_OK);
+    cr_assert(strstr(out.data, "\"model_sha256\":null"), "%s", out.data);
+    answer_round_trip(out.data);
 
     sch_error_t e2;
     sch_error_init(&e2);
@@ -403,6 +408,38 @@ Test(avro, resolution_older_writer_missing_optional_fields) {
     cr_assert_null(strstr(wtext, "\"levels\""));
     expect_resolves(wtext, false);
     free(wtext);
+}
+
+/* Avro matches enum symbols by name: a writer whose QuestionType lists
+ * them in another order, or one more, still means its own symbol (the
+ * record write_with makes has the writer's symbol 0). */
+Test(avro, resolution_enum_symbols_by_name) {
+    static const char *const SYMS[][2] = {
+        {"[\"score\",\"choice\",\"noul\"]", "score"},
+        {"[\"noul\",\"score\",\"choice\"]", "noul"},
+        {"[\"rank\",\"choice\",\"noul\",\"score\"]", "rank"},
+    };
+    for (size_t i = 0; i < sizeof SYMS / sizeof SYMS[0]; i++) {
+        char to[128];
+        snprintf(to, sizeof to, "\"symbols\":%s", SYMS[i][0]);
+        char *wtext = edited_schema("\"symbols\":[\"choice\",\"noul\",\"score\"]", to, NULL, NULL);
+        char  e[512] = "";
+        sch_avro_writer_t *w =
+            sch_avro_writer_new(SCH_AVRO_REQUEST, wtext, strlen(wtext), e, sizeof e);
+        cr_assert(w, "%s", e);
+        svc_buf_t av = write_with(wtext, false);
+        char     *back = from_avro(w, &av);
+        char      want[256];
+        snprintf(want, sizeof want,
+                 "{\"state\":\"the state\",\"questions\":{\"q\":{\"type\":\"%s\","
+                 "\"instructions\":\"pick\",\"criteria\":{\"a\":null,\"b\":\"B\"}}}}",
+                 SYMS[i][1]);
+        cr_assert_str_eq(back, want, "writer symbols %s", SYMS[i][0]);
+        free(back);
+        svc_buf_fini(&av);
+        sch_avro_writer_free(w);
+        free(wtext);
+    }
 }
 
 Test(avro, resolution_refuses_a_missing_required_field) {

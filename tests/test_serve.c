@@ -217,6 +217,60 @@ Test(serve, avro_registry, .timeout = 600) {
     rm_tree(dir);
 }
 
+/* Every record gets its one result, and its offset is committed, even
+ * when answer.avsc cannot carry the answer (a NUL in a question id: avro-c
+ * map keys are C strings), which becomes the 500 it is, and without
+ * --dlq, when an undecodable record gets its 400 alone. */
+Test(serve, avro_every_record_answered, .timeout = 600) {
+    char dir[64], pkg[128];
+    make_package(dir, pkg, sizeof pkg);
+    topics_t t;
+    topics_new(&t);
+    static req_t reqs[3] = {{.key = "v-ok", .rid = "vrid-ok"},
+                            {.key = "v-nul", .rid = "vrid-nul"},
+                            {.key = "v-bad", .rid = "vrid-bad"}};
+    svc_buf_t    f0, f1;
+    avro_request("ok", SCH_AVRO_ID_REQUEST, &f0);
+    avro_frame("{\"state\": \"x\", \"questions\": {\"a\\u0000b\": {\"type\": \"noul\", "
+               "\"instructions\": \"Is it?\"}}}",
+               SCH_AVRO_ID_REQUEST, &f1);
+    static const char bad[] = "\x07garbage";
+    reqs[0].value = f0.data;
+    reqs[0].len = f0.len;
+    reqs[1].value = f1.data;
+    reqs[1].len = f1.len;
+    reqs[2].value = bad;
+    reqs[2].len = sizeof bad - 1;
+    produce(t.in, reqs, 3);
+    svc_buf_fini(&f0);
+    svc_buf_fini(&f1);
+    char base[2048];
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, NULL, "--format avro");
+    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
+    static rec_t recs[MAX_RECS];
+    int          n = read_all(t.out, recs, MAX_RECS);
+    cr_assert_eq(n, 3, "%d results", n);
+    for (int k = 0; k < n; k++) {
+        const char *key = recs[k].key;
+        int         status = !strcmp(key, "v-ok") ? 200 : !strcmp(key, "v-nul") ? 500 : 400;
+        char        rid[32];
+        snprintf(rid, sizeof rid, "vrid-%s", key + 2);
+        assert_result_headers(&recs[k], status, rid, "application/vnd.d3.answer+avro");
+        svc_buf_t out;
+        cr_assert_eq(avro_answer(&recs[k], &out), SCH_AVRO_ID_ANSWER);
+        if (status == 500)
+            cr_assert(strstr(out.data, "internal_error") &&
+                          strstr(out.data, "cannot be written as Avro"),
+                      "%s", out.data);
+        else if (status == 400)
+            cr_assert(strstr(out.data, "invalid_request"), "%s", out.data);
+        svc_buf_fini(&out);
+    }
+    recs_free(recs, n);
+    assert_committed_at_end(t.group, t.in);
+    rm_tree(dir);
+}
+
 /* A registry URL that is not the registry (its 404 is not the registry's
  * "not found"): serve stops at start with exit 3, nothing consumed. */
 Test(serve, avro_registry_wrong_url, .timeout = 300) {

@@ -292,8 +292,9 @@ static inline void serve_cmd(char *cmd, size_t size, const char *pkg, const char
                              const char *in, const char *out, const char *dlq, const char *extra) {
     int n = snprintf(cmd, size,
                      "'%s' serve --model '%s' --brokers '%s' --group '%s' --input '%s' "
-                     "--output '%s' --dlq '%s' --from-beginning %s",
-                     binary(), pkg, bootstrap(), group, in, out, dlq, extra);
+                     "--output '%s' %s%s%s --from-beginning %s",
+                     binary(), pkg, bootstrap(), group, in, out, dlq ? "--dlq '" : "",
+                     dlq ? dlq : "", dlq ? "'" : "", extra);
     cr_assert(n > 0 && (size_t)n < size);
 }
 
