@@ -583,7 +583,27 @@ static svc_err_t load_q4nx(const char *dir, eng_model_t *m, char *errstr, size_t
     return err;
 }
 
-/* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5). */
+/* Whether decision_config.json loads the readout as bfloat16 (SPEC d.5).
+ * eng_package_open refuses any value but float32 and bfloat16, and the
+ * file's absence; the model, loadable without the package, reads only
+ * this one key, and anything else is the float32 default. */
+static bool readout_is_bf16(const char *dir) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/decision_config.json", dir) >= (int)sizeof path)
+        return false;
+    json_t     *dc = json_load_file(path, 0, NULL);
+    const char *v = json_string_value(json_object_get(dc, "readout_dtype"));
+    bool        bf16 = v && strcmp(v, "bfloat16") == 0;
+    json_decref(dc);
+    return bf16;
+}
+
+static float to_bf16(float x) {
+    return npu_bf16_to_f32(npu_f32_to_bf16(x));
+}
+
+/* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5),
+ * its values rounded to bf16 when the readout is loaded as bfloat16. */
 static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
     eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
     svc_err_t err = eng_st_set_open_file(dir, ld.file, &ld.set, errstr, n);
@@ -596,6 +616,9 @@ static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, siz
     else
         err = eng_ld_mat(&ld, "weight", ENG_N_CODES, m->cfg.hidden, &m->readout);
     eng_st_set_close(ld.set);
+    m->readout_bf16 = !err && readout_is_bf16(dir);
+    for (size_t i = 0; m->readout_bf16 && i < (size_t)ENG_N_CODES * m->cfg.hidden; i++)
+        m->readout[i] = to_bf16(m->readout[i]);
     return err;
 }
 
@@ -825,15 +848,23 @@ bool eng_model_layer_is_full(const eng_model_t *m, size_t i) {
  * Readout (SPEC d.5-d.7, b.2)
  * --------------------------------------------------------------------- */
 
+/* The fp32 path: hidden x W^T, the logits rounded to fp32. The bf16 path
+ * (upstream: nn.Linear in bf16, then .float()): the hidden state and the
+ * weights (at load) rounded to bf16, the products summed wide (as bf16
+ * GEMMs accumulate in fp32 or wider), each logit rounded to bf16. */
 void eng_readout_logits(const eng_model_t *m, const float *hidden, float logits[ENG_N_CODES]) {
     size_t H = m->cfg.hidden;
     for (size_t i = 0; i < ENG_N_CODES; i++) {
         const float *w = m->readout + i * H;
         double       acc = 0;
         for (size_t d = 0; d < H; d++)
-            acc += (double)hidden[d] * w[d];
-        logits[i] = (float)acc; /* the fp32 path rounds the logits to fp32 */
+            acc += (double)(m->readout_bf16 ? to_bf16(hidden[d]) : hidden[d]) * w[d];
+        logits[i] = m->readout_bf16 ? to_bf16((float)acc) : (float)acc;
     }
+}
+
+bool eng_model_readout_bf16(const eng_model_t *m) {
+    return m->readout_bf16;
 }
 
 svc_err_t eng_readout_probs(const eng_model_t *m, const float *hidden, size_t n_options,

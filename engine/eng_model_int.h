@@ -100,9 +100,10 @@ struct eng_model {
     float             *embed8_s;   /* (vocab, H / 32) those scales (embed8 only) */
     float             *final_norm; /* (H), (1 + w) */
     eng_layer_t       *layers;     /* (L) */
-    float             *readout;    /* (255, H) */
-    uint64_t           n_params;   /* elements of the text tensors loaded (not the readout) */
-    struct eng_vision *vision;     /* the vision tower, or NULL (eng_vision_int.h) */
+    float             *readout;    /* (255, H); bf16 values when readout_bf16 */
+    bool               readout_bf16; /* decision_config readout_dtype bfloat16 (SPEC d.5) */
+    uint64_t           n_params;     /* elements of the text tensors loaded (not the readout) */
+    struct eng_vision *vision;       /* the vision tower, or NULL (eng_vision_int.h) */
 };
 
 struct eng_q4nx;

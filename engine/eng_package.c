@@ -24,6 +24,7 @@ struct eng_package {
     int32_t          code_ids[ENG_N_CODES];
     double           temperature;
     bool             noncausal;
+    bool             readout_bf16; /* readout_dtype bfloat16 */
     size_t           max_length;
     size_t           img_factor, img_patch, img_merge; /* preprocessor_config.json */
 };
@@ -137,6 +138,7 @@ static svc_err_t dc_modes(eng_package_t *pkg, const json_t *dc, pkg_err_t *e) {
     const char *dtype = dc_choice(dc, "readout_dtype", "float32");
     if (!dtype || (strcmp(dtype, "float32") && strcmp(dtype, "bfloat16")))
         return dc_fail(e, pkg->dir, "readout_dtype must be float32 or bfloat16");
+    pkg->readout_bf16 = strcmp(dtype, "bfloat16") == 0;
     const json_t *t = json_object_get(dc, "temperature");
     pkg->temperature = 1.0;
     if (t) {
@@ -339,6 +341,10 @@ int32_t eng_package_code_id(const eng_package_t *pkg, size_t i) {
 
 double eng_package_temperature(const eng_package_t *pkg) {
     return pkg->temperature;
+}
+
+bool eng_package_readout_bf16(const eng_package_t *pkg) {
+    return pkg->readout_bf16;
 }
 
 bool eng_package_noncausal(const eng_package_t *pkg) {

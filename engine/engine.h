@@ -116,7 +116,8 @@ size_t eng_package_max_length(const eng_package_t *pkg);
 const char *eng_package_code(const eng_package_t *pkg, size_t i);
 int32_t     eng_package_code_id(const eng_package_t *pkg, size_t i);
 double      eng_package_temperature(const eng_package_t *pkg);
-bool        eng_package_noncausal(const eng_package_t *pkg); /* attention_mode */
+bool        eng_package_noncausal(const eng_package_t *pkg);    /* attention_mode */
+bool        eng_package_readout_bf16(const eng_package_t *pkg); /* readout_dtype bfloat16 */
 /* The served id: MODEL_MANIFEST.json model_name, else the directory name. */
 const char *eng_package_model_id(const eng_package_t *pkg);
 
@@ -285,6 +286,11 @@ typedef struct eng_media {
 bool eng_model_has_vision(const eng_model_t *m);
 /* config.json image_token_id (the <|image_pad|> id), -1 without a tower. */
 int32_t eng_model_image_token_id(const eng_model_t *m);
+/* SPEC e.7: with a vision tower, the tokenizer's <|image_pad|> id must be
+ * config.json's image_token_id (given). SVC_ERR_FORMAT with errstr, as
+ * upstream refuses the package at load. */
+SVC_WUR svc_err_t eng_model_check_package(const eng_model_t *m, const eng_package_t *pkg,
+                                          char *errstr, size_t errstr_size);
 
 /* A request image decoded and resized for the tower (opaque). */
 typedef struct eng_image_prep eng_image_prep_t;
@@ -354,9 +360,12 @@ SVC_WUR svc_err_t eng_model_forward(const eng_model_t *m, const int32_t *ids, si
                                     bool noncausal, float *final_last, eng_trace_fn trace,
                                     void *user, char *errstr, size_t errstr_size);
 
-/* The 255 readout logits, fp32 (SPEC d.5 float32 path): logits[i] =
- * hidden . W_i. hidden is hidden_size floats. */
+/* The 255 readout logits (SPEC d.5): logits[i] = hidden . W_i, rounded to
+ * fp32 (float32 path) or, with hidden and W in bf16, to bf16 (bfloat16
+ * path, decision_config readout_dtype). hidden is hidden_size floats. */
 void eng_readout_logits(const eng_model_t *m, const float *hidden, float logits[ENG_N_CODES]);
+/* Whether the readout runs in bf16 (decision_config readout_dtype, SPEC d.5). */
+bool eng_model_readout_bf16(const eng_model_t *m);
 
 /**
  * @brief Option probabilities (SPEC d.5-d.7, b.2): logits, rows >= n_options

@@ -203,8 +203,9 @@ static json_t *model_card(http_t *h, int state) {
             "max_input_tokens", (json_int_t)eng_package_max_length(h->ask.pkg), "min_options", 2,
             "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile", "exact",
             "profiles", "exact", "engine", "d3stream", "accelerator", "cpu", "accelerator_validated", 0,
-            "device", h->device, "dtype", "fp32/fp32-readout", "parameters", params, "ready",
-            state == HTTP_READY, "status", state_name(state), "reason",
+            "device", h->device, "dtype",
+        eng_package_readout_bf16(h->ask.pkg) ? "fp32/bf16-readout" : "fp32/fp32-readout",
+            "parameters", params, "ready", state == HTTP_READY, "status", state_name(state), "reason",
         state == HTTP_READY ? NULL : "the model is not ready", "golden", "plugins");
     if (card && loaded)
         card_media(card, h->ask.model);

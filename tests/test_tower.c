@@ -382,6 +382,64 @@ Test(tower, refuses_wrong_dtype) {
     remove_package();
 }
 
+/* SPEC d.5's bfloat16 readout (decision_config readout_dtype): the
+ * hidden state and the weights rounded to bf16, each logit rounded to
+ * bf16; float32 (the default) keeps both and rounds the logits to fp32.
+ * Weights of our own, not bf16 values, so that every rounding shows. */
+static float bf16_of(float x) {
+    return npu_bf16_to_f32(npu_f32_to_bf16(x));
+}
+
+Test(tower, readout_dtype_bfloat16) {
+    const char *d = copy_package();
+    enum { H = 64 };
+    static float w[ENG_N_CODES * H];
+    for (size_t i = 0; i < ENG_N_CODES * H; i++)
+        w[i] = 0.37f * sinf((float)i * 0.731f) + 1e-3f;
+    char path[512];
+    snprintf(path, sizeof path, "%s/readout.safetensors", d);
+    json_t *hdr = json_pack("{s{ss s[ii] s[ii]}}", "weight", "dtype", "F32", "shape", ENG_N_CODES,
+                            H, "data_offsets", 0, (int)sizeof w);
+    write_st(path, hdr, (const uint8_t *)w, sizeof w);
+    json_decref(hdr);
+    eng_model_t *m32 = NULL, *m16 = NULL;
+    char         err[512] = "";
+    cr_assert_eq(eng_model_load(d, &m32, err, sizeof err), SVC_OK, "%s", err);
+    snprintf(path, sizeof path, "%s/decision_config.json", d);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("{\"readout_dtype\": \"bfloat16\"}\n", f);
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(eng_model_load(d, &m16, err, sizeof err), SVC_OK, "%s", err);
+    cr_assert(!eng_model_readout_bf16(m32) && eng_model_readout_bf16(m16));
+    int32_t ids[5] = {1, 7, 300, 12, 2};
+    float   h[H];
+    cr_assert_eq(eng_model_forward(m32, ids, 5, false, h, NULL, NULL, err, sizeof err), SVC_OK,
+                 "%s", err);
+    float l32[ENG_N_CODES], l16[ENG_N_CODES];
+    eng_readout_logits(m32, h, l32);
+    eng_readout_logits(m16, h, l16);
+    size_t differ = 0;
+    for (size_t i = 0; i < ENG_N_CODES; i++) {
+        double a32 = 0, a16 = 0;
+        for (size_t k = 0; k < H; k++) {
+            a32 += (double)h[k] * w[i * H + k];
+            a16 += (double)bf16_of(h[k]) * bf16_of(w[i * H + k]);
+        }
+        cr_assert_eq(l32[i], (float)a32, "logit %zu (float32)", i);
+        cr_assert_eq(l16[i], bf16_of((float)a16), "logit %zu (bfloat16)", i);
+        differ += l16[i] != l32[i];
+    }
+    cr_assert_gt(differ, ENG_N_CODES / 2, "%zu of 255 logits moved", differ);
+    double p32[3], p16[3];
+    cr_assert_eq(eng_readout_probs(m32, h, 3, 1.0, p32), SVC_OK);
+    cr_assert_eq(eng_readout_probs(m16, h, 3, 1.0, p16), SVC_OK);
+    cr_assert(p32[0] != p16[0], "the probabilities follow the logits");
+    eng_model_free(m32);
+    eng_model_free(m16);
+    remove_package();
+}
+
 Test(tower, refuses_readout_shape) {
     const char *d = copy_package();
     char        path[512];
