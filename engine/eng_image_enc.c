@@ -27,6 +27,28 @@ int32_t eng_model_image_token_id(const eng_model_t *m) {
     return m->vision ? m->vision->cfg.image_token_id : -1;
 }
 
+svc_err_t eng_model_check_package(const eng_model_t *m, const eng_package_t *pkg, char *errstr,
+                                  size_t errstr_size) {
+    static const char PAD[] = "<|image_pad|>";
+    if (!m->vision)
+        return SVC_OK;
+    int32_t id = eng_tokenizer_token_id(eng_package_tokenizer(pkg), PAD, sizeof PAD - 1);
+    if (m->vision->cfg.image_token_listed && id == m->vision->cfg.image_token_id)
+        return SVC_OK;
+    /* upstream's words (family.py load): a config without the id differs too */
+    if (m->vision->cfg.image_token_listed)
+        svc_errf(errstr, errstr_size,
+                 "the tokenizer's image token differs from config.json (%s is %d, "
+                 "image_token_id %d)",
+                 PAD, (int)id, (int)m->vision->cfg.image_token_id);
+    else
+        svc_errf(errstr, errstr_size,
+                 "the tokenizer's image token differs from config.json (%s is %d, "
+                 "config.json has no image_token_id)",
+                 PAD, (int)id);
+    return SVC_ERR_FORMAT;
+}
+
 svc_err_t eng_image_prepare(const eng_model_t *m, const sch_image_t *img, eng_image_prep_t **out,
                             char *errstr, size_t errstr_size) {
     *out = NULL;

@@ -495,8 +495,11 @@ static svc_err_t tok_set_upstream_pretok(eng_tokenizer_t *tok, const tok_src_t *
 
 /* ---- added tokens ---- */
 
+/* normalized defaults to !special in tokenizer.json (tokenizers'
+ * AddedToken) and to false in a tokenizer_config.json entry (upstream
+ * builds those with bool(entry.get("normalized", False))): config_entry. */
 static svc_err_t tok_read_flags(const tok_src_t *src, const json_t *e, const char *where,
-                                bool special_default, tok_added_t *at) {
+                                bool special_default, bool config_entry, tok_added_t *at) {
     svc_err_t err = tok_get_bool(src, e, "special", where, special_default, &at->special);
     if (!err)
         err = tok_get_bool(src, e, "single_word", where, false, &at->single_word);
@@ -505,7 +508,8 @@ static svc_err_t tok_read_flags(const tok_src_t *src, const json_t *e, const cha
     if (!err)
         err = tok_get_bool(src, e, "rstrip", where, false, &at->rstrip);
     if (!err)
-        err = tok_get_bool(src, e, "normalized", where, !at->special, &at->normalized);
+        err = tok_get_bool(src, e, "normalized", where, !config_entry && !at->special,
+                           &at->normalized);
     return err;
 }
 
@@ -542,7 +546,7 @@ static svc_err_t tok_load_added(eng_tokenizer_t *tok, const tok_src_t *src, cons
         if (!json_is_string(c) || !json_is_integer(id) || json_integer_value(id) < 0)
             return tok_fail(src, SVC_ERR_FORMAT, "%s needs a string content and an id >= 0", where);
         tok_added_t at = {.content = (char *)json_string_value(c), .n = json_string_length(c)};
-        svc_err_t   err = tok_read_flags(src, e, where, false, &at);
+        svc_err_t   err = tok_read_flags(src, e, where, false, false, &at);
         if (err)
             return err;
         if (at.n == 0)
@@ -601,7 +605,7 @@ static svc_err_t tok_config_added(eng_tokenizer_t *tok, const tok_src_t *src, co
         tok_added_t at = {.content = (char *)json_string_value(c), .n = json_string_length(c)};
         if (tok_smap_get(&tok->added_map, at.content, at.n) >= 0)
             continue;
-        err = tok_read_flags(src, e, where, true, &at);
+        err = tok_read_flags(src, e, where, true, true, &at);
         at.special = true; /* SPEC c.7: added as special whatever the entry says */
         if (!err)
             err = tok_add_checked(tok, src, &at, ids[i], where);

@@ -185,6 +185,10 @@ svc_err_t eng_vis_cfg_load(const char *dir, size_t text_hidden, eng_vis_cfg_t *o
             err = vc_fail(&c, "image_token_id must be a token id");
         else if (it)
             o.image_token_id = (int32_t)json_integer_value(it);
+        /* Upstream (the BF16 package) refuses a config without the id;
+         * the NPU2 runtime hard-codes 248056 (Q4NX.md section 6), so an
+         * FLM config is taken to mean the default. */
+        o.image_token_listed = it != NULL || flm;
         if (!err) {
             *out = o;
             *present = true;

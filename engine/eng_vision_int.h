@@ -23,22 +23,23 @@
 
 /* vision_config of config.json (HF keys, or FastFlowLM's QWEN3_5_* keys). */
 typedef struct eng_vis_cfg {
-    size_t  depth;          /* ViT blocks */
-    size_t  hidden;         /* hidden_size (embed dim) */
-    size_t  heads;          /* num_heads */
-    size_t  head_dim;       /* hidden / heads */
-    size_t  inter;          /* intermediate_size of a block's MLP */
-    size_t  patch;          /* patch_size */
-    size_t  temporal;       /* temporal_patch_size */
-    size_t  merge;          /* spatial_merge_size */
-    size_t  in_ch;          /* in_channels */
-    size_t  out_hidden;     /* out_hidden_size: the text tower's hidden_size */
-    size_t  n_pos;          /* num_position_embeddings, a square: side * side */
-    size_t  side;           /* sqrt(n_pos) */
-    float   theta;          /* rope_parameters.rope_theta (10000) */
-    float   eps;            /* LayerNorm epsilon (1e-6) */
-    bool    act_tanh;       /* hidden_act gelu_pytorch_tanh (true) or gelu (erf) */
-    int32_t image_token_id; /* config.json image_token_id (248056) */
+    size_t  depth;              /* ViT blocks */
+    size_t  hidden;             /* hidden_size (embed dim) */
+    size_t  heads;              /* num_heads */
+    size_t  head_dim;           /* hidden / heads */
+    size_t  inter;              /* intermediate_size of a block's MLP */
+    size_t  patch;              /* patch_size */
+    size_t  temporal;           /* temporal_patch_size */
+    size_t  merge;              /* spatial_merge_size */
+    size_t  in_ch;              /* in_channels */
+    size_t  out_hidden;         /* out_hidden_size: the text tower's hidden_size */
+    size_t  n_pos;              /* num_position_embeddings, a square: side * side */
+    size_t  side;               /* sqrt(n_pos) */
+    float   theta;              /* rope_parameters.rope_theta (10000) */
+    float   eps;                /* LayerNorm epsilon (1e-6) */
+    bool    act_tanh;           /* hidden_act gelu_pytorch_tanh (true) or gelu (erf) */
+    int32_t image_token_id;     /* config.json image_token_id (248056) */
+    bool    image_token_listed; /* config.json has image_token_id */
 } eng_vis_cfg_t;
 
 /* Elements of one patch row: in_ch * temporal * patch * patch (1536). */

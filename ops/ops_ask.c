@@ -246,6 +246,7 @@ static int ask_package(const char *dir, bool no_verify, const char *path) {
      * (which already warned) skips them too. */
     if (eng_package_open(dir, &pkg, errstr, sizeof errstr) ||
         eng_model_load(dir, &model, errstr, sizeof errstr) ||
+        eng_model_check_package(model, pkg, errstr, sizeof errstr) ||
         (!no_verify && eng_model_check_parameters(model, dir, errstr, sizeof errstr))) {
         ops_fail("ask", "%s", errstr);
         rc = OPS_EXIT_FAILURE;

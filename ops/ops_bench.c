@@ -646,7 +646,8 @@ static int bench_run(const bench_opts_t *o) {
     double t0 = now_s();
     fprintf(stderr, "d3stream bench: loading \"%s\"\n", o->dir);
     if (eng_package_open(o->dir, &pkg, bn.errstr, sizeof bn.errstr) ||
-        eng_model_load(o->dir, &model, bn.errstr, sizeof bn.errstr)) {
+        eng_model_load(o->dir, &model, bn.errstr, sizeof bn.errstr) ||
+        eng_model_check_package(model, pkg, bn.errstr, sizeof bn.errstr)) {
         ops_fail("bench", "%s", bn.errstr);
         rc = OPS_EXIT_FAILURE;
     } else if (machine_label(&machine)) {

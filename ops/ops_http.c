@@ -304,6 +304,7 @@ static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **
                       eng_sched_t **sched) {
     char errstr[1024] = "";
     if (eng_model_load(o->dir, model, errstr, sizeof errstr) ||
+        eng_model_check_package(*model, ask->pkg, errstr, sizeof errstr) ||
         (!o->no_verify && eng_model_check_parameters(*model, o->dir, errstr, sizeof errstr))) {
         ops_fail("http", "%s", errstr);
         return false;

@@ -483,6 +483,7 @@ static int serve_package(const serve_opts_t *o) {
                !(http = serve_http_start(o, &(ops_ask_t){pkg, NULL, o->dir, sha}, &snap))) {
         rc = OPS_EXIT_FAILURE;
     } else if (eng_model_load(o->dir, &model, errstr, sizeof errstr) ||
+               eng_model_check_package(model, pkg, errstr, sizeof errstr) ||
                (!o->no_verify &&
                 eng_model_check_parameters(model, o->dir, errstr, sizeof errstr))) {
         ops_fail("serve", "%s", errstr);

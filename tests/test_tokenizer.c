@@ -471,6 +471,43 @@ Test(tokenizer, upstream_config_tokens) {
     free(c);
 }
 
+/* A tokenizer_config.json entry without "normalized" is not normalized
+ * (upstream: bool(entry.get("normalized", False))), whatever "special"
+ * says; tokenizer.json's own default (!special) does not apply. The
+ * entry A + U+030A matches NFC'd input (U+00C5, bytes c3 85: byte-level
+ * U+00C3 U+0127) only when normalized. */
+Test(tokenizer, upstream_config_normalized_default) {
+    char *j = tok_json("{\"\\u0120\":0,\"a\":1,\"b\":2,\"\\u0120a\":3,\"<\":4,\">\":5,"
+                       "\"\\u00c3\":6,\"\\u0127\":7}",
+                       "[]", "[" AT(8, "<|e|>", "") "]", "{\"type\": \"NFC\"}", "null", "");
+    static const struct {
+        const char *flags;
+        int32_t     want[2];
+        size_t      n;
+    } rows[] = {
+        {"", {6, 7}, 2},
+        {"\"normalized\": false,", {6, 7}, 2},
+        {"\"normalized\": true,", {9, 0}, 1},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char dec[256];
+        snprintf(dec, sizeof dec,
+                 DEC(8, "<|e|>") ", \"9\": {\"content\": \"A\\u030a\", %s \"special\": false}",
+                 rows[i].flags);
+        char            *c = config_json("Qwen2Tokenizer", "\"pad_token\": \"<|e|>\",", dec);
+        eng_tokenizer_t *t = load_ok(j, c, ENG_TOK_UPSTREAM);
+        eng_ids_t        ids = {0};
+        cr_assert_eq(eng_tokenizer_encode(t, "\xc3\x85", 2, &ids), SVC_OK);
+        cr_assert_eq(ids.n, rows[i].n, "row %zu: %zu ids", i, ids.n);
+        for (size_t k = 0; k < ids.n; k++)
+            cr_assert_eq(ids.v[k], rows[i].want[k], "row %zu id %zu: %d", i, k, (int)ids.v[k]);
+        free(ids.v);
+        eng_tokenizer_free(t);
+        free(c);
+    }
+    free(j);
+}
+
 Test(tokenizer, upstream_config_errors) {
     char *j = tok_json(V_UP, "[]", "[" AT(6, "<|e|>", "") "]", "null", "null", "");
     static const struct {

@@ -136,6 +136,38 @@ Test(vision, package_has_a_tower) {
     char errstr[512] = "";
     cr_assert_eq(eng_model_check_parameters(g_l.model, PKG, errstr, sizeof errstr), SVC_OK, "%s",
                  errstr);
+    cr_assert_eq(eng_model_check_package(g_l.model, g_l.pkg, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+}
+
+/* SPEC e.7: the tokenizer's <|image_pad|> must be config.json's
+ * image_token_id, which a (BF16) config must give; else the images would
+ * be placed at another token's positions, or never. */
+Test(vision, image_token_must_match_the_tokenizer) {
+    static const struct {
+        const char *sed, *says;
+    } cases[] = {
+        {"s/\"image_token_id\": 4041/\"image_token_id\": 4038/", "image_token_id 4038"},
+        {"/\"image_token_id\"/d", "config.json has no image_token_id"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char dir[] = "/tmp/d3stream-imgtok-XXXXXX", cmd[1024];
+        cr_assert(mkdtemp(dir));
+        snprintf(cmd, sizeof cmd, "cp -r '%s'/. '%s' && sed -i '%s' '%s/config.json'", PKG, dir,
+                 cases[k].sed, dir);
+        cr_assert_eq(system(cmd), 0);
+        loaded_t l;
+        load(dir, &l);
+        char errstr[512] = "";
+        cr_assert_eq(eng_model_check_package(l.model, l.pkg, errstr, sizeof errstr),
+                     SVC_ERR_FORMAT);
+        cr_assert(strstr(errstr, "the tokenizer's image token differs from config.json") &&
+                      strstr(errstr, "<|image_pad|> is 4041") && strstr(errstr, cases[k].says),
+                  "%s", errstr);
+        unload(&l);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        cr_assert_eq(system(cmd), 0);
+    }
 }
 
 /* ------------------------------------------------------------ tower */
