@@ -156,6 +156,33 @@ print(f"http_formats: /openapi.yaml valid OpenAPI {spec['openapi']} "
       f"(openapi-spec-validator {version('openapi-spec-validator')}), {len(spec['paths'])} paths")
 EOF
 
+# Answers validate against the spec's own schemas: a 200 with every kind of
+# answer and a per-question error, and a whole-request error.
+save() { # <body> <out file> <expected status>: POST, the response kept
+  local code
+  code="$(curl -s -o "$2" -w '%{http_code}' --max-time $((30 * MULT)) \
+    -H 'Content-Type: application/json' --data-binary "$1" "$URL/v1/systemone")"
+  [ "$code" = "$3" ] || fail "POST /v1/systemone answered $code ($3 expected): $(cat "$2")"
+}
+save '{"state": "a ticket", "questions": {"c": {"type": "choice", "criteria": {"x": "X", "y": null}},
+  "n": {"type": "noul", "instructions": "Urgent?"}, "s": {"type": "score", "instructions": "How bad?",
+  "criteria": ["low", "mid", "high"]}, "bad": {"type": "choice", "criteria": {"only": null}},
+  "odd": {"type": "set"}}, "options": {"return_meta": true}}' "$WORK/r200.json" 200
+save '{"questions": {}}' "$WORK/r400.json" 400
+"$PYVENV/bin/python" - "$WORK/openapi.yaml" "$WORK/r200.json" "$WORK/r400.json" <<'EOF' ||
+import json, sys
+from openapi_schema_validator import OAS30Validator
+from openapi_spec_validator.readers import read_from_filename
+
+spec, _ = read_from_filename(sys.argv[1])
+for path, name in ((sys.argv[2], "Response"), (sys.argv[3], "Error")):
+    body = json.load(open(path, encoding="utf-8"))
+    schema = {"$ref": f"#/components/schemas/{name}", "components": spec["components"]}
+    OAS30Validator(schema).validate(body)  # raises with the path of the fault
+    print(f"http_formats: a {name} body validates against /openapi.yaml")
+EOF
+  fail "a response does not match /openapi.yaml (above)"
+
 kill -TERM "$PID"
 rc=0
 wait "$PID" || rc=$?
