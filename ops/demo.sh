@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     --size) SIZE="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
     --exactly-once) EOS=(--exactly-once); shift ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; # the header above
     -*) echo "demo.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) REQS+=("$1"); shift ;;
   esac

@@ -42,7 +42,8 @@ KAFKA_JAR="kafka_$SCALA_VERSION-$KAFKA_VERSION.jar"
 LAST_DIR_FILE="$ROOT/build/.kafka-last-dir" # the DIR of the last `start`
 
 usage() {
-    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    # the header comment, whatever its length
+    awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
 }
 
 die() {

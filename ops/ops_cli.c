@@ -188,6 +188,10 @@ int ops_cmd_tokenize(int argc, char **argv) {
         fputs(TOKENIZE_HELP, stderr);
         return OPS_EXIT_USAGE;
     }
+    if (cfg_path && as_is) { /* --as-is reads no config: it would be ignored */
+        ops_fail("tokenize", "--tokenizer-config and --as-is exclude each other");
+        return OPS_EXIT_USAGE;
+    }
     char            *found = (!cfg_path && !as_is) ? sibling_config(tok_path) : NULL;
     char             errstr[1024];
     eng_tokenizer_t *tok = NULL;

@@ -141,7 +141,12 @@ static struct MHD_Daemon *start_daemon(http_t *h, const struct addrinfo *ai) {
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    return MHD_start_daemon(flags, 0, NULL, NULL, ops_http_handler, h, MHD_OPTION_SOCK_ADDR,
+    /* The address is MHD_OPTION_SOCK_ADDR's; the port is passed too only
+     * because MHD's own bind-failure message names it. */
+    uint16_t port = ai->ai_family == AF_INET6
+                        ? ntohs(((const struct sockaddr_in6 *)ai->ai_addr)->sin6_port)
+                        : ntohs(((const struct sockaddr_in *)ai->ai_addr)->sin_port);
+    return MHD_start_daemon(flags, port, NULL, NULL, ops_http_handler, h, MHD_OPTION_SOCK_ADDR,
                             ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, 2u,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->o->max_connections,
                             MHD_OPTION_CONNECTION_TIMEOUT, h->o->timeout_s,

@@ -16,14 +16,20 @@
 #include <stdarg.h>
 
 void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...) {
-    char    msg[1200];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *msg = n >= 0 ? malloc((size_t)n + 1) : NULL; /* whole: a cut could split a code point */
+    if (msg) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     sch_error_t e;
     sch_error_init(&e);
-    sch_error_set(&e, status, code, "%s", msg);
+    sch_error_set(&e, status, code, "%s", msg ? msg : "out of memory for the message");
+    free(msg);
     svc_buf_reset(&r->out);
     r->status = status;
     if (sch_error_encode(&e, &r->out)) {

@@ -167,7 +167,14 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
         i++;
     if (i == n) {
         r->route = HTTP_R_UNMATCHED;
-        ops_http_error(r, 404, "invalid_request", "no route %s", url);
+        /* MHD decoded the path's %XX; bytes that are not UTF-8 become
+         * U+FFFD, as uvicorn's unquote() makes them, so the body is JSON.
+         * (A %00 ends the path here, where upstream keeps it.) */
+        svc_buf_t path;
+        svc_buf_init(&path, SIZE_MAX / 2);
+        bool ok = !sch_py_utf8_replace(&path, url, strlen(url)) && !svc_buf_addc(&path, '\0');
+        ops_http_error(r, 404, "invalid_request", "no route %s", ok ? path.data : "(?)");
+        svc_buf_fini(&path);
         return later(r);
     }
     r->route = ROUTES[i].route;

@@ -176,3 +176,44 @@ double sch_py_fsum(const double *v, size_t n) {
         sum += c;
     return sum;
 }
+
+/* The bytes a well-formed sequence led by b may continue with next: its
+ * second byte's range (Unicode Table 3-7), later ones 80..BF; 0: none. */
+static size_t utf8_lead(unsigned char b, unsigned char *lo, unsigned char *hi) {
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF)
+        return 2;
+    if (b >= 0xE0 && b <= 0xEF) {
+        *lo = b == 0xE0 ? 0xA0 : 0x80;
+        *hi = b == 0xED ? 0x9F : 0xBF;
+        return 3;
+    }
+    if (b >= 0xF0 && b <= 0xF4) {
+        *lo = b == 0xF0 ? 0x90 : 0x80;
+        *hi = b == 0xF4 ? 0x8F : 0xBF;
+        return 4;
+    }
+    return 0;
+}
+
+svc_err_t sch_py_utf8_replace(svc_buf_t *out, const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    svc_err_t            err = SVC_OK;
+    for (size_t i = 0; i < n && !err;) {
+        if (p[i] < 0x80) {
+            err = svc_buf_addc(out, (char)p[i++]);
+            continue;
+        }
+        unsigned char lo, hi;
+        size_t        want = utf8_lead(p[i], &lo, &hi), k = 1;
+        while (k < want && i + k < n && p[i + k] >= lo && p[i + k] <= hi) {
+            lo = 0x80;
+            hi = 0xBF;
+            k++;
+        }
+        err = want && k == want ? svc_buf_add(out, s + i, k) : svc_buf_adds(out, "\xEF\xBF\xBD");
+        i += k;
+    }
+    return err;
+}

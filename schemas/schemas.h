@@ -295,6 +295,12 @@ SVC_WUR svc_err_t sch_error_encode(const sch_error_t *err, svc_buf_t *out);
 SVC_WUR svc_err_t sch_verdict_encode(const sch_request_t *req, const sch_error_t *err,
                                      svc_buf_t *out);
 
+/* Appends bytes s[0..n) to out as Python's s.decode("utf-8", "replace"):
+ * valid UTF-8 as it is, each maximal ill-formed subpart as one U+FFFD (as
+ * uvicorn's unquote() does to a request path), so that any bytes can go
+ * into a message. */
+SVC_WUR svc_err_t sch_py_utf8_replace(svc_buf_t *out, const char *s, size_t n);
+
 /* Fills err (status, code, printf message), replacing what it held. */
 SVC_FMT(4, 5)
 void sch_error_set(sch_error_t *err, int status, const char *code, const char *fmt, ...);

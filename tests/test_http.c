@@ -173,8 +173,9 @@ static void resp_fini(resp_t *r) {
 /* Sets up e for one request; body NULL: no body (GET, or method as given). */
 static struct curl_slist *setup(CURL *e, const server_t *s, const char *method, const char *path,
                                 const char *body, size_t len, resp_t *r, bool chunked) {
-    char url[512];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path);
+    char url[4096];
+    cr_assert((size_t)snprintf(url, sizeof url, "http://127.0.0.1:%d%s", s->port, path) <
+              sizeof url);
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &r->body);
@@ -442,6 +443,21 @@ Test(http, routes_and_statuses) {
         r.body.data,
         "{\"error\":{\"code\":\"invalid_request\",\"message\":\"no route /v2/nothing\"}}");
     cr_assert(!has_header(&r, "server-timing"));
+    resp_fini(&r);
+    /* bytes of the path that are not UTF-8 become U+FFFD (uvicorn's
+     * unquote), so the body stays JSON; a long path is said whole */
+    request_on(e, &s, "GET", "/%ff%c3/%e2%82%ac", NULL, 0, &r, false);
+    cr_assert_eq(r.status, 404);
+    cr_assert_str_eq(r.body.data, "{\"error\":{\"code\":\"invalid_request\",\"message\":"
+                                  "\"no route /\xef\xbf\xbd\xef\xbf\xbd/\xe2\x82\xac\"}}");
+    resp_fini(&r);
+    char long_path[2100] = "/";
+    for (size_t i = 1; i < 2000; i++)
+        long_path[i] = (char)('a' + i % 26);
+    long_path[2000] = '\0';
+    request_on(e, &s, "GET", long_path, NULL, 0, &r, false);
+    cr_assert_eq(r.status, 404);
+    cr_assert(strstr(r.body.data, long_path) && strstr(r.body.data, "\"}}"), "%.80s", r.body.data);
     resp_fini(&r);
     request_on(e, &s, "GET", "/v1/systemone", NULL, 0, &r, false);
     cr_assert_eq(r.status, 405);

@@ -524,6 +524,20 @@ Test(ops, version_kernels) {
     svc_buf_fini(&out);
 }
 
+/* --as-is reads no tokenizer_config.json: naming one with it is a usage
+ * error, not a flag silently ignored. */
+Test(ops, tokenize_as_is_takes_no_config) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' tokenize --tokenizer '%s/tests/fixtures/tiny-upstream/tokenizer.json' --as-is "
+             "--tokenizer-config /nonexistent </dev/null 2>&1",
+             binary(), D3_SOURCE_DIR);
+    cr_assert_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    cr_assert(strstr(out.data, "exclude each other"), "%s", out.data);
+    svc_buf_fini(&out);
+}
+
 /* version takes --help and no operands. */
 Test(ops, version_usage) {
     char      cmd[1024];
@@ -543,5 +557,9 @@ Test(ops, version_usage) {
     snprintf(cmd, sizeof cmd, "'%s' --version", binary());
     cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
     cr_assert(strstr(out.data, "\nkernels: "), "%s", out.data);
+    /* the release, as --help says it (not the "dev" of a build without it) */
+    cr_assert(!strncmp(out.data, "d3stream " D3_PROJECT_VERSION "\n",
+                       strlen("d3stream " D3_PROJECT_VERSION "\n")),
+              "%s", out.data);
     svc_buf_fini(&out);
 }

@@ -140,6 +140,35 @@ Test(schemas, contract_cases) {
 
 /* ---- a.1 limits and parse failures ------------------------------------- */
 
+/* bytes.decode("utf-8", "replace"): one U+FFFD per maximal ill-formed
+ * subpart (the expected texts are CPython 3.11's). */
+Test(schemas, utf8_replace_as_python) {
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"\xff\xc3", "\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xe2\x82"
+         "a",
+         "\xef\xbf\xbd"
+         "a"},
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xf0\x9f\x98", "\xef\xbf\xbd"},
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xe0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"ok\xe2\x82\xac", "ok\xe2\x82\xac"},
+        {"\xf0\x9f\x98\x80x", "\xf0\x9f\x98\x80x"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        svc_buf_t b;
+        svc_buf_init(&b, 1 << 10);
+        cr_assert_eq(sch_py_utf8_replace(&b, cases[i].in, strlen(cases[i].in)), SVC_OK);
+        cr_assert_eq(b.len, strlen(cases[i].out), "case %zu", i);
+        cr_assert(!memcmp(b.data, cases[i].out, b.len), "case %zu", i);
+        svc_buf_fini(&b);
+    }
+}
+
 Test(schemas, body_limit) {
     const char  *body = "{\"state\": \"s\", \"questions\": {\"q\": {\"type\": \"noul\"}}}";
     size_t       len = strlen(body);
