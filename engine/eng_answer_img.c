@@ -34,7 +34,7 @@ svc_err_t eng_answer_pending(const sch_request_t *req, sch_error_t *reject, char
     const char *msg = held->message ? held->message : "";
     svc_errf(errstr, errstr_size, "%s", msg);
     if (reject)
-        sch_error_set(reject, held->status, held->code, "%s", msg);
+        sch_error_set_bytes(reject, held->status, held->code, msg, held->message_len);
     return SVC_ERR_INVALID;
 }
 

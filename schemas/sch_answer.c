@@ -48,8 +48,9 @@ static const char *type_name(sch_qtype_t type) {
 }
 
 /* {"type":...,"error":...[,"message":...]} */
+/* message: NULL, or message_len bytes. */
 static svc_err_t w_error_answer(svc_buf_t *out, const sch_json_t *raw, const char *type,
-                                const char *code, const char *message) {
+                                const char *code, const char *message, size_t message_len) {
     svc_err_t err = svc_buf_addc(out, '{');
     if (!err)
         err = w_key(out, "type", true);
@@ -62,13 +63,14 @@ static svc_err_t w_error_answer(svc_buf_t *out, const sch_json_t *raw, const cha
     if (!err && message) {
         err = w_key(out, "message", false);
         if (!err)
-            err = w_cstr(out, message);
+            err = sch_json_write_string(out, message, message_len);
     }
     return err ? err : svc_buf_addc(out, '}');
 }
 
 svc_err_t sch_question_error_encode(const sch_question_t *q, svc_buf_t *out) {
-    return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message);
+    return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message,
+                          q->error_message_len);
 }
 
 /* ---- b.2-b.4: one answer ----------------------------------------------- */
@@ -191,7 +193,8 @@ static svc_err_t w_answered(svc_buf_t *out, const sch_question_t *q, const doubl
         ok = isfinite(probs[i]) && probs[i] >= 0;
     double total = ok ? sch_py_fsum(probs, n) : 0.0;
     if (!ok || !(total > 0))
-        return w_error_answer(out, NULL, type_name(q->type), "invalid_model_output", BAD_OUTPUT);
+        return w_error_answer(out, NULL, type_name(q->type), "invalid_model_output", BAD_OUTPUT,
+                              strlen(BAD_OUTPUT));
     double *p = malloc(n * sizeof *p);
     if (!p)
         return SVC_ERR_NOMEM;
@@ -209,13 +212,14 @@ static svc_err_t w_answered(svc_buf_t *out, const sch_question_t *q, const doubl
 
 static svc_err_t w_answer(svc_buf_t *out, const sch_question_t *q, const sch_result_t *r) {
     if (q->error_code)
-        return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message);
+        return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message,
+                              q->error_message_len);
     if (!r || r->error_code)
-        return w_error_answer(out, NULL, type_name(q->type),
-                              r ? r->error_code : "invalid_model_output",
-                              r ? r->error_message : NULL);
+        return w_error_answer(
+            out, NULL, type_name(q->type), r ? r->error_code : "invalid_model_output",
+            r ? r->error_message : NULL, r && r->error_message ? strlen(r->error_message) : 0);
     if (!r->probs)
-        return w_error_answer(out, NULL, type_name(q->type), "invalid_model_output", NULL);
+        return w_error_answer(out, NULL, type_name(q->type), "invalid_model_output", NULL, 0);
     return w_answered(out, q, r->probs);
 }
 
@@ -343,7 +347,8 @@ static svc_err_t w_error_object(svc_buf_t *out, const sch_error_t *err) {
     if (!e)
         e = w_key(out, "message", false);
     if (!e)
-        e = w_cstr(out, err->message ? err->message : "");
+        e = err->message ? sch_json_write_string(out, err->message, err->message_len)
+                         : w_cstr(out, "");
     return e ? e : svc_buf_addc(out, '}');
 }
 
@@ -363,7 +368,8 @@ static svc_err_t w_verdict_error(svc_buf_t *out, const sch_error_t *err) {
 
 static svc_err_t w_verdict_question(svc_buf_t *out, const sch_question_t *q) {
     if (q->error_code)
-        return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message);
+        return w_error_answer(out, q->raw_type, NULL, q->error_code, q->error_message,
+                              q->error_message_len);
     svc_err_t e = svc_buf_adds(out, "{\"type\":");
     if (!e)
         e = w_cstr(out, type_name(q->type));
@@ -429,7 +435,7 @@ svc_err_t sch_verdict_encode(const sch_request_t *req, const sch_error_t *err, s
     svc_err_t e = w_verdict(&body, req);
     if (e == SVC_ERR_INVALID) {
         /* An echoed NaN: the server would answer 500 (SPEC b.1). */
-        sch_error_t nf = {500, "internal_error", (char *)NON_FINITE};
+        sch_error_t nf = {500, "internal_error", (char *)NON_FINITE, strlen(NON_FINITE)};
         svc_buf_reset(&body);
         e = w_verdict_error(&body, &nf);
     }

@@ -35,6 +35,26 @@ svc_err_t sch_question_fail(sch_request_t *req, sch_question_t *q, const char *f
         return SVC_ERR_NOMEM;
     q->error_code = INVALID_QUESTION;
     q->error_message = msg;
+    q->error_message_len = (size_t)n;
+    q->n_options = 0;
+    return SVC_OK;
+}
+
+/* sch_question_fail with the message where[0..where_len) + text: where is
+ * a key as sent, which may hold a NUL that printf would stop at. */
+static svc_err_t fail_at(sch_request_t *req, sch_question_t *q, const char *where, size_t where_len,
+                         const char *text) {
+    size_t tn = strlen(text);
+    char  *msg = malloc(where_len + tn + 1);
+    if (!msg)
+        return SVC_ERR_NOMEM;
+    memcpy(msg, where, where_len);
+    memcpy(msg + where_len, text, tn + 1);
+    if (!sch_req_keep(req, msg))
+        return SVC_ERR_NOMEM;
+    q->error_code = INVALID_QUESTION;
+    q->error_message = msg;
+    q->error_message_len = where_len + tn;
     q->n_options = 0;
     return SVC_OK;
 }
@@ -59,14 +79,12 @@ static svc_err_t check_content(sch_request_t *req, sch_question_t *q, const sch_
         if (!sch_py_blank(s, n))
             return SVC_OK;
         *ok = false;
-        return sch_question_fail(req, q, "%.*s must not be empty or whitespace", (int)where_len,
-                                 where);
+        return fail_at(req, q, where, where_len, " must not be empty or whitespace");
     }
     if ((t == SCH_JSON_OBJECT || t == SCH_JSON_ARRAY) && sch_json_all_finite(v))
         return SVC_OK;
     *ok = false;
-    return sch_question_fail(req, q, "%.*s must be text, an object or an array", (int)where_len,
-                             where);
+    return fail_at(req, q, where, where_len, " must be text, an object or an array");
 }
 
 /* check_content for `criteria.<key>` descriptions. */

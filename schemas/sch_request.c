@@ -22,11 +22,27 @@ void sch_error_init(sch_error_t *err) {
     err->status = 0;
     err->code = NULL;
     err->message = NULL;
+    err->message_len = 0;
 }
 
 void sch_error_fini(sch_error_t *err) {
     free(err->message);
     err->message = NULL;
+    err->message_len = 0;
+}
+
+void sch_error_set_bytes(sch_error_t *err, int status, const char *code, const char *msg,
+                         size_t len) {
+    char *m = malloc(len + 1);
+    if (m) {
+        memcpy(m, msg, len);
+        m[len] = '\0';
+    }
+    free(err->message);
+    err->status = status;
+    err->code = code;
+    err->message = m;
+    err->message_len = m ? len : 0;
 }
 
 void sch_error_set(sch_error_t *err, int status, const char *code, const char *fmt, ...) {
@@ -35,6 +51,7 @@ void sch_error_set(sch_error_t *err, int status, const char *code, const char *f
     err->status = status;
     err->code = code;
     err->message = NULL;
+    err->message_len = 0;
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
@@ -46,6 +63,7 @@ void sch_error_set(sch_error_t *err, int status, const char *code, const char *f
     va_start(ap, fmt);
     vsnprintf(err->message, (size_t)n + 1, fmt, ap);
     va_end(ap);
+    err->message_len = (size_t)n;
 }
 
 /* Sets a 400 invalid_request (or the given status) and returns INVALID. */
@@ -62,7 +80,7 @@ static svc_err_t refuse(sch_error_t *err, int status, const char *code, const ch
 
 /* A long message (it may quote the request) built in a buffer. */
 static svc_err_t refuse_buf(sch_error_t *err, svc_buf_t *msg) {
-    sch_error_set(err, 400, "invalid_request", "%s", msg->data ? msg->data : "");
+    sch_error_set_bytes(err, 400, "invalid_request", msg->data ? msg->data : "", msg->len);
     svc_buf_fini(msg);
     return SVC_ERR_INVALID;
 }
@@ -264,8 +282,16 @@ static svc_err_t check_model(sch_request_t *req, const sch_json_t *root,
         if (name && *name && sch_str_is(req->model, req->model_len, name))
             return SVC_OK;
     }
-    sch_error_set(err, 404, "model_not_found", "this runtime serves %s, not %.*s", model->label,
-                  (int)req->model_len, req->model);
+    /* the name as sent, NUL included (printf's %.*s would stop at one) */
+    svc_buf_t msg;
+    svc_buf_init(&msg, SIZE_MAX / 2);
+    if (svc_buf_addf(&msg, "this runtime serves %s, not ", model->label) ||
+        svc_buf_add(&msg, req->model, req->model_len)) {
+        svc_buf_fini(&msg);
+        return out_of_memory(err);
+    }
+    sch_error_set_bytes(err, 404, "model_not_found", msg.data, msg.len);
+    svc_buf_fini(&msg);
     return SVC_ERR_INVALID;
 }
 
@@ -545,8 +571,10 @@ static svc_err_t check_any_valid(const sch_request_t *req, sch_error_t *err) {
             if (!e)
                 e = svc_buf_add(&msg, q->id, q->id_len);
             if (!e)
-                e = svc_buf_addf(&msg, ": %s",
-                                 q->error_message ? q->error_message : "invalid_question");
+                e = svc_buf_adds(&msg, ": ");
+            if (!e)
+                e = q->error_message ? svc_buf_add(&msg, q->error_message, q->error_message_len)
+                                     : svc_buf_adds(&msg, "invalid_question");
         }
     }
     if (!e)

@@ -121,9 +121,12 @@ typedef enum sch_qtype {
 
 /* A whole-request error (SPEC b.7): the HTTP status, the code, the message. */
 typedef struct sch_error {
-    int         status;  /* 400, 404, 413, 422, 429, 500, 503 */
-    const char *code;    /* static string, e.g. "invalid_request" */
-    char       *message; /* owned, heap; freed by sch_error_fini */
+    int         status;      /* 400, 404, 413, 422, 429, 500, 503 */
+    const char *code;        /* static string, e.g. "invalid_request" */
+    char       *message;     /* owned, heap, NUL-terminated; freed by sch_error_fini */
+    size_t      message_len; /* its bytes: a name it quotes may hold a NUL (the
+                                encoders write all of them; C-string readers,
+                                such as logs, see the text up to the first) */
 } sch_error_t;
 
 void sch_error_init(sch_error_t *err);
@@ -177,8 +180,9 @@ typedef struct sch_question {
     const sch_json_t   *instructions; /* NULL when absent: the prompt's fallback */
     size_t              n_options;
     const sch_option_t *options;
-    const char         *error_code;    /* NULL when valid; static string */
-    const char         *error_message; /* NULL when none */
+    const char         *error_code;        /* NULL when valid; static string */
+    const char         *error_message;     /* NULL when none; NUL-terminated */
+    size_t              error_message_len; /* its bytes (a quoted key may hold a NUL) */
 } sch_question_t;
 
 /* One image of a part: the bytes of its data URL after base64, with the
@@ -300,6 +304,10 @@ SVC_WUR svc_err_t sch_verdict_encode(const sch_request_t *req, const sch_error_t
  * uvicorn's unquote() does to a request path), so that any bytes can go
  * into a message. */
 SVC_WUR svc_err_t sch_py_utf8_replace(svc_buf_t *out, const char *s, size_t n);
+
+/* Fills err with the message msg[0..len) (any bytes), replacing what it held. */
+void sch_error_set_bytes(sch_error_t *err, int status, const char *code, const char *msg,
+                         size_t len);
 
 /* Fills err (status, code, printf message), replacing what it held. */
 SVC_FMT(4, 5)

@@ -922,17 +922,24 @@ static void check_all_ok(slot_t *const *all, size_t n) {
     }
 }
 
+/* A scheduler of one worker on PKG (loaded into l) with bounds conf. */
+static eng_sched_t *one_worker(loaded_t *l, eng_sched_conf_t conf, waiter_t *w) {
+    load(PKG, l);
+    eng_sched_t *s = NULL;
+    char         errstr[256];
+    conf.n_workers = 1;
+    cr_assert_eq(eng_sched_new(l->pkg, l->model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    waiter_init(w);
+    return s;
+}
+
 /* The queue counts jobs, as upstream's --max-queue: one per state with a
  * question, however many questions it has. */
 Test(sched, backpressure_counts_jobs) {
-    loaded_t l;
-    load(PKG, &l);
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = 1, .max_jobs = 2};
-    char             errstr[256];
-    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
-    waiter_t w;
-    waiter_init(&w);
+    loaded_t       l;
+    waiter_t       w;
+    eng_sched_t   *s = one_worker(&l, (eng_sched_conf_t){.max_jobs = 2}, &w);
     sch_request_t *ra = n_questions(1), *rb = n_questions(5), *rc = n_questions(1),
                   *rd = n_states(3);
     slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
@@ -974,14 +981,9 @@ Test(sched, backpressure_counts_jobs) {
 /* And the prompt tokens of those jobs, as upstream's --max-queued-tokens:
  * those the questions run (their prompt ids), released when answered. */
 Test(sched, backpressure_counts_tokens) {
-    loaded_t l;
-    load(PKG, &l);
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = 1, .max_tokens = 1};
-    char             errstr[256];
-    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
-    waiter_t w;
-    waiter_init(&w);
+    loaded_t       l;
+    waiter_t       w;
+    eng_sched_t   *s = one_worker(&l, (eng_sched_conf_t){.max_tokens = 1}, &w);
     sch_request_t *ra = n_questions(1), *rc = n_questions(1), *rd = n_questions(3);
     slot_t         a = {.w = &w, .block = true}, c = {.w = &w}, d = {.w = &w};
     block_worker(s, ra, &a);

@@ -237,6 +237,53 @@ Test(schemas, model_names) {
                  "model must be a string");
 }
 
+/* A NUL in a name a message quotes (a question id, a criteria key, the
+ * model) stays in the message, as in upstream's f-strings: the body says
+ * \u0000 and the text goes on past it. */
+Test(schemas, messages_keep_nul) {
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"state\": \"x\", \"questions\": {\"a\\u0000b\": {\"type\": \"choice\", \"criteria\": "
+         "{\"only\": null}}}}",
+         "{\"error\":{\"code\":\"invalid_request\",\"message\":\"no question is valid "
+         "(a\\u0000b: criteria must name 2 to 255 options)\"}}"},
+        {"{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"choice\", \"criteria\": "
+         "{\"a\\u0000b\": \" \", \"c\": null}}}}",
+         "{\"error\":{\"code\":\"invalid_request\",\"message\":\"no question is valid "
+         "(q: criteria.a\\u0000b must not be empty or whitespace)\"}}"},
+        {"{\"model\": \"d3\\u0000x\", \"state\": \"s\", " Q_NOUL "}",
+         "{\"error\":{\"code\":\"model_not_found\",\"message\":\"this runtime serves d3-nano, "
+         "not d3\\u0000x\"}}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        decoded_t d = decode(cases[i].body, &NANO);
+        cr_assert_eq(d.rc, SVC_ERR_INVALID, "%s", cases[i].body);
+        svc_buf_t out;
+        svc_buf_init(&out, BUF_MAX);
+        cr_assert_eq(sch_error_encode(&d.err, &out), SVC_OK);
+        cr_assert_eq(svc_buf_addc(&out, '\0'), SVC_OK);
+        cr_assert_str_eq(out.data, cases[i].want);
+        svc_buf_fini(&out);
+        decoded_fini(&d);
+    }
+    /* a per-question message too, when another question is valid */
+    decoded_t d = decode("{\"state\": \"x\", \"questions\": {\"q\": {\"type\": \"choice\", "
+                         "\"criteria\": {\"a\\u0000b\": \" \", \"c\": null}}, \"n\": {\"type\": "
+                         "\"noul\"}}}",
+                         &NANO);
+    cr_assert_eq(d.rc, SVC_OK, "%s", d.err.message);
+    svc_buf_t out;
+    svc_buf_init(&out, BUF_MAX);
+    cr_assert_eq(sch_question_error_encode(&sch_request_part(d.req, 0)->questions[0], &out),
+                 SVC_OK);
+    cr_assert_eq(svc_buf_addc(&out, '\0'), SVC_OK);
+    cr_assert_str_eq(out.data, "{\"type\":\"choice\",\"error\":\"invalid_question\",\"message\":"
+                               "\"criteria.a\\u0000b must not be empty or whitespace\"}");
+    svc_buf_fini(&out);
+    decoded_fini(&d);
+}
+
 Test(schemas, model_profiles) {
     decoded_t d =
         decode("{\"state\": \"s\", " Q_NOUL ", \"options\": {\"profile\": \"fast\"}}", &NANO);
