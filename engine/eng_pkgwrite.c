@@ -535,6 +535,31 @@ svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n) {
     return SVC_OK;
 }
 
+/* Makes both directories and refuses one directory named twice ("p" and
+ * "p/", "./p", a link): the twin would overwrite the package's config.json
+ * and README.md and break its MANIFEST.sha256. Identity, not spelling,
+ * decides, so the directories must exist first. */
+static svc_err_t pw_make_dirs(const eng_make_opts_t *opts, char *errstr, size_t n) {
+    svc_err_t err = pw_mkdirs(opts->out_dir, errstr, n);
+    if (err || !opts->twin_dir)
+        return err;
+    err = pw_mkdirs(opts->twin_dir, errstr, n);
+    struct stat a, b;
+    if (err)
+        return err;
+    if (stat(opts->out_dir, &a) != 0 || stat(opts->twin_dir, &b) != 0) {
+        svc_errf(errstr, n, "stat() of \"%s\" or \"%s\" failed: %s", opts->out_dir, opts->twin_dir,
+                 strerror(errno));
+        return SVC_ERR_IO;
+    }
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        svc_errf(errstr, n, "the twin \"%s\" is the package's own directory \"%s\"", opts->twin_dir,
+                 opts->out_dir);
+        return SVC_ERR_INVALID;
+    }
+    return SVC_OK;
+}
+
 svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t errstr_size) {
     if (errstr_size)
         errstr[0] = '\0';
@@ -546,7 +571,7 @@ svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t err
                    .shape = pw_shape_get(opts->size),
                    .errstr = errstr,
                    .errstr_size = errstr_size};
-    svc_err_t err = pw_mkdirs(opts->out_dir, errstr, errstr_size);
+    svc_err_t err = pw_make_dirs(opts, errstr, errstr_size);
     if (!err)
         err = pw_tokenizer(&c);
     if (!err)

@@ -682,7 +682,8 @@ uint64_t eng_make_text_params(eng_make_size_t size, size_t vocab);
  *        flattened config.json (Q4NX.md §6), the same readout, decision config,
  *        tokenizer and template, README.md and MANIFEST.sha256; plus the twin
  *        package in opts->twin_dir when given.
- * @returns SVC_OK; SVC_ERR_INVALID (twin_dir without ENG_MAKE_Q4NX); SVC_ERR_IO,
+ * @returns SVC_OK; SVC_ERR_INVALID (twin_dir without ENG_MAKE_Q4NX, or naming
+ *          out_dir's directory however spelt: nothing is written); SVC_ERR_IO,
  *          SVC_ERR_FORMAT (a --tokenizer that cannot give 255 single-token
  *          codes), SVC_ERR_NOMEM, with errstr naming the file.
  * @remark Does not check whether out_dir is empty; the caller decides.

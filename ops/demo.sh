@@ -59,9 +59,12 @@ if [ -n "${D3_KAFKA_BOOTSTRAP:-}" ]; then
   BROKER="$D3_KAFKA_BOOTSTRAP"
 else
   say "starting a local Kafka broker (the first run fetches its jars from Maven Central)"
+  # The trap first: a start cut short leaves a broker for it to stop.
+  trap 'ops/kafka.sh stop "$KDIR" >/dev/null 2>&1 || true' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   ops/kafka.sh start "$KDIR" >&2
   BROKER="$(cat "$KDIR/bootstrap")"
-  trap 'ops/kafka.sh stop "$KDIR" >/dev/null 2>&1 || true' EXIT
 fi
 
 RUN="demo-$(date +%s)-$$"

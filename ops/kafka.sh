@@ -268,7 +268,7 @@ broker_answers() { # <port> <dir>
     fi
 }
 
-launch() { # <dir> <port> <controller port>; 0 ready, 1 failed, 2 port taken
+launch() { # <dir> <port> <controller port>; as run_broker
     local dir="$1" port="$2" cport="$3" cid
     rm -rf "$dir/data"
     write_configs "$dir" "$port" "$cport"
@@ -285,9 +285,9 @@ launch() { # <dir> <port> <controller port>; 0 ready, 1 failed, 2 port taken
 }
 
 # Starts the JVM on DIR's existing configuration and data and waits until it
-# answers on port; 0 ready, 1 failed, 2 port taken.
+# answers on port; 0 ready, 2 port taken, 1 or 3 failed (the JVM stopped).
 run_broker() { # <dir> <port>
-    local dir="$1" port="$2" pid deadline
+    local dir="$1" port="$2" pid rc
     # setsid: the broker leaves the caller's process group, so a Ctrl-C meant
     # for a test run reaches it only through that run's `kafka.sh stop`.
     setsid java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
@@ -296,12 +296,31 @@ run_broker() { # <dir> <port>
         </dev/null >>"$dir/broker.log" 2>&1 &
     pid=$!
     echo "$pid" >"$dir/pid"
+    # setsid also keeps a Ctrl-C during the wait below from reaching the JVM:
+    # a start cut short stops the broker it began, or it would run on with a
+    # pid file and no bootstrap file for the next start to find.
+    trap 'kill -KILL "$pid" 2>/dev/null; rm -f "$dir/pid"; exit 130' INT TERM HUP
+    rc=0
+    await_broker "$dir" "$port" "$pid" || rc=$?
+    trap - INT TERM HUP
+    if [ "$rc" -eq 1 ]; then
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$dir/pid"
+    fi
+    return "$rc"
+}
+
+# Waits until the broker PID started from DIR answers on PORT and writes
+# DIR/bootstrap; 0 ready, 1 not within START_TIMEOUT_S (still running),
+# 2 exited on a taken port, 3 exited otherwise.
+await_broker() { # <dir> <port> <pid>
+    local dir="$1" port="$2" pid="$3" deadline
     deadline=$(($(date +%s) + START_TIMEOUT_S))
     while [ "$(date +%s)" -lt "$deadline" ]; do
         if ! kill -0 "$pid" 2>/dev/null; then
             rm -f "$dir/pid"
             grep -q "Address already in use" "$dir/broker.log" && return 2
-            return 1
+            return 3
         fi
         if broker_answers "$port" "$dir"; then
             echo "127.0.0.1:$port" >"$dir/bootstrap"
@@ -309,8 +328,6 @@ run_broker() { # <dir> <port>
         fi
         sleep 0.5
     done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$dir/pid"
     return 1
 }
 
@@ -322,6 +339,16 @@ cmd_start() { # [dir]
     dir="$(cd "$dir" && pwd)"
     if pid="$(broker_pid "$dir")"; then
         log "a broker already runs from $dir (pid $pid)"
+        if [ ! -s "$dir/bootstrap" ]; then
+            # Started by a run that was killed before the broker answered:
+            # wait for it as that run would have.
+            port="$(listener_port "$dir" PLAINTEXT)"
+            rc=0
+            await_broker "$dir" "$port" "$pid" || rc=$?
+            [ "$rc" -eq 0 ] ||
+                die "the broker from $dir (pid $pid) does not answer on port $port;" \
+                    "ops/kafka.sh stop $dir stops it"
+        fi
         echo "$dir" >"$LAST_DIR_FILE"
         cat "$dir/bootstrap"
         return 0

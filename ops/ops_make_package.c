@@ -151,10 +151,11 @@ static int make_run(make_args_t *a) {
         }
     if (a->opts.size != ENG_MAKE_TINY)
         a->opts.progress = make_progress;
-    char errstr[1024];
-    if (eng_package_make(&a->opts, errstr, sizeof errstr)) {
+    char      errstr[1024];
+    svc_err_t err = eng_package_make(&a->opts, errstr, sizeof errstr);
+    if (err) {
         ops_fail("make-package", "%s", errstr);
-        return OPS_EXIT_FAILURE;
+        return err == SVC_ERR_INVALID ? OPS_EXIT_USAGE : OPS_EXIT_FAILURE;
     }
     fprintf(stderr,
             "d3stream make-package: wrote %s (synthetic %s, seed %llu): random weights, "

@@ -423,6 +423,30 @@ Test(ops, tampered_package) {
     remove_tree(dir);
 }
 
+/* --twin naming --out's directory another way ("q/", "./q", a link) is
+ * refused before anything is written: the twin's config.json and README.md
+ * would replace the package's and break its MANIFEST.sha256. */
+Test(ops, make_package_twin_is_another_directory) {
+    char dir[64], cmd[4096];
+    snprintf(dir, sizeof dir, "/tmp/d3ops-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    const char *twins[] = {"q/", "./q", "l"};
+    snprintf(cmd, sizeof cmd, "ln -s q '%s/l'", dir);
+    cr_assert_eq(system(cmd), 0);
+    svc_buf_t out;
+    for (size_t i = 0; i < sizeof twins / sizeof twins[0]; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && '%s' make-package --size tiny --format q4nx --out q --twin '%s' 2>&1",
+                 dir, binary(), twins[i]);
+        cr_assert_eq(run_shell(cmd, &out), 2, "%s: %s", twins[i], out.data);
+        cr_assert(strstr(out.data, "is the package's own directory"), "%s", out.data);
+        svc_buf_fini(&out);
+        snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s/q')\"", dir);
+        cr_assert_eq(system(cmd), 0, "%s: something was written into q", twins[i]);
+    }
+    remove_tree(dir);
+}
+
 /* make-package --format q4nx --twin, then inspect and ask on the q4nx
  * package (MANIFEST.sha256, model.q4nx) through the binary. */
 Test(ops, q4nx_package_inspect_and_ask) {
