@@ -184,10 +184,13 @@ static const char *const WORDS[] = {
 static const char *const FILLERS[] = {" a", " I", " it", " ok", ".", ",", " x", " so"};
 #define N_FILLERS (sizeof FILLERS / sizeof FILLERS[0])
 
-/* Appends `"q<i>": {...}` question i (short, different per i). */
+/* Appends `"q<i>": {...}` question i (short, different per i). The point
+ * has two digits for every i below BENCH_MAX_Q: tokenizers split digits,
+ * so "point 10" would be a token longer than "point 9" and the questions
+ * of one row would not all be the row's size. */
 static svc_err_t add_question(svc_buf_t *b, size_t i) {
     return svc_buf_addf(b,
-                        "%s\"q%zu\": {\"type\": \"noul\", \"instructions\": \"Is point %zu of "
+                        "%s\"q%zu\": {\"type\": \"noul\", \"instructions\": \"Is point %02zu of "
                         "this ticket urgent?\"}",
                         i ? ", " : "", i, i + 1);
 }
@@ -383,6 +386,28 @@ static void on_done(void *user, eng_answers_t *ans, svc_err_t err, const char *e
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Every question of req answered: a row whose questions the engine
+ * refused (max_length_exceeded, ...) measured less than it says, so it is
+ * a failure, never a row. */
+static svc_err_t check_answered(bench_t *bn, const sch_request_t *req, const eng_answers_t *ans) {
+    const sch_result_t *const *res = eng_answers_results(ans);
+    for (size_t p = 0; p < sch_request_n_parts(req); p++) {
+        const sch_part_t *part = sch_request_part(req, p);
+        for (size_t q = 0; q < part->n_questions; q++) {
+            const char *code = part->questions[q].error_code ? part->questions[q].error_code
+                                                             : res[p][q].error_code;
+            if (!code)
+                continue;
+            svc_errf(bn->errstr, sizeof bn->errstr,
+                     "question %zu of the row was not answered: %s%s%s", q + 1, code,
+                     res[p][q].error_message ? ": " : "",
+                     res[p][q].error_message ? res[p][q].error_message : "");
+            return SVC_ERR_INVALID;
+        }
+    }
+    return SVC_OK;
+}
+
 /* One timed run of reqs[0..n_req-1] through a fresh scheduler; adds the
  * prompt tokens answered to *tokens. */
 static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_req, double *sec,
@@ -424,8 +449,9 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
         svc_errf(bn->errstr, sizeof bn->errstr, "%s", w.errstr);
     }
     for (size_t i = 0; i < submitted; i++) {
-        const sch_request_t *r = reqs[i];
-        for (size_t p = 0; w.ans[i] && p < sch_request_n_parts(r); p++)
+        if (!err && w.ans[i])
+            err = check_answered(bn, reqs[i], w.ans[i]);
+        for (size_t p = 0; w.ans[i] && p < sch_request_n_parts(reqs[i]); p++)
             *tokens += eng_answers_input_tokens(w.ans[i])[p];
         eng_answers_free(w.ans[i]);
     }
@@ -478,6 +504,13 @@ static svc_err_t run_images(bench_t *bn, const bench_row_t *row, double *secs,
     if (!err)
         err = render(bn, &body, &n, &req);
     svc_buf_fini(&body);
+    size_t max_len = eng_package_max_length(bn->pkg);
+    if (!err && n > max_len) { /* the image tokens count: known only once rendered */
+        snprintf(res->skipped, sizeof res->skipped,
+                 "%zu tokens is over the package's max length %zu", n, max_len);
+        sch_request_free(req);
+        return SVC_OK;
+    }
     for (size_t r = 0; !err && r < bn->o->runs; r++) {
         size_t tokens = 0;
         err = sched_once(bn, &req, 1, &secs[r], &tokens, res);
