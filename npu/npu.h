@@ -17,6 +17,7 @@ typedef struct npu_features {
     bool fma;
     bool avx512f;
     bool avx512bw;
+    bool avx512dq;
     bool avx512vl;
     bool avx512_vnni;
     bool avx512_bf16;
@@ -281,7 +282,8 @@ SVC_WUR svc_err_t npu_delta_rule_chunked_ref(const float *q, const float *k, con
  *
  * Dispatch: the first call of any of them picks, once per process
  * (pthread_once, so any thread may be first), the AVX-512 kernels when
- * npu_probe() reports avx512f, avx512bw and avx512vl, else the _ref
+ * npu_probe() reports avx512f, avx512bw, avx512dq, avx512vl and fma (what
+ * their files are compiled for), else the _ref
  * kernels, but the packed matmul (the bulk of a pass: "packed weights"
  * below), attention and the delta rule on oneDNN's sgemm ("generic",
  * npu_attention_dnnl, npu_delta_rule_dnnl). The environment variable
@@ -685,6 +687,13 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
                                    npu_attn_mode_t mode);
 /* amx_tile, amx_bf16 and amx_usable, and avx512_bf16 (the AMX modes). */
 bool npu_attention_amx_usable(void);
+/* NULL when oneDNN's sgemm runs here, else why not (its kernels are
+ * written at run time, then executed: MemoryDenyWriteExecute= and
+ * PR_SET_MDWE refuse that). Probed once with a checked product; the
+ * dispatch then takes the references instead of the generic kernels, and
+ * our fp32 panels or the reference instead of the onednn-f32 layout.
+ * Static string. */
+const char *npu_dnnl_refusal(void);
 /* out (T, N) = x (T, K) w^T with w (N, K) as given, on oneDNN's sgemm
  * over the pool (npu_dnnl.c: blocking, threads, bits); fp32 accumulation;
  * never fails (the reference takes a block oneDNN refuses). out must not
@@ -692,14 +701,18 @@ bool npu_attention_amx_usable(void);
 void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
 /* Attention as npu_attention_ref (same contract, fp32), as a tiled
  * online softmax whose block products are oneDNN sgemms over the pool
- * (npu_dnnl.c): what a CPU without AVX-512 runs (D3_NPU_KERNELS=generic). */
+ * (npu_dnnl.c): what a CPU without AVX-512 runs (D3_NPU_KERNELS=generic).
+ * SVC_ERR_UNSUPPORTED when an sgemm is refused (npu_dnnl_refusal; out is
+ * then not written), SVC_ERR_NOMEM if scratch cannot be had. */
 SVC_WUR svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, size_t Tq,
                                      size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                      bool causal, const uint8_t *key_mask, float *out, float *lse);
 /* The delta rule as npu_delta_rule_chunked_ref (same contract and
  * chunks), in fp32 with each chunk's products on oneDNN sgemms, one value
  * head per item of the pool (npu_dnnl.c): what a CPU without AVX-512 runs
- * (D3_NPU_KERNELS=generic). SVC_ERR_NOMEM if scratch cannot be had. */
+ * (D3_NPU_KERNELS=generic). SVC_ERR_NOMEM if scratch cannot be had,
+ * SVC_ERR_UNSUPPORTED when an sgemm is refused (npu_dnnl_refusal; out and
+ * state_out are then not all written). */
 SVC_WUR svc_err_t npu_delta_rule_dnnl(const float *q, const float *k, const float *v,
                                       const float *g, const float *beta, size_t T, size_t n_k_heads,
                                       size_t n_v_heads, size_t dk, size_t dv, const float *state_in,

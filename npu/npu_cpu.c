@@ -45,6 +45,7 @@ static void probe_cpuid(npu_features_t *f) {
     f->avx2 = bit(b, 5);
     f->avx512f = zmm && bit(b, 16);
     f->avx512bw = zmm && bit(b, 30);
+    f->avx512dq = zmm && bit(b, 17);
     f->avx512vl = zmm && bit(b, 31);
     f->avx512_vnni = zmm && bit(c, 11);
     f->avx512_fp16 = zmm && bit(d, 23);
@@ -97,6 +98,7 @@ svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out) {
         {"fma", offsetof(npu_features_t, fma)},
         {"avx512f", offsetof(npu_features_t, avx512f)},
         {"avx512bw", offsetof(npu_features_t, avx512bw)},
+        {"avx512dq", offsetof(npu_features_t, avx512dq)},
         {"avx512vl", offsetof(npu_features_t, avx512vl)},
         {"avx512_vnni", offsetof(npu_features_t, avx512_vnni)},
         {"avx512_bf16", offsetof(npu_features_t, avx512_bf16)},

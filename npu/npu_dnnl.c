@@ -40,9 +40,52 @@
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- may oneDNN run here? --------------------------------------------------
+ *
+ * oneDNN's sgemm writes its kernels at run time into memory it then makes
+ * executable. Where that is refused (systemd's MemoryDenyWriteExecute=,
+ * prctl PR_SET_MDWE, SELinux deny_execmem) every call returns
+ * dnnl_unimplemented and leaves its output as it was: attention would
+ * answer zeros and the delta rule garbage, with SVC_OK. So one small
+ * product, its values checked, decides once whether the dispatch
+ * (npu_fast.c) may choose these kernels at all. */
+
+#define DNNL_PROBE_M 16
+
+static char           g_dnnl_refusal[200]; /* empty: usable */
+static pthread_once_t g_dnnl_once = PTHREAD_ONCE_INIT;
+
+static void dnnl_probe(void) {
+    enum { M = DNNL_PROBE_M };
+    float a[M * M], b[M * M], c[M * M];
+    for (size_t i = 0; i < M * M; i++)
+        a[i] = (float)(i % 7) - 3.0f, b[i] = (float)(i % 5) - 2.0f, c[i] = NAN;
+    omp_set_num_threads(1);
+    dnnl_status_t st = dnnl_sgemm('N', 'T', M, M, M, 1.0f, a, M, b, M, 0.0f, c, M);
+    bool          ok = st == dnnl_success;
+    for (size_t i = 0; ok && i < M * M; i++) {
+        float want = 0.0f; /* small integers: exact in any order */
+        for (size_t k = 0; k < M; k++)
+            want += a[i / M * M + k] * b[i % M * M + k];
+        ok = c[i] == want;
+    }
+    if (!ok)
+        snprintf(g_dnnl_refusal, sizeof g_dnnl_refusal,
+                 "oneDNN's sgemm %s (status %d; its kernels need memory that is written, then "
+                 "executed: MemoryDenyWriteExecute= or PR_SET_MDWE forbid that)",
+                 st == dnnl_success ? "gave a wrong product" : "is refused", (int)st);
+}
+
+const char *npu_dnnl_refusal(void) {
+    pthread_once(&g_dnnl_once, dnnl_probe);
+    return g_dnnl_refusal[0] ? g_dnnl_refusal : NULL;
+}
 
 #define DNNL_NB    256 /* output columns per item */
 #define DNNL_MIN_M 16  /* fewer rows are padded to this many (above: why) */
@@ -126,6 +169,7 @@ typedef struct att_job {
     float         *out, *lse; /* lse optional */
     size_t         n_qblk;
     atomic_bool    nomem;
+    atomic_bool    refused; /* an sgemm failed: the output is not written */
 } att_job_t;
 
 /* Row i of S (kb keys from j0) with what it may not see at -inf; returns
@@ -176,10 +220,15 @@ static void att_item(void *ctx, size_t i) {
     /* Keys past the last query's causal horizon are never visible. */
     size_t tk = j->causal ? t0 + qb + (j->Tk - j->Tq) : j->Tk;
     for (size_t j0 = 0; j0 < tk; j0 += ATT_KB) {
-        size_t kb = tk - j0 < ATT_KB ? tk - j0 : ATT_KB;
-        dnnl_sgemm('N', 'T', (dnnl_dim_t)qb, (dnnl_dim_t)kb, (dnnl_dim_t)D, 1.0f / sqrtf((float)D),
-                   j->q + (t0 * j->H + h) * D, (dnnl_dim_t)ldq, j->k + (j0 * j->Hkv + g) * D,
-                   (dnnl_dim_t)ldk, 0.0f, s, (dnnl_dim_t)kb);
+        size_t        kb = tk - j0 < ATT_KB ? tk - j0 : ATT_KB;
+        dnnl_status_t st =
+            dnnl_sgemm('N', 'T', (dnnl_dim_t)qb, (dnnl_dim_t)kb, (dnnl_dim_t)D,
+                       1.0f / sqrtf((float)D), j->q + (t0 * j->H + h) * D, (dnnl_dim_t)ldq,
+                       j->k + (j0 * j->Hkv + g) * D, (dnnl_dim_t)ldk, 0.0f, s, (dnnl_dim_t)kb);
+        if (st != dnnl_success) {
+            atomic_store(&j->refused, true);
+            return;
+        }
         for (size_t r = 0; r < qb; r++) {
             float *sr = s + r * kb, f = 1.0f;
             if (att_mask_row(j, t0 + r, j0, kb, sr))
@@ -189,8 +238,13 @@ static void att_item(void *ctx, size_t i) {
             for (size_t d = 0; d < D; d++)
                 acc[r * D + d] *= f;
         }
-        dnnl_sgemm('N', 'N', (dnnl_dim_t)qb, (dnnl_dim_t)D, (dnnl_dim_t)kb, 1.0f, s, (dnnl_dim_t)kb,
-                   j->v + (j0 * j->Hkv + g) * D, (dnnl_dim_t)ldk, 1.0f, acc, (dnnl_dim_t)D);
+        st = dnnl_sgemm('N', 'N', (dnnl_dim_t)qb, (dnnl_dim_t)D, (dnnl_dim_t)kb, 1.0f, s,
+                        (dnnl_dim_t)kb, j->v + (j0 * j->Hkv + g) * D, (dnnl_dim_t)ldk, 1.0f, acc,
+                        (dnnl_dim_t)D);
+        if (st != dnnl_success) {
+            atomic_store(&j->refused, true);
+            return;
+        }
     }
     for (size_t r = 0; r < qb; r++) {
         float *o = j->out + ((t0 + r) * j->H + h) * D, inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
@@ -221,8 +275,11 @@ svc_err_t npu_attention_dnnl(const float *q, const float *k, const float *v, siz
                    .lse = lse,
                    .n_qblk = (Tq + ATT_QB - 1) / ATT_QB};
     atomic_init(&j.nomem, false);
+    atomic_init(&j.refused, false);
     npu_parallel_for(n_heads * j.n_qblk, att_item, &j);
-    return atomic_load(&j.nomem) ? SVC_ERR_NOMEM : SVC_OK;
+    return atomic_load(&j.refused) ? SVC_ERR_UNSUPPORTED
+           : atomic_load(&j.nomem) ? SVC_ERR_NOMEM
+                                   : SVC_OK;
 }
 
 /* ---- the chunked delta rule on sgemm (CPUs without AVX-512) ---------------
@@ -244,6 +301,7 @@ typedef struct dr_job {
     const float *state_in;
     float       *state_out, *out;
     atomic_bool  nomem;
+    atomic_bool  refused; /* an sgemm failed: out and the state are not written */
 } dr_job_t;
 
 #define DR_C NPU_DELTA_CHUNK
@@ -298,7 +356,8 @@ static void dr_solve(const dr_job_t *j, const dr_ws_t *w, size_t t0, size_t n, s
     dnnl_sgemm(ta, tb, (dnnl_dim_t)(M), (dnnl_dim_t)(N), (dnnl_dim_t)(K), al, A,                   \
                (dnnl_dim_t)(lda), B, (dnnl_dim_t)(ldb), be, C, (dnnl_dim_t)(ldc))
 
-static void dr_chunk(const dr_job_t *j, const dr_ws_t *w, size_t t0, size_t n, size_t h,
+/* One chunk; false when an sgemm failed (the rest is then meaningless). */
+static bool dr_chunk(const dr_job_t *j, const dr_ws_t *w, size_t t0, size_t n, size_t h,
                      size_t hk) {
     size_t       dk = j->dk, dv = j->dv, ldqk = j->nk * dk, ldv = j->nv * dv;
     const float *qc = j->q + (t0 * j->nk + hk) * dk, *kc = j->k + (t0 * j->nk + hk) * dk;
@@ -308,18 +367,21 @@ static void dr_chunk(const dr_job_t *j, const dr_ws_t *w, size_t t0, size_t n, s
         acc += (double)j->g[(t0 + i) * j->nv + h];
         w->gc[i] = (float)acc;
     }
-    SG('N', 'T', n, n, dk, 1.0f, kc, ldqk, kc, ldqk, 0.0f, w->L, DR_C);
-    SG('N', 'T', n, n, dk, scale, qc, ldqk, kc, ldqk, 0.0f, w->A, DR_C);
+    if (SG('N', 'T', n, n, dk, 1.0f, kc, ldqk, kc, ldqk, 0.0f, w->L, DR_C) ||
+        SG('N', 'T', n, n, dk, scale, qc, ldqk, kc, ldqk, 0.0f, w->A, DR_C))
+        return false;
     dr_decays(j, w, t0, n, h);
     dr_solve(j, w, t0, n, h, hk);
-    SG('N', 'N', n, dv, dk, -1.0f, w->W, dk, w->S, dv, 1.0f, w->U, dv); /* v_new */
-    SG('N', 'N', n, dv, dk, scale, qc, ldqk, w->S, dv, 0.0f, oc, ldv);  /* q S */
+    if (SG('N', 'N', n, dv, dk, -1.0f, w->W, dk, w->S, dv, 1.0f, w->U, dv) || /* v_new */
+        SG('N', 'N', n, dv, dk, scale, qc, ldqk, w->S, dv, 0.0f, oc, ldv))    /* q S */
+        return false;
     for (size_t i = 0; i < n; i++) {
         float e = expf(w->gc[i]);
         for (size_t d = 0; d < dv; d++)
             oc[i * ldv + d] *= e;
     }
-    SG('N', 'N', n, dv, n, 1.0f, w->A, DR_C, w->U, dv, 1.0f, oc, ldv); /* + A v_new */
+    if (SG('N', 'N', n, dv, n, 1.0f, w->A, DR_C, w->U, dv, 1.0f, oc, ldv)) /* + A v_new */
+        return false;
     float glast = w->gc[n - 1], cd = expf(glast);
     for (size_t i = 0; i < dk * dv; i++)
         w->S[i] *= cd;
@@ -329,7 +391,7 @@ static void dr_chunk(const dr_job_t *j, const dr_ws_t *w, size_t t0, size_t n, s
         for (size_t d = 0; d < dk; d++)
             w->Kd[i * dk + d] = kd * kt[d];
     }
-    SG('T', 'N', dk, dv, n, 1.0f, w->Kd, dk, w->U, dv, 1.0f, w->S, dv);
+    return SG('T', 'N', dk, dv, n, 1.0f, w->Kd, dk, w->U, dv, 1.0f, w->S, dv) == dnnl_success;
 }
 
 static void dr_item(void *ctx, size_t h) {
@@ -349,7 +411,10 @@ static void dr_item(void *ctx, size_t h) {
         memset(w.S, 0, dk * dv * sizeof *w.S);
     omp_set_num_threads(1);
     for (size_t t0 = 0; t0 < j->T; t0 += DR_C)
-        dr_chunk(j, &w, t0, j->T - t0 < DR_C ? j->T - t0 : DR_C, h, hk);
+        if (!dr_chunk(j, &w, t0, j->T - t0 < DR_C ? j->T - t0 : DR_C, h, hk)) {
+            atomic_store(&j->refused, true);
+            return;
+        }
     if (j->state_out)
         memcpy(j->state_out + h * dk * dv, w.S, dk * dv * sizeof *w.S);
 }
@@ -373,6 +438,9 @@ svc_err_t npu_delta_rule_dnnl(const float *q, const float *k, const float *v, co
                   .state_out = state_out,
                   .out = out};
     atomic_init(&j.nomem, false);
+    atomic_init(&j.refused, false);
     npu_parallel_for(n_v_heads, dr_item, &j);
-    return atomic_load(&j.nomem) ? SVC_ERR_NOMEM : SVC_OK;
+    return atomic_load(&j.refused) ? SVC_ERR_UNSUPPORTED
+           : atomic_load(&j.nomem) ? SVC_ERR_NOMEM
+                                   : SVC_OK;
 }

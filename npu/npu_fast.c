@@ -99,10 +99,14 @@ static void kernels_pick(void) {
         g_kernels = &k_ref;
     else if (env && strcmp(env, "generic") == 0)
         g_kernels = &k_generic;
-    else if (f->avx512f && f->avx512bw && f->avx512vl)
+    else if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->fma)
         g_kernels = &k_avx512;
     else
         g_kernels = &k_generic;
+    /* Where oneDNN may not run (npu_dnnl_refusal), the generic kernels'
+     * attention and delta rule would answer nothing: the references do. */
+    if (g_kernels == &k_generic && npu_dnnl_refusal())
+        g_kernels = &k_ref;
 }
 
 static const npu_kernels_t *kernels(void) {
@@ -228,6 +232,10 @@ static void layout_pick(void) {
         g_layout = WPACK_BF16;
     else
         g_layout = panels ? WPACK_PANELS : WPACK_DNNL;
+    /* oneDNN refused (npu_dnnl_refusal): our fp32 panels where AVX-512 is,
+     * rather than its every item falling back to the scalar reference. */
+    if (g_layout == WPACK_DNNL && npu_dnnl_refusal())
+        g_layout = kernels() == &k_avx512 ? WPACK_PANELS : WPACK_PLAIN;
     g_split = !(mm && strcmp(mm, "bf16") == 0);
     /* D3_NPU_MATMUL=bf16x2 or bf16 keeps quantised packs on the bf16 tiles
      * too (the accuracy comparisons' and the benchmarks' switch). */

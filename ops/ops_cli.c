@@ -303,6 +303,16 @@ void ops_matmul_desc(char *buf, size_t n) {
         snprintf(buf, n, "%s (weights bf16 would round: %s; q4nx group codes: %s)", mm, q, g);
 }
 
+void ops_warn_dnnl(void) {
+    const char *why = npu_dnnl_refusal();
+    char        mm[128];
+    if (!why)
+        return;
+    ops_matmul_desc(mm, sizeof mm);
+    ops_logf(OPS_LOG_WARN, "%s; running kernels %s, matmul %s instead", why, npu_kernels_name(),
+             mm);
+}
+
 int ops_opt_common(int c, const char *help, const char **dir) {
     if (c == 'm') {
         *dir = optarg;
@@ -374,7 +384,9 @@ static const char VERSION_HELP[] =
     "\n"
     "Prints the version and what a pass runs on here: the online CPUs, the compute\n"
     "features found, the kernels, matmul layout and threads chosen (D3_NPU_KERNELS\n"
-    "and D3_NPU_THREADS change them), and whether an NPU device node is present.\n"
+    "and D3_NPU_THREADS change them), whether oneDNN's run-time kernels may run\n"
+    "(MemoryDenyWriteExecute= forbids them; the references then run instead) and\n"
+    "whether an NPU device node is present.\n"
     "\n"
     "Exit status: 0 printed, 2 usage.\n";
 
@@ -399,8 +411,11 @@ int ops_cmd_version(int argc, char **argv) {
      * operator sees e.g. that AMX is not in use without reading a profile. */
     char mm[128];
     ops_matmul_desc(mm, sizeof mm);
-    printf("d3stream %s\ncpus: %d\nfeatures: %s\nkernels: %s, matmul %s, threads %zu\nnpu: %s\n",
+    const char *dnnl = npu_dnnl_refusal();
+    printf("d3stream %s\ncpus: %d\nfeatures: %s\nkernels: %s, matmul %s, threads %zu\n"
+           "onednn: %s\nnpu: %s\n",
            D3_VERSION, f->n_cpus, feats.data, npu_kernels_name(), mm, npu_threads(),
+           dnnl ? dnnl : "usable",
            f->xdna_device ? "an XDNA device node is present (no XDNA dispatch yet)"
                           : "none found (/dev/accel)");
     svc_buf_fini(&feats);

@@ -314,6 +314,7 @@ static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **
         ops_fail("http", "%s", errstr);
         return false;
     }
+    ops_warn_dnnl();
     eng_sched_conf_t sc = {
         .n_workers = o->workers, .max_jobs = o->max_queue, .max_tokens = o->max_queued_tokens};
     if (eng_sched_new(ask->pkg, *model, &sc, sched, errstr, sizeof errstr)) {

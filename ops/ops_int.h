@@ -26,6 +26,10 @@ bool ops_is_file(const char *dir, const char *name);
  * "; q4nx group codes: <layout>" when a q4nx package's 4/8-bit tiles take
  * yet another (npu_matmul_groups_name). */
 void ops_matmul_desc(char *buf, size_t n);
+/* Logs a warning when oneDNN may not run here (npu_dnnl_refusal), with the
+ * kernels that run instead: a pass is then much slower than this CPU
+ * allows, and the cause (MemoryDenyWriteExecute=) is the operator's. */
+void ops_warn_dnnl(void);
 
 /* The --model DIR and --help cases (and any unknown option) of a getopt
  * loop over a command's options: -1 to go on (*dir set for 'm'), else the

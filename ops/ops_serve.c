@@ -490,6 +490,7 @@ static int serve_package(const serve_opts_t *o) {
         rc = OPS_EXIT_FAILURE;
     } else {
         ops_ask_t a = {pkg, model, o->dir, sha};
+        ops_warn_dnnl();
         rc = serve_run(o, &a, http, &snap);
     }
     if (http) {

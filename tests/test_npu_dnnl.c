@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "npu.h"
 #include "test_rng.h"
@@ -210,4 +211,59 @@ Test(npu_dnnl, attention_dispatch_generic) {
               "npu_delta_rule is npu_delta_rule_dnnl");
     free(q), free(k), free(v), free(a), free(b), free(g), free(beta), free(o1), free(o2), free(s1),
         free(s2), free(vd);
+}
+
+/* ---- where oneDNN may not run ---------------------------------------------- */
+
+#ifndef PR_SET_MDWE /* Linux 6.3; Debian 12's headers predate it */
+#define PR_SET_MDWE              65
+#define PR_MDWE_REFUSE_EXEC_GAIN 1
+#endif
+
+/* What systemd's MemoryDenyWriteExecute= does on Linux 6.3+: memory that
+ * was writable never becomes executable, so oneDNN cannot run the kernels
+ * it writes. Skips where the kernel has no PR_SET_MDWE. */
+static void deny_write_execute(void) {
+    if (prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0L, 0L, 0L) != 0)
+        cr_skip_test("no PR_SET_MDWE in this kernel");
+}
+
+/* There, oneDNN's kernels refuse instead of answering zeros (attention)
+ * or garbage (the delta rule) with SVC_OK, and the generic dispatch runs
+ * the references: the same bits as calling them. */
+Test(npu_dnnl, refused_is_never_silent) {
+    deny_write_execute();
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "generic", 1), 0);
+    cr_assert(npu_dnnl_refusal(), "oneDNN ran under PR_SET_MDWE");
+    cr_expect(strstr(npu_dnnl_refusal(), "MemoryDenyWriteExecute"), "%s", npu_dnnl_refusal());
+    cr_expect_str_eq(npu_kernels_name(), "ref");
+    cr_expect_str_eq(npu_matmul_name(), "ref-f32");
+    rng_t  r = {0xa79};
+    size_t Tq = 70, Tk = 90, H = 4, Hkv = 2, D = 64;
+    float *q = rand_vec(&r, Tq * H * D, -1, 1), *k = rand_vec(&r, Tk * Hkv * D, -1, 1);
+    float *v = rand_vec(&r, Tk * Hkv * D, -1, 1), *a = nans(Tq * H * D), *b = nans(Tq * H * D);
+    cr_expect_eq(npu_attention_dnnl(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, a, NULL),
+                 SVC_ERR_UNSUPPORTED);
+    cr_assert_eq(npu_attention(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, a), SVC_OK);
+    cr_assert_eq(npu_attention_ref(q, k, v, Tq, Tk, H, Hkv, D, true, NULL, b, NULL), SVC_OK);
+    cr_expect(memcmp(a, b, Tq * H * D * sizeof *a) == 0, "npu_attention is the reference");
+    size_t T = 70, nk = 2, nv = 4, d = 64;
+    float *g = rand_vec(&r, T * nv, -1, 0), *beta = rand_vec(&r, T * nv, 0.1f, 0.9f);
+    float *vd = rand_vec(&r, T * nv * d, -1, 1), *o = nans(T * nv * d), *st = nans(nv * d * d);
+    cr_expect_eq(npu_delta_rule_dnnl(q, k, vd, g, beta, T, nk, nv, d, d, NULL, st, o),
+                 SVC_ERR_UNSUPPORTED);
+    /* the matmul never fails: its items take the reference */
+    check_dnnl(&r, 20, 64, 300);
+    free(q), free(k), free(v), free(a), free(b), free(g), free(beta), free(vd), free(o), free(st);
+}
+
+/* An AVX-512 CPU whose fp32 weights would go to oneDNN (no AVX512-BF16,
+ * or D3_NPU_KERNELS=avx512) keeps our fp32 panels instead. */
+Test(npu_dnnl, refused_keeps_the_panels) {
+    if (!npu_probe()->avx512f)
+        cr_skip_test("no AVX-512 here");
+    deny_write_execute();
+    cr_assert_eq(setenv("D3_NPU_KERNELS", "avx512", 1), 0);
+    cr_expect_str_eq(npu_kernels_name(), "avx512");
+    cr_expect_str_eq(npu_matmul_name(), "avx512-f32");
 }

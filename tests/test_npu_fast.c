@@ -18,7 +18,7 @@
  * this machine (AVX-512) that must really be the AVX-512 kernels. */
 static void expect_fast_dispatch(void) {
     const npu_features_t *f = npu_probe();
-    bool                  avx = f->avx512f && f->avx512bw && f->avx512vl;
+    bool                  avx = f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->fma;
     cr_assert_str_eq(npu_kernels_name(), avx ? "avx512" : "generic");
 }
 
