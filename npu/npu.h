@@ -26,7 +26,8 @@ typedef struct npu_features {
     bool amx_int8;
     bool amx_bf16;
     bool amx_usable;  /* the kernel granted this process the AMX tile state */
-    int  n_cpus;      /* online CPUs this process may run on */
+    int  n_cpus;      /* CPUs this process may run on (affinity), at most its
+                       * cgroup's CPU quota rounded up */
     bool xdna_device; /* an AMD XDNA accelerator node (/dev/accel/accel*) exists */
 } npu_features_t;
 

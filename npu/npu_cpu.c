@@ -10,8 +10,12 @@
 
 #include <cpuid.h>
 #include <glob.h>
+#include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -61,11 +65,92 @@ static bool request_amx(void) {
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+/* The CPU time a cgroup file pair allows, in CPUs (0: no limit). v2's
+ * cpu.max is "QUOTA PERIOD" or "max PERIOD"; v1 has cfs_quota_us (-1: no
+ * limit) and cfs_period_us. */
+static double quota_at(const char *dir, bool v2) {
+    char   path[PATH_MAX + 32], q[32] = "";
+    double quota = 0, period = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, v2 ? "cpu.max" : "cpu.cfs_quota_us");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    bool ok = v2 ? fscanf(f, "%31s %lf", q, &period) == 2 : fscanf(f, "%lf", &quota) == 1;
+    fclose(f);
+    if (ok && v2)
+        ok = strcmp(q, "max") != 0 && sscanf(q, "%lf", &quota) == 1;
+    if (ok && !v2) {
+        snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
+        f = fopen(path, "r");
+        ok = f && fscanf(f, "%lf", &period) == 1;
+        if (f)
+            fclose(f);
+    }
+    return ok && quota > 0 && period > 0 ? quota / period : 0;
+}
+
+/* The tightest quota on the cgroup at mount + rel and its ancestors up to
+ * the mount (a container's root cgroup is its mount). */
+static double quota_up(const char *mount, const char *rel, bool v2) {
+    char   dir[PATH_MAX];
+    double best = 0;
+    int    n = snprintf(dir, sizeof dir, "%s%s", mount, strcmp(rel, "/") ? rel : "");
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return 0;
+    for (size_t root = strlen(mount);;) {
+        double q = quota_at(dir, v2);
+        if (q > 0 && (best == 0 || q < best))
+            best = q;
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) < root)
+            return best;
+        *slash = '\0';
+    }
+}
+
+/* CPUs' worth of time the process's cgroup allows (docker --cpus,
+ * Kubernetes limits.cpu, systemd CPUQuota=), 0 when none: a quota is not
+ * in the affinity mask, and a pool of a 64-core host's threads under a
+ * 2-CPU quota is throttled in every call, each waiting for its slowest
+ * item. */
+static double cgroup_cpu_quota(void) {
+    FILE  *f = fopen("/proc/self/cgroup", "r");
+    char   line[PATH_MAX + 64];
+    double best = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c2 = '\0';
+        const char *ctrls = c1 + 1, *rel = c2 + 1;
+        double      q = 0;
+        if (!*ctrls && strcmp(line, "0") == 0) /* v2: "0::/path" */
+            q = quota_up("/sys/fs/cgroup", rel, true);
+        else if (strcmp(ctrls, "cpu") == 0 || strcmp(ctrls, "cpu,cpuacct") == 0 ||
+                 strcmp(ctrls, "cpuacct,cpu") == 0) {
+            char mount[64];
+            snprintf(mount, sizeof mount, "/sys/fs/cgroup/%s", ctrls);
+            q = quota_up(mount, rel, false);
+        }
+        if (q > 0 && (best == 0 || q < best))
+            best = q;
+    }
+    if (f)
+        fclose(f);
+    return best;
+}
+
 static int count_cpus(void) {
     cpu_set_t set;
+    long      n = 0;
     if (sched_getaffinity(0, sizeof set, &set) == 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n = CPU_COUNT(&set);
+    else
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    double quota = cgroup_cpu_quota();
+    if (quota > 0 && (double)n > ceil(quota))
+        n = (long)ceil(quota);
     return n > 0 ? (int)n : 1;
 }
 
