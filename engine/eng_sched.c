@@ -79,6 +79,7 @@ typedef struct squ {
 } squ_t;
 
 struct sreq {
+    sreq_t              *live_prev, *live_next; /* s->live, while admitted; under s->mu */
     const sch_request_t *req;
     eng_sched_done_fn    done;
     void                *user;
@@ -123,6 +124,7 @@ struct eng_sched {
     pthread_mutex_t   mu;
     pthread_cond_t    cv;
     squ_t            *q_head, *q_tail; /* FIFO */
+    sreq_t           *live;            /* admitted requests not completed (eng_sched_cancel) */
     uint64_t          seq;
     bool              stopping;
     eng_sched_stats_t stats;
@@ -265,6 +267,7 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
     eng_prompt_init(&pr);
     eng_ids_t ex = {0};
     svc_err_t err = SVC_OK;
+    uint64_t  planned = 0; /* every prompt's tokens, the ones over the limit too */
     for (size_t p = 0; !err && p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
         for (size_t i = 0; !err && i < part->n_questions; i++) {
@@ -272,6 +275,17 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
             if (part->questions[i].error_code)
                 continue;
             err = eng_answer_plan(s->pkg, req, p, i, r->ans, &pr, &run, errstr, errstr_size);
+            /* A request that could never be queued stops here: without it
+             * 2,000 questions on one long state held their ids (hundreds of
+             * MB) and took seconds of tokenizing before any check. */
+            planned += err ? 0 : pr.n_tokens;
+            if (!err && planned > s->max_tokens) {
+                svc_errf(errstr, errstr_size,
+                         "the request's prompts hold more than %llu tokens, more than "
+                         "--max-queued-tokens allows queued at once",
+                         (unsigned long long)s->max_tokens);
+                err = SVC_ERR_TOO_LARGE;
+            }
             if (err || !run)
                 continue;
             const eng_ids_t *ids = &pr.ids;
@@ -332,6 +346,17 @@ typedef struct wctx {
     char           errstr[512];
 } wctx_t;
 
+/* r is no longer found by eng_sched_cancel. @locks s->mu held. */
+static void live_unlink_locked(eng_sched_t *s, sreq_t *r) {
+    if (r->live_prev)
+        r->live_prev->live_next = r->live_next;
+    else
+        s->live = r->live_next;
+    if (r->live_next)
+        r->live_next->live_prev = r->live_prev;
+    r->live_prev = r->live_next = NULL;
+}
+
 /* Question q finished (answered, skipped or failed). @locks s->mu held. */
 static void finish_locked(wctx_t *w, squ_t *q) {
     eng_sched_t *s = w->s;
@@ -342,6 +367,7 @@ static void finish_locked(wctx_t *w, squ_t *q) {
     }
     if (--q->r->left == 0) {
         s->stats.requests++;
+        live_unlink_locked(s, q->r);
         w->done[w->n_done++] = q->r;
     }
 }
@@ -832,14 +858,14 @@ static bool queue_full_locked(const eng_sched_t *s, size_t n_jobs, uint64_t toke
                                         s->stats.queued_tokens + tokens > s->max_tokens);
 }
 
-/* A request with images that the queue or the image slots would turn away
- * is turned away before its images are decoded, since every retry would
- * decode them again. The jobs counted are the parts with a valid question
- * (the exact check below counts those that reach the model), so this may
- * wait a little earlier than needed, never forever: an empty queue
- * admits. Tokens are not known before the decode; the exact check counts
- * them. */
-static bool images_would_wait(eng_sched_t *s, const sch_request_t *req) {
+/* A request that the queue (or, with images, the image slots) would turn
+ * away is turned away before its images are decoded and its prompts
+ * tokenized, since every retry would do both again. The jobs counted are
+ * the parts with a valid question (the exact check below counts those that
+ * reach the model), so this may wait a little earlier than needed, never
+ * forever: an empty queue admits. Tokens are not known before the
+ * tokenizing; the exact check counts them. */
+static bool would_wait(eng_sched_t *s, const sch_request_t *req) {
     size_t n_img = 0, n_jobs = 0;
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
@@ -849,17 +875,15 @@ static bool images_would_wait(eng_sched_t *s, const sch_request_t *req) {
             valid |= !part->questions[i].error_code;
         n_jobs += valid;
     }
-    if (!n_img || !s->reg)
-        return false;
     pthread_mutex_lock(&s->mu);
     bool full = queue_full_locked(s, n_jobs, 0);
     pthread_mutex_unlock(&s->mu);
-    return full || eng_imgreg_would_wait(s->reg);
+    return full || (n_img && s->reg && eng_imgreg_would_wait(s->reg));
 }
 
 svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
                            void *user, sch_error_t *reject) {
-    if (images_would_wait(s, req))
+    if (would_wait(s, req))
         return SVC_ERR_RETRIABLE;
     char      errstr[512] = "";
     double    submit_ms = eng_now_ms();
@@ -879,6 +903,8 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
         err = eng_answer_pending(req, reject, errstr, sizeof errstr);
     if (!err)
         err = sreq_plan(s, r, errstr, sizeof errstr);
+    if (err == SVC_ERR_TOO_LARGE && reject) /* never admissible: SPEC b.7's 429 */
+        sch_error_set(reject, 429, "overloaded", "%s; it cannot be queued", errstr);
     if (err) {
         sreq_free(r);
         return err;
@@ -911,9 +937,30 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
     s->stats.queued += r->n_qs;
     s->stats.queued_jobs += r->n_jobs;
     s->stats.queued_tokens += r->tokens;
+    r->live_next = s->live;
+    if (s->live)
+        s->live->live_prev = r;
+    s->live = r;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return SVC_OK;
+}
+
+bool eng_sched_cancel(eng_sched_t *s, eng_sched_done_fn done, const void *user) {
+    pthread_mutex_lock(&s->mu);
+    sreq_t *r = s->live;
+    while (r && (r->done != done || r->user != user))
+        r = r->live_next;
+    /* Its queued questions are dropped by the worker that takes them, its
+     * running ones finish (leaf_live skips the rest of a group); the last
+     * completes it with this error, as any failure. */
+    if (r && !r->err) {
+        r->err = SVC_ERR_CANCELLED;
+        snprintf(r->errstr, sizeof r->errstr, "the request was cancelled");
+        s->stats.cancelled++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r != NULL;
 }
 
 void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out) {

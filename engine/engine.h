@@ -555,11 +555,18 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  * @param reject optional: when an image is refused by the contract
  *        (SVC_ERR_INVALID with reject->code set), the request's 400
  *        ("images[<i>]: ..."), or its 413 when it shows more than
- *        ENG_IMGREG_CAP (4,096) distinct images; the caller sends it and
+ *        ENG_IMGREG_CAP (4,096) distinct images; with SVC_ERR_TOO_LARGE
+ *        the 429 overloaded that says why; the caller sends it and
  *        sch_error_fini's it.
  * @returns SVC_OK (done will be called exactly once); SVC_ERR_RETRIABLE:
  *          the queue or the image slots are full, nothing was taken, retry
- *          after a completion; SVC_ERR_INVALID (an image refused, see
+ *          after a completion (the queue's gauges in eng_sched_stats tell
+ *          when one happened); SVC_ERR_TOO_LARGE: the request's prompts
+ *          alone hold more than max_tokens tokens (those over the length
+ *          limit counted too), so it can never be queued: errstr says so,
+ *          the contract's answer is 429 overloaded (SPEC b.7). Planning
+ *          stops there, which bounds the memory and the tokenizing one
+ *          request costs. SVC_ERR_INVALID (an image refused, see
  *          reject; or a prompt's text that cannot be encoded, reject
  *          untouched); SVC_ERR_UNSUPPORTED (videos, or images without a
  *          vision tower), SVC_ERR_NOMEM: nothing was taken and done will
@@ -567,6 +574,17 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  */
 SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
                                    void *user, sch_error_t *reject);
+
+/**
+ * @brief Withdraws the admitted request submitted with done and user (its
+ *        client went away): its questions not yet begun are not run, and
+ *        done is called (once, as always) with SVC_ERR_CANCELLED when the
+ *        ones running finish. A request already completed, or never
+ *        admitted, is not found.
+ * @returns whether the request was found. @locality any thread; done may
+ *          run before this returns.
+ */
+bool eng_sched_cancel(eng_sched_t *s, eng_sched_done_fn done, const void *user);
 
 /* Stops admitting, finishes every admitted request (their done callbacks
  * run), joins the workers and frees. NULL is a no-op. */
@@ -598,6 +616,7 @@ typedef struct eng_sched_stats {
     uint64_t batches[7];
     uint64_t batch_questions;
     uint64_t images_encoded; /* vision tower runs (one per distinct image in flight) */
+    uint64_t cancelled;      /* requests withdrawn by eng_sched_cancel */
     uint64_t passes;         /* the questions' own forward passes: short questions
                                 waiting together (of any requests and states) run
                                 as one batched pass, which counts once */

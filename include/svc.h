@@ -31,10 +31,11 @@ typedef enum svc_err {
     SVC_ERR_FORMAT = -4,    /* a file is not in the expected format */
     SVC_ERR_TOO_LARGE = -5, /* input over a configured limit */
     SVC_ERR_UNSUPPORTED = -6,
-    SVC_ERR_INTERNAL = -7,  /* a broken invariant reported, not asserted */
-    SVC_ERR_RETRIABLE = -8, /* transient (broker, timeout): the same call may succeed later */
-    SVC_ERR_TXN_ABORT = -9, /* the transaction must be aborted and redone */
-    SVC_ERR_FATAL = -10,    /* the handle is unusable (fenced, idempotence broken): rebuild it */
+    SVC_ERR_INTERNAL = -7,   /* a broken invariant reported, not asserted */
+    SVC_ERR_RETRIABLE = -8,  /* transient (broker, timeout): the same call may succeed later */
+    SVC_ERR_TXN_ABORT = -9,  /* the transaction must be aborted and redone */
+    SVC_ERR_FATAL = -10,     /* the handle is unusable (fenced, idempotence broken): rebuild it */
+    SVC_ERR_CANCELLED = -11, /* the caller withdrew the work (its client went away) */
 } svc_err_t;
 
 static inline const char *svc_err_name(svc_err_t err) {
@@ -61,6 +62,8 @@ static inline const char *svc_err_name(svc_err_t err) {
         return "TXN_ABORT";
     case SVC_ERR_FATAL:
         return "FATAL";
+    case SVC_ERR_CANCELLED:
+        return "CANCELLED";
     }
     return "UNKNOWN";
 }

@@ -252,9 +252,13 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
     atomic_init(&h->state, HTTP_LOADING);
     atomic_init(&h->in_flight, 0);
     atomic_init(&h->in_engine, 0);
+    atomic_init(&h->in_intake, 0);
     atomic_init(&h->body_bytes, 0);
     device_label(h);
+    if (!ops_http_intake_start(h))
+        ops_logf(OPS_LOG_ERROR, "cannot start the HTTP intake threads: decision requests get 503");
     if (!http_listen(h)) {
+        ops_http_intake_free(h);
         pthread_mutex_destroy(&h->lock);
         free(h);
         return NULL;
@@ -298,6 +302,7 @@ void ops_http_free(http_t *h) {
     MHD_stop_daemon(h->mhd);
     if (h->listen_fd >= 0)
         close(h->listen_fd);
+    ops_http_intake_free(h);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
@@ -348,8 +353,10 @@ static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *
     if (!ops_http_drain(h, HTTP_DRAIN_S))
         ops_logf(OPS_LOG_WARN, "%zu requests still open after %.0f s", atomic_load(&h->in_flight),
                  HTTP_DRAIN_S);
-    /* Finishes whatever the engine still holds (done resumes those
-     * connections), so that no connection is suspended when MHD stops. */
+    /* No submit may be running when the scheduler is freed; then it
+     * finishes whatever it still holds (done resumes those connections),
+     * so that no connection is suspended when MHD stops. */
+    ops_http_release_engine(h);
     eng_sched_free(sched);
     (void)ops_http_drain(h, 5.0);
     ops_http_free(h);

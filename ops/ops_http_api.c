@@ -4,11 +4,11 @@
  * /health, /health/live, /v1/models and /v1/systemone/models (SPEC f.1,
  * f.2).
  *
- * A decision request is decoded on the MHD thread (the contract's
- * whole-request errors come back at once), then its connection is
- * suspended and the request submitted; the scheduler's done callback
- * encodes the body on the worker thread and resumes the connection, so a
- * request waiting for the engine holds no MHD thread.
+ * A decision request's connection is suspended and the request decoded
+ * and submitted on an intake thread (ops_http_intake.c: why); the
+ * scheduler's done callback encodes the body on the worker thread and
+ * resumes the connection, so a request holds no MHD thread while it is
+ * decoded or waits for the engine.
  */
 #include "ops_http_int.h"
 
@@ -80,11 +80,38 @@ static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const cha
     sch_request_free(r->req);
     r->req = NULL;
     r->serialize_ms = (ops_http_now_s() - t) * 1000.0;
-    atomic_store(&r->phase, HTTP_P_DONE);
-    MHD_resume_connection(r->con);
+    ops_http_answer_now(r);
 }
 
-bool ops_http_decisions(http_req_t *r) {
+void ops_http_cancel(http_req_t *r) {
+    (void)eng_sched_cancel(r->h->sched, engine_done, r);
+}
+
+/* The submit's refusal as r's answer. */
+static void refused(http_req_t *r, svc_err_t err, sch_error_t *reject) {
+    char why[256];
+    if ((err == SVC_ERR_INVALID || err == SVC_ERR_TOO_LARGE) && reject->code) {
+        /* an image the contract refuses (its 400), or prompts too large
+         * ever to be queued (its 429) */
+        svc_buf_reset(&r->out);
+        if (sch_error_encode(reject, &r->out))
+            internal_error(r, "cannot write the result");
+        else
+            r->status = reject->status;
+        if (reject->status == 429) {
+            pthread_mutex_lock(&r->h->lock);
+            r->h->n.overloaded++;
+            pthread_mutex_unlock(&r->h->lock);
+        }
+    } else if (err == SVC_ERR_RETRIABLE) {
+        ops_http_overloaded(r);
+    } else {
+        snprintf(why, sizeof why, "the engine refused the request: %s", svc_err_name(err));
+        internal_error(r, why);
+    }
+}
+
+void ops_http_decisions(http_req_t *r) {
     http_t *h = r->h;
     double  t = ops_http_now_s();
     char    why[1024] = "";
@@ -95,49 +122,40 @@ bool ops_http_decisions(http_req_t *r) {
         r->body.data ? r->body.data : "", r->body.len, &r->req, &r->out, &http, why, sizeof why);
     r->parse_ms = (ops_http_now_s() - t) * 1000.0;
     svc_buf_fini(&r->body); /* the request holds a copy */
-    if (rc == OPS_EXIT_VERDICT) {
+    if (rc == OPS_EXIT_VERDICT)
         r->status = http;
-        atomic_store(&r->phase, HTTP_P_DONE);
-        return false;
-    }
-    if (rc != OPS_EXIT_OK) {
+    else if (rc != OPS_EXIT_OK)
         internal_error(r, why);
-        atomic_store(&r->phase, HTTP_P_DONE);
-        return false;
+    else if (atomic_load(&r->client_gone))
+        ops_http_error(r, 499, "invalid_request", "the client closed the connection");
+    if (rc != OPS_EXIT_OK || atomic_load(&r->client_gone)) {
+        ops_http_answer_now(r);
+        return;
     }
-    /* Suspended before the submit: done may run at once, on any thread. */
-    atomic_store(&r->phase, HTTP_P_ENGINE);
-    MHD_suspend_connection(r->con);
+    /* Marked before the submit: the watcher may withdraw it from then on
+     * (and done may run, and r be freed, before the submit returns). */
+    pthread_mutex_lock(&h->ilock);
+    r->submitted = true;
+    pthread_mutex_unlock(&h->ilock);
     sch_error_t reject;
     sch_error_init(&reject);
-    /* Counted before the submit: done may run before it returns. */
     atomic_fetch_add(&h->in_engine, 1);
     svc_err_t err = eng_sched_submit(h->sched, r->req, engine_done, r, &reject);
     if (err == SVC_OK) {
         pthread_mutex_lock(&h->lock);
         h->n.submitted++;
         pthread_mutex_unlock(&h->lock);
-        return true;
+        return;
     }
     atomic_fetch_sub(&h->in_engine, 1);
+    pthread_mutex_lock(&h->ilock);
+    r->submitted = false;
+    pthread_mutex_unlock(&h->ilock);
     sch_request_free(r->req);
     r->req = NULL;
-    if (err == SVC_ERR_INVALID && reject.code) { /* an image the contract refuses: its 400 */
-        svc_buf_reset(&r->out);
-        if (sch_error_encode(&reject, &r->out))
-            internal_error(r, "cannot write the result");
-        else
-            r->status = reject.status;
-    } else if (err == SVC_ERR_RETRIABLE) {
-        ops_http_overloaded(r);
-    } else {
-        snprintf(why, sizeof why, "the engine refused the request: %s", svc_err_name(err));
-        internal_error(r, why);
-    }
+    refused(r, err, &reject);
     sch_error_fini(&reject);
-    atomic_store(&r->phase, HTTP_P_DONE);
-    MHD_resume_connection(r->con); /* the handler runs again and sends it */
-    return true;
+    ops_http_answer_now(r);
 }
 
 /* ------------------------------------------------------------ GET bodies */

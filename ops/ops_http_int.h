@@ -7,9 +7,12 @@
  * GET bodies) and ops_http_metrics.c (counters and GET /metrics).
  *
  * Threads: libmicrohttpd's internal polling thread(s) run the handler and
- * the completion callback; the scheduler's done callback runs on an engine
- * worker thread and touches only its own request and the counters (under
- * http_t.lock), then resumes the suspended connection.
+ * the completion callback; a decision request's connection is suspended
+ * and the request decoded and submitted on an intake thread
+ * (ops_http_intake.c: why), where a watcher also notices clients that hang
+ * up; the scheduler's done callback runs on an engine worker thread and
+ * touches only its own request and the counters (under http_t.lock), then
+ * resumes the suspended connection.
  */
 #ifndef D3STREAM_OPS_HTTP_INT_H
 #define D3STREAM_OPS_HTTP_INT_H
@@ -24,6 +27,9 @@
 
 #define HTTP_API_VERSION "2.3.0"
 #define HTTP_JSON        "application/json"
+/* Threads that decode and submit decision requests (ops_http_intake.c):
+ * two, so that one body of large images does not hold up every other. */
+#define HTTP_INTAKE_THREADS 2
 
 typedef struct http_opts {
     const char *dir;
@@ -93,10 +99,20 @@ typedef struct http {
     int                listen_fd;  /* from the quiesce (else -1): closed after MHD_stop_daemon */
     atomic_size_t      in_flight;  /* requests begun, not completed */
     atomic_size_t      in_engine;  /* requests the engine holds: submitted, not done */
+    atomic_size_t      in_intake;  /* decision requests queued for or in an intake thread */
     atomic_size_t      body_bytes; /* request body bytes held (bounded by o->body_budget) */
     pthread_mutex_t    lock;       /* counts */
     http_counts_t      n;
     char               device[512]; /* meta.device, for model cards */
+    /* ops_http_intake.c: the intake queue and the watch list, under ilock */
+    pthread_mutex_t  ilock;
+    pthread_cond_t   icv, wcv; /* intake threads; the watcher's stop */
+    struct http_req *iq_head, *iq_tail;
+    struct http_req *watched; /* suspended requests (intake or engine) */
+    uint64_t         wseq;
+    bool             istop, intake_on, watcher_on;
+    pthread_t        intake[HTTP_INTAKE_THREADS], watcher;
+    size_t           n_intake;
 } http_t;
 
 /* One request's state, from its headers to its completion. */
@@ -107,7 +123,8 @@ typedef enum http_phase {
     HTTP_P_SENT,        /* queued to libmicrohttpd */
 } http_phase_t;
 
-typedef struct http_req {
+typedef struct http_req http_req_t;
+struct http_req {
     http_t                *h;
     struct MHD_Connection *con;
     http_route_t           route;
@@ -125,7 +142,14 @@ typedef struct http_req {
     const char            *type;  /* its Content-Type; NULL: JSON */
     bool                   timed; /* a /v1 surface: Server-Timing */
     double                 parse_ms, tokenize_ms, queue_ms, forward_ms, serialize_ms;
-} http_req_t;
+    /* ops_http_intake.c, under h->ilock: */
+    http_req_t  *iq_next, *w_prev, *w_next;
+    uint64_t     wseq;
+    bool         watching;
+    bool         submitted;   /* the engine has it (or is being given it) */
+    int          fd;          /* the connection's socket, watched while suspended */
+    _Atomic bool client_gone; /* hung up while suspended: 499, withdrawn */
+};
 
 double ops_http_now_s(void);
 
@@ -162,13 +186,34 @@ enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const ch
 void            ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
                                    enum MHD_RequestTerminationCode toe);
 
+/* ops_http_intake.c */
+/* Starts the intake threads and the watcher; false when none could start
+ * (decision requests then get 503). @locality ops_http_start. */
+bool ops_http_intake_start(http_t *h);
+/* POST /v1/systemone with its whole body in r->body: suspends the
+ * connection and queues r for an intake thread (ops_http_decisions); the
+ * connection is resumed with r->phase DONE. @locality an MHD thread, in
+ * the handler. */
+void ops_http_intake_push(http_req_t *r);
+/* r's answer is in r->out: off the watch list, phase DONE, resumed. */
+void ops_http_answer_now(http_req_t *r);
+/* r off the watch list (before its connection is resumed). */
+void ops_http_unwatch(http_req_t *r);
+/* Stops the intake threads (one inside a submit finishes it) and the
+ * watcher, and answers what is still queued with 503: after it nothing
+ * here calls the scheduler, which may then be freed. Idempotent. */
+void ops_http_release_engine(http_t *h);
+/* ops_http_release_engine, then frees the intake's locks. */
+void ops_http_intake_free(http_t *h);
+
 /* ops_http_api.c */
-/* POST /v1/systemone with the whole body in r->body: decodes and submits.
- * Returns false with r->phase DONE (a whole-request error to send now), or
- * true: the connection is suspended and is resumed (by the done callback,
- * or at once when the scheduler refused it) with r->phase DONE.
- * @locality an MHD thread. */
-bool ops_http_decisions(http_req_t *r);
+/* Decodes and submits r (suspended, watched): the engine's done callback,
+ * or this call for an answer without the engine, resumes it with
+ * r->phase DONE. @locality an intake thread. */
+void ops_http_decisions(http_req_t *r);
+/* Withdraws r from the engine (its client went away).
+ * @locks h->ilock held (r is on the watch list, so alive). */
+void ops_http_cancel(http_req_t *r);
 /* r->out/r->status for an error of our own (sch_error_encode). */
 void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...)
     SVC_FMT(4, 5);

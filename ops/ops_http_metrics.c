@@ -115,6 +115,10 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
                     "Bytes of the request-body memory (--max-body-memory) taken by bodies being "
                     "received or read.",
                     "", (double)atomic_load(&h->body_bytes));
+    ops_prom_metric(&m, "d3stream_http_intake_requests", "gauge",
+                    "Decision requests being decoded (images decoded and resized, prompts "
+                    "tokenized) or waiting for it, off the server's connection threads.",
+                    "", (double)atomic_load(&h->in_intake));
     ops_prom_metric(&m, "d3stream_http_engine_requests", "gauge",
                     "Decision requests the engine holds (submitted, not yet answered).", "",
                     (double)atomic_load(&h->in_engine));

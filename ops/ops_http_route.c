@@ -283,9 +283,12 @@ static enum MHD_Result finish(http_req_t *r) {
             ops_http_error(r, 503, "not_ready", "model %s is loading", h->label);
         return send_json(r);
     }
-    if (ops_http_decisions(r))
-        return MHD_YES; /* suspended: resumed by the done callback */
-    return send_json(r);
+    if (!h->watcher_on) { /* the intake did not start: nothing would answer */
+        ops_http_error(r, 503, "not_ready", "the runtime could not start its intake threads");
+        return send_json(r);
+    }
+    ops_http_intake_push(r);
+    return MHD_YES; /* suspended: resumed with its answer */
 }
 
 /* The request id: the client's X-Request-Id when it is usable (1 to 128
@@ -369,9 +372,10 @@ void ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
     if (!r)
         return;
     *req_cls = NULL;
-    /* A request that got no answer: the client went away (upstream
-     * records 499) or the server stopped. */
-    int    status = r->phase == HTTP_P_SENT ? r->status : 499;
+    /* A request that got no answer, or whose client hung up while it was
+     * suspended (the watcher): the client went away (upstream records
+     * 499), or the server stopped. */
+    int    status = r->phase == HTTP_P_SENT && !atomic_load(&r->client_gone) ? r->status : 499;
     double total_s = ops_http_now_s() - r->t0;
     ops_http_count_request(h, r->route, status, total_s);
     access_log(r, status, total_s);

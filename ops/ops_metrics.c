@@ -109,6 +109,10 @@ void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
                     "Vision tower runs (one per distinct image in flight: equal images of any "
                     "requests share one).",
                     "", (double)es.images_encoded);
+    ops_prom_metric(p, "d3stream_engine_cancelled_total", "counter",
+                    "Requests withdrawn while queued or running (their HTTP client went away): "
+                    "their questions not yet begun were not run.",
+                    "", (double)es.cancelled);
     /* Batch sizes: questions a worker took from the queue at once. */
     ops_prom_addf(p, "# HELP d3stream_engine_batch_questions Questions a worker took from the "
                      "queue at once (what it could group).\n"

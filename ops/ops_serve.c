@@ -435,7 +435,10 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
                      atomic_load(&http->in_flight), SERVE_HTTP_DRAIN_S);
     }
     /* Idle by now for the Kafka side (serve_drain waited for every job);
-     * what HTTP requests it still has are finished and resumed. */
+     * what HTTP requests it still has are finished and resumed, once no
+     * HTTP intake thread is inside a submit. */
+    if (http)
+        ops_http_release_engine(http);
     eng_sched_free(s.sched);
     if (http)
         (void)ops_http_drain(http, 5.0);

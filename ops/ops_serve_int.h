@@ -74,6 +74,11 @@ typedef struct serve {
     job_t *head, *tail;
     size_t n_jobs;
     job_t *blocked; /* decoded, waiting for room in the scheduler */
+    /* The scheduler's queue when it last refused s->blocked: it is asked
+     * again only once that changed (a job finished), since each try
+     * decodes the images and tokenizes the prompts anew. */
+    uint64_t refused_requests, refused_jobs, refused_tokens;
+    double   refused_at; /* monotonic s; a try at least every second anyway */
     /* Completions: workers set job->ready under lock and signal. */
     pthread_mutex_t lock;
     pthread_cond_t  cond;

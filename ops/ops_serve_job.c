@@ -180,17 +180,43 @@ static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const cha
     set_ready(j);
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Whether the scheduler's queue is as it was when it refused s->blocked
+ * (and that was under a second ago): then a new try would only decode and
+ * tokenize it again to be refused again. */
+static bool queue_as_refused(const serve_t *s, const eng_sched_stats_t *st, double now) {
+    return s->refused_at > 0 && now - s->refused_at < 1.0 && st->requests == s->refused_requests &&
+           st->queued_jobs == s->refused_jobs && st->queued_tokens == s->refused_tokens;
+}
+
 bool ops_serve_job_submit(serve_t *s) {
     job_t *j = s->blocked;
     if (!j)
         return true;
+    eng_sched_stats_t st; /* before the try: a change during it is seen next time */
+    eng_sched_stats(s->sched, &st);
+    double now = mono_s();
+    if (queue_as_refused(s, &st, now))
+        return false;
     sch_error_t reject;
     sch_error_init(&reject);
     svc_err_t err = eng_sched_submit(s->sched, j->req, engine_done, j, &reject);
-    if (err == SVC_ERR_RETRIABLE)
+    if (err == SVC_ERR_RETRIABLE) {
+        sch_error_fini(&reject);
+        s->refused_requests = st.requests, s->refused_jobs = st.queued_jobs;
+        s->refused_tokens = st.queued_tokens, s->refused_at = now;
         return false;
+    }
+    s->refused_at = 0;
     s->blocked = NULL;
-    if (err == SVC_ERR_INVALID && reject.code) { /* an image the contract refuses: its 400 */
+    /* an image the contract refuses (its 400), or a request too large ever
+     * to be queued (its 429): that answer, committed, never retried */
+    if ((err == SVC_ERR_INVALID || err == SVC_ERR_TOO_LARGE) && reject.code) {
         sch_request_free(j->req);
         j->req = NULL;
         svc_buf_reset(&j->out);

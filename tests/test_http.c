@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <png.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -965,6 +966,139 @@ Test(http, slow_clients_time_out) {
     request(&s, "GET", "/health", NULL, 0, &r);
     cr_assert_eq(r.status, 200);
     resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+}
+
+/* One sample of /metrics. */
+static double metric(const server_t *s, const char *want) {
+    resp_t r;
+    request(s, "GET", "/metrics", NULL, 0, &r);
+    cr_assert_eq(r.status, 200);
+    double v = prom_check(r.body.data, want);
+    resp_fini(&r);
+    return v;
+}
+
+/* Waits (up to wait_s(30)) until a /metrics sample reads v. */
+static void wait_metric(const server_t *s, const char *want, double v) {
+    double got = -1;
+    for (double end = now_s() + wait_s(30); now_s() < end && (got = metric(s, want)) != v;)
+        usleep(20000);
+    cr_assert_eq(got, v, "%s is %g, waited for %g", want, got, v);
+}
+
+/* A decision request over a raw socket (the whole body written), with its
+ * X-Request-Id. */
+static int post_raw(const server_t *s, const char *body, const char *rid) {
+    int  fd = raw_connect(s, wait_s(120));
+    char head[256];
+    int  n = snprintf(head, sizeof head,
+                      "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                       "X-Request-Id: %s\r\nContent-Length: %zu\r\n\r\n",
+                      rid, strlen(body));
+    cr_assert(write(fd, head, (size_t)n) == n);
+    for (size_t off = 0, len = strlen(body); off < len;) {
+        ssize_t w = write(fd, body + off, len - off);
+        cr_assert(w > 0, "write: %s", strerror(errno));
+        off += (size_t)w;
+    }
+    return fd;
+}
+
+/* Reads a response head's status line from fd (the body follows). */
+static int read_status(int fd) {
+    char    buf[64] = "";
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    cr_assert(n >= 12, "no response: %s", n < 0 ? strerror(errno) : "closed");
+    return (int)strtol(buf + 9, NULL, 10);
+}
+
+/* SPEC f.1: a client that hangs up while its request waits for the engine
+ * cancels it, recorded as 499. One worker; B waits behind A, its client
+ * hangs up: B's questions never run, A is answered, and the log and
+ * /metrics say 499 for B. */
+Test(http, disconnect_cancels_and_is_499, .timeout = 240) {
+    server_t s;
+    server_start(&s, "--workers 1");
+    char *body = slow_request(12, 1000); /* ~1 s of the tiny package's engine */
+    int   a = post_raw(&s, body, "kept");
+    wait_metric(&s, "d3stream_http_engine_requests", 1);
+    int b = post_raw(&s, body, "gone");
+    wait_metric(&s, "d3stream_http_engine_requests", 2);
+    close(b);
+    cr_assert_eq(read_status(a), 200);
+    close(a);
+    wait_metric(&s, "d3stream_http_engine_requests", 0);
+    wait_metric(&s, "d3stream_http_requests_total{route=\"/v1/systemone\",status=\"499\"}", 1);
+    cr_assert_eq(metric(&s, "d3stream_engine_cancelled_total"), 1);
+    cr_assert_eq(metric(&s, "d3stream_engine_questions_total"), 12, "only A's questions ran");
+    cr_assert_eq(server_stop(&s), 0);
+    char *log = slurp(s.log, NULL);
+    cr_assert(strstr(log, "request_id=gone method=POST path=/v1/systemone status=499"), "%s", log);
+    cr_assert(strstr(log, "request_id=kept method=POST path=/v1/systemone status=200"), "%s", log);
+    free(log);
+    free(body);
+    server_cleanup(&s);
+}
+
+/* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
+static unsigned char *flat_png(uint32_t w, uint32_t h, uint8_t shade, size_t *len) {
+    png_image im = {
+        .version = PNG_IMAGE_VERSION, .width = w, .height = h, .format = PNG_FORMAT_GRAY};
+    unsigned char *px = malloc((size_t)w * h), *out = NULL;
+    cr_assert(px);
+    memset(px, shade, (size_t)w * h);
+    cr_assert(png_image_write_to_memory(&im, NULL, len, 0, px, 0, NULL), "%s", im.message);
+    out = malloc(*len);
+    cr_assert(out);
+    cr_assert(png_image_write_to_memory(&im, out, len, 0, px, 0, NULL), "%s", im.message);
+    free(px);
+    return out;
+}
+
+/* n distinct w x h PNGs and one question: decoding it (the images decoded
+ * and resized at submit) takes seconds. */
+static char *images_request(size_t n, uint32_t w, uint32_t h, uint8_t shade) {
+    svc_buf_t b;
+    svc_buf_init(&b, (size_t)8 << 20);
+    cr_assert_eq(svc_buf_adds(&b, "{\"state\": \"s\", \"images\": ["), SVC_OK);
+    for (size_t i = 0; i < n; i++) {
+        size_t         len;
+        unsigned char *png = flat_png(w, h, (uint8_t)(shade + i), &len);
+        cr_assert_eq(svc_buf_addf(&b, "%s\"data:image/png;base64,", i ? ", " : ""), SVC_OK);
+        b64_add(&b, png, len);
+        free(png);
+        cr_assert_eq(svc_buf_adds(&b, "\""), SVC_OK);
+    }
+    cr_assert_eq(svc_buf_adds(&b, "], \"questions\": {\"n\": {\"type\": \"noul\", "
+                                  "\"instructions\": \"Is it?\"}}}"),
+                 SVC_OK);
+    return svc_buf_steal(&b, NULL);
+}
+
+/* Decoding a request is done off the connection threads: while two bodies
+ * of large images decode (the intake gauge), /health and /metrics are
+ * answered; they waited seconds behind them when MHD's two threads did the
+ * decoding. */
+Test(http, probes_answer_while_bodies_decode, .timeout = 240) {
+    server_t s;
+    server_start(&s, "");
+    char *heavy[2] = {images_request(8, 4000, 4000, 10), images_request(8, 4000, 4000, 100)};
+    int   fds[2] = {post_raw(&s, heavy[0], "h0"), post_raw(&s, heavy[1], "h1")};
+    wait_metric(&s, "d3stream_http_intake_requests", 2);
+    resp_t r;
+    request(&s, "GET", "/health", NULL, 0, &r);
+    cr_assert_eq(r.status, 200);
+    resp_fini(&r);
+    cr_assert_gt(metric(&s, "d3stream_http_intake_requests"), 0,
+                 "the probes were answered only once the bodies had decoded");
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(read_status(fds[i]), 200);
+        close(fds[i]);
+        free(heavy[i]);
+    }
+    wait_metric(&s, "d3stream_http_intake_requests", 0); /* after the answer sometimes */
     cr_assert_eq(server_stop(&s), 0);
     server_cleanup(&s);
 }

@@ -978,14 +978,30 @@ Test(sched, backpressure_counts_jobs) {
     unload(&l);
 }
 
+/* The prompt tokens req's questions run (their usage), from the plain path. */
+static size_t request_tokens(const loaded_t *l, const sch_request_t *req) {
+    eng_answers_t *ans = NULL;
+    char           errstr[256];
+    cr_assert_eq(eng_answer_request(l->pkg, l->model, req, &ans, NULL, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    size_t n = 0;
+    for (size_t p = 0; p < sch_request_n_parts(req); p++)
+        n += eng_answers_input_tokens(ans)[p];
+    eng_answers_free(ans);
+    return n;
+}
+
 /* And the prompt tokens of those jobs, as upstream's --max-queued-tokens:
  * those the questions run (their prompt ids), released when answered. */
 Test(sched, backpressure_counts_tokens) {
     loaded_t       l;
     waiter_t       w;
-    eng_sched_t   *s = one_worker(&l, (eng_sched_conf_t){.max_tokens = 1}, &w);
     sch_request_t *ra = n_questions(1), *rc = n_questions(1), *rd = n_questions(3);
-    slot_t         a = {.w = &w, .block = true}, c = {.w = &w}, d = {.w = &w};
+    load(PKG, &l);
+    size_t tokens_d = request_tokens(&l, rd); /* the bound: d alone fits it */
+    unload(&l);
+    eng_sched_t *s = one_worker(&l, (eng_sched_conf_t){.max_tokens = tokens_d}, &w);
+    slot_t       a = {.w = &w, .block = true}, c = {.w = &w}, d = {.w = &w};
     block_worker(s, ra, &a);
     eng_sched_stats_t st0, st1, st2;
     eng_sched_stats(s, &st0);
@@ -1007,6 +1023,69 @@ Test(sched, backpressure_counts_tokens) {
     sch_request_free(ra);
     sch_request_free(rc);
     sch_request_free(rd);
+    unload(&l);
+}
+
+/* A request whose prompts alone hold more tokens than the bound can never
+ * be queued: refused at once, empty queue or not, with SPEC b.7's 429, and
+ * planning stops there (nothing is held). */
+Test(sched, too_large_is_refused_at_once) {
+    loaded_t       l;
+    waiter_t       w;
+    sch_request_t *rd = n_questions(3);
+    load(PKG, &l);
+    size_t tokens_d = request_tokens(&l, rd);
+    unload(&l);
+    eng_sched_t *s = one_worker(&l, (eng_sched_conf_t){.max_tokens = tokens_d - 1}, &w);
+    slot_t       d = {.w = &w};
+    sch_error_t  reject;
+    sch_error_init(&reject);
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, &reject), SVC_ERR_TOO_LARGE);
+    cr_assert_eq(reject.status, 429);
+    cr_assert_str_eq(reject.code, "overloaded");
+    cr_assert(strstr(reject.message, "cannot be queued"), "%s", reject.message);
+    sch_error_fini(&reject);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.queued, 0);
+    cr_assert_eq(st.queued_tokens, 0);
+    eng_sched_free(s);
+    cr_assert_eq(d.calls, 0, "done is not called for a refused request");
+    sch_request_free(rd);
+    unload(&l);
+}
+
+/* eng_sched_cancel: a queued request's questions are not run, and done
+ * comes once with SVC_ERR_CANCELLED; a completed one is not found. */
+Test(sched, cancel_withdraws_a_queued_request) {
+    loaded_t       l;
+    waiter_t       w;
+    eng_sched_t   *s = one_worker(&l, (eng_sched_conf_t){0}, &w);
+    sch_request_t *ra = n_questions(1), *rb = n_questions(3);
+    slot_t         a = {.w = &w, .block = true}, b = {.w = &w};
+    block_worker(s, ra, &a);
+    eng_sched_stats_t st0, st1;
+    eng_sched_stats(s, &st0);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_OK);
+    cr_assert(!eng_sched_cancel(s, on_done, &w), "an unknown user is not found");
+    cr_assert(eng_sched_cancel(s, on_done, &b));
+    cr_assert(eng_sched_cancel(s, on_done, &b), "still there until it completes");
+    release_blocked(&a);
+    wait_done(&w, 2);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(b.calls, 1);
+    cr_assert_eq(b.err, SVC_ERR_CANCELLED, "%s", svc_err_name(b.err));
+    cr_assert_null(b.ans);
+    cr_assert_eq(st1.questions, st0.questions, "b's questions ran");
+    cr_assert_eq(st1.cancelled, st0.cancelled + 1);
+    cr_assert_eq(st1.queued, 0);
+    cr_assert_eq(st1.queued_jobs, 0);
+    cr_assert(!eng_sched_cancel(s, on_done, &b), "completed: not found");
+    eng_sched_free(s);
+    cr_assert_eq(a.err, SVC_OK);
+    eng_answers_free(a.ans);
+    sch_request_free(ra);
+    sch_request_free(rb);
     unload(&l);
 }
 
