@@ -16,6 +16,7 @@
 #include "producer.h"
 
 #include <stdarg.h>
+#include <strings.h>
 #include <time.h>
 
 /* Bytes of a body past the limit that are read and dropped before the
@@ -159,6 +160,19 @@ static enum MHD_Result get(http_req_t *r) {
 
 /* ------------------------------------------------------------ the request */
 
+/* Whether a refusal from the headers (413, 429) is sent before the body of
+ * content_length bytes: only to a client that asked first (Expect:
+ * 100-continue), or for a body too large even to read and drop. A reply
+ * queued before the body is read closes the connection, and a client still
+ * writing its body (Python's http.client, urllib) then gets a broken pipe
+ * instead of the answer and its Retry-After. */
+static bool answer_before_body(http_req_t *r, unsigned long long content_length) {
+    const char *expect =
+        MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    return (expect && strcasecmp(expect, "100-continue") == 0) ||
+           content_length > SCH_DEFAULT_MAX_REQUEST_BYTES + HTTP_DISCARD_MAX;
+}
+
 /* The first call: route, method, the limit from Content-Length. */
 static enum MHD_Result begin(http_req_t *r, const char *url, const char *method) {
     http_t *h = r->h;
@@ -197,12 +211,22 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
     if (cl) {
         char              *end = NULL;
         unsigned long long v = strtoull(cl, &end, 10);
+        bool               now = answer_before_body(r, end != cl ? v : 0);
         if (end != cl && v > SCH_DEFAULT_MAX_REQUEST_BYTES) {
+            if (!now) {
+                r->too_large = true; /* read, dropped, answered at the end (finish) */
+                return MHD_YES;
+            }
             ops_http_error(r, 413, "request_too_large", "the request body exceeds %u bytes",
                            (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
             return send_json(r);
         }
         if (end != cl && v > 0 && (!reserve(r, (size_t)v) || svc_buf_reserve(&r->body, v))) {
+            if (!now) {
+                r->over_budget = true;
+                drop_body(r);
+                return MHD_YES;
+            }
             ops_http_overloaded(r);
             return send_json(r);
         }

@@ -1057,6 +1057,68 @@ static unsigned char *flat_png(uint32_t w, uint32_t h, uint8_t shade, size_t *le
     return out;
 }
 
+/* Sends head and a body of n bytes ('x'), all of it (a client that writes
+ * its whole body before it reads), then reads the answer. */
+static char *post_whole_then_read(const server_t *s, const char *head, size_t n) {
+    int   fd = raw_connect(s, wait_s(30));
+    char *body = malloc(n);
+    cr_assert(body);
+    memset(body, 'x', n);
+    cr_assert(write(fd, head, strlen(head)) == (ssize_t)strlen(head));
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, body + off, n - off);
+        cr_assert(w > 0, "the body could not be sent whole: %s", strerror(errno));
+        off += (size_t)w;
+    }
+    free(body);
+    svc_buf_t b;
+    svc_buf_init(&b, 1 << 20);
+    char    chunk[4096];
+    ssize_t got;
+    while ((got = read(fd, chunk, sizeof chunk)) > 0) {
+        cr_assert(svc_buf_add(&b, chunk, (size_t)got) == SVC_OK);
+        if (strstr(b.data, "}}"))
+            break;
+    }
+    close(fd);
+    cr_assert(svc_buf_addc(&b, '\0') == SVC_OK);
+    return svc_buf_steal(&b, NULL);
+}
+
+/* A refusal known from the headers (413 too large, 429 body memory spent)
+ * waits for the body when the client did not ask first (Expect:
+ * 100-continue): a client that writes its whole body before reading got a
+ * broken pipe, not the answer. */
+Test(http, refusals_after_the_body) {
+    server_t s;
+    server_start(&s, "--max-body-memory 8");
+    char  head[256];
+    char *raw;
+    snprintf(head, sizeof head,
+             "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: %u\r\n\r\n", 9000000u);
+    raw = post_whole_then_read(&s, head, 9000000);
+    cr_assert(strncmp(raw, "HTTP/1.1 413", 12) == 0, "%.300s", raw);
+    free(raw);
+    /* the body memory held by a client that announced 8 MiB */
+    int                hold = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert(connect(hold, (struct sockaddr *)&a, sizeof a) == 0);
+    const char *held = "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: 8388608\r\n\r\n{";
+    cr_assert(write(hold, held, strlen(held)) == (ssize_t)strlen(held));
+    wait_metric(&s, "d3stream_http_body_bytes", 8388608);
+    snprintf(head, sizeof head,
+             "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: %u\r\n\r\n", 1000000u);
+    raw = post_whole_then_read(&s, head, 1000000);
+    cr_assert(strncmp(raw, "HTTP/1.1 429", 12) == 0, "%.300s", raw);
+    cr_assert(strstr(raw, "\"code\":\"overloaded\""), "%.300s", raw);
+    cr_assert(strcasestr(raw, "retry-after: 1"), "%.300s", raw);
+    free(raw);
+    close(hold);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+}
+
 /* n distinct w x h PNGs and one question: decoding it (the images decoded
  * and resized at submit) takes seconds. */
 static char *images_request(size_t n, uint32_t w, uint32_t h, uint8_t shade) {
