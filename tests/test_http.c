@@ -497,9 +497,11 @@ Test(http, routes_and_statuses) {
     cr_assert(has_header(&r, "server-timing: parse;dur="));
     resp_fini(&r);
 
-    /* 413 from Content-Length, before a byte of the body is sent. */
+    /* 413 from Content-Length, before a byte of the body is sent, to a
+     * client that asks first (refusals_after_the_body: one that does not). */
     char *raw = raw_exchange(&s, "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: "
-                                 "8388609\r\nContent-Type: application/json\r\n\r\n");
+                                 "8388609\r\nExpect: 100-continue\r\n"
+                                 "Content-Type: application/json\r\n\r\n");
     cr_assert(strncmp(raw, "HTTP/1.1 413", 12) == 0, "%.300s", raw);
     cr_assert(strstr(raw, "{\"error\":{\"code\":\"request_too_large\",\"message\":\"the request "
                           "body exceeds 8388608 bytes\"}}"),
