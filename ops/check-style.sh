@@ -3,7 +3,14 @@
 # (sprintf, strcpy, strcat, atoi, strtok, gets) may appear (STYLE.md 36).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(git ls-files -co --exclude-standard -- '*.c' '*.h')
+# The list first, checked: a failing git (not a work tree) inside the
+# process substitution would pass unseen, with no file checked.
+list="$(git ls-files -co --exclude-standard -- '*.c' '*.h')" ||
+  { echo "check-style: git ls-files failed (run it in the repository's work tree)" >&2; exit 2; }
+mapfile -t files <<<"$list"
+if [ -z "$list" ] || [ ${#files[@]} -eq 0 ]; then
+  echo "check-style: no C files found" >&2; exit 2
+fi
 bad=0
 for f in "${files[@]}"; do
   [ -f "$f" ] || continue

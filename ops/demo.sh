@@ -4,7 +4,8 @@
 #   2. writes a tiny synthetic package (random weights: the answers are
 #      meaningless, the machinery is real) unless --model DIR is given;
 #   3. starts a local Apache Kafka broker (ops/kafka.sh) unless
-#      D3_KAFKA_BOOTSTRAP names one;
+#      D3_KAFKA_BOOTSTRAP names one (then D3_KAFKA_DIR must name its
+#      ops/kafka.sh directory, to create the topics there);
 #   4. creates a requests topic (2 partitions), a results topic and a
 #      dead-letter topic;
 #   5. sends the requests (default: every ops/examples/*.json, the
@@ -17,7 +18,8 @@
 #   ops/demo.sh [--size tiny|lite|nano] [--model DIR] [--exactly-once] [REQUEST.json...]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
+# Paths given are the caller's: made absolute before the cd below.
+abs() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
 SIZE=tiny
 MODEL=""
@@ -26,13 +28,18 @@ REQS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) SIZE="$2"; shift 2 ;;
-    --model) MODEL="$2"; shift 2 ;;
+    --model) MODEL="$(abs "$2")"; shift 2 ;;
     --exactly-once) EOS=(--exactly-once); shift ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; # the header above
     -*) echo "demo.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
-    *) REQS+=("$1"); shift ;;
+    *) REQS+=("$(abs "$1")"); shift ;;
   esac
 done
+cd "$ROOT"
+for f in ${REQS[@]+"${REQS[@]}"}; do
+  [ -r "$f" ] || { echo "demo.sh: cannot read $f" >&2; exit 2; }
+done
+[ -z "$MODEL" ] || [ -d "$MODEL" ] || { echo "demo.sh: --model $MODEL is not a directory" >&2; exit 2; }
 if [ ${#REQS[@]} -eq 0 ]; then
   REQS=(ops/examples/d3-nano-npu2.json)
   for f in ops/examples/*.json; do
@@ -57,6 +64,8 @@ fi
 KDIR="$ROOT/build/_kafka-demo"
 if [ -n "${D3_KAFKA_BOOTSTRAP:-}" ]; then
   BROKER="$D3_KAFKA_BOOTSTRAP"
+  # ops/kafka.sh brokers refuse to create topics on first use.
+  KDIR="${D3_KAFKA_DIR:?set D3_KAFKA_DIR to the ops/kafka.sh directory of that broker, for topic create}"
 else
   say "starting a local Kafka broker (the first run fetches its jars from Maven Central)"
   # The trap first: a start cut short leaves a broker for it to stop.
@@ -71,11 +80,9 @@ RUN="demo-$(date +%s)-$$"
 IN="d3.requests.$RUN"
 OUT="d3.results.$RUN"
 DLQ="d3.dlq.$RUN"
-if [ -z "${D3_KAFKA_BOOTSTRAP:-}" ]; then
-  for t in "$IN:2" "$OUT:2" "$DLQ:1"; do
-    ops/kafka.sh topic create "${t%%:*}" "${t##*:}" "$KDIR" >/dev/null
-  done
-fi # else: the broker's auto.create.topics.enable makes them on first use
+for t in "$IN:2" "$OUT:2" "$DLQ:1"; do
+  ops/kafka.sh topic create "${t%%:*}" "${t##*:}" "$KDIR" >/dev/null
+done
 
 say "sending ${#REQS[@]} requests to $IN at $BROKER"
 for f in "${REQS[@]}"; do

@@ -724,9 +724,10 @@ static int bench_run(const bench_opts_t *o) {
 }
 
 /* Whether some row's name contains text (--row). */
-static bool row_named(const char *text) {
+/* Whether a row of the set run (all, or --quick's) is named by text. */
+static bool row_named(const char *text, bool quick) {
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
-        if (strstr(ROWS[i].label, text))
+        if (strstr(ROWS[i].label, text) && (!quick || ROWS[i].quick))
             return true;
     return false;
 }
@@ -769,8 +770,9 @@ int ops_cmd_bench(int argc, char **argv) {
     }
     if ((rc = ops_opt_end(argc, BENCH_HELP, o.dir, 0)) >= 0)
         return rc;
-    if (o.row && !row_named(o.row)) {
-        ops_fail("bench", "--row \"%s\" names no row (see --help for the rows)", o.row);
+    if (o.row && !row_named(o.row, o.quick)) {
+        ops_fail("bench", "--row \"%s\" names no row%s (see --help for the rows)", o.row,
+                 o.quick && row_named(o.row, false) ? " of --quick's" : "");
         return OPS_EXIT_USAGE;
     }
     if (o.quick && !runs_given)

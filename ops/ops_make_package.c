@@ -4,6 +4,7 @@
  */
 #include "ops_int.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -70,7 +71,7 @@ static bool parse_u64(const char *s, uint64_t *out) {
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || !end || end == s || *end || s[0] == '-')
+    if (errno || !end || end == s || *end || !isdigit((unsigned char)s[0]))
         return false;
     *out = (uint64_t)v;
     return true;

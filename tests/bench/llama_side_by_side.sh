@@ -163,7 +163,14 @@ rm -f "$GDIR/bf16.gguf"
 printf '%s' "$KEY" >"$GDIR/key"
 
 if [ "$ATTN" = auto ]; then
-  ATTN="$("$BIN" inspect --model "$PKG" --json | "$VPY" -c '
+  # inspect exits 1 on a package whose manifest fails (bench does not
+  # check it), and set -e would end the run here without a word.
+  INSPECT="$("$BIN" inspect --model "$PKG" --json)" || {
+    echo "llama_side_by_side: d3stream inspect refused $PKG (its manifest?); pass --attention" \
+      "causal|noncausal to skip it" >&2
+    exit 1
+  }
+  ATTN="$(printf '%s' "$INSPECT" | "$VPY" -c '
 import json, sys
 print("noncausal" if json.load(sys.stdin).get("attention_mode") == "noncausal_full_attention" else "causal")')"
 fi

@@ -69,11 +69,11 @@ trap cleanup EXIT
 # ASan's quarantine alone would hold up to 256 MiB of freed memory and look
 # like growth: keep it small (ignored by a build without ASan).
 read -ra SERVER_ARGS <<<"${D3_LOAD_SERVER_ARGS:-}"
-ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16" \
-  # The log exists before the server starts: the poll below reads it while
-  # the background job may not have opened it yet (set -e, pipefail).
-  : >"$LOG"
-  "$D3STREAM" http --model "$MODEL" --listen 127.0.0.1:0 "${SERVER_ARGS[@]}" 2>"$LOG" &
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16"
+# The log exists before the server starts: the poll below reads it while
+# the background job may not have opened it yet (set -e, pipefail).
+: >"$LOG"
+"$D3STREAM" http --model "$MODEL" --listen 127.0.0.1:0 "${SERVER_ARGS[@]}" 2>"$LOG" &
 PID=$!
 
 alive() { # the server is running (not gone, not a zombie)
