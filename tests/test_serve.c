@@ -271,6 +271,48 @@ Test(serve, avro_every_record_answered, .timeout = 600) {
     rm_tree(dir);
 }
 
+/* A request whose own prompts hold more tokens than --max-queued-tokens can
+ * never be queued: its result is SPEC b.7's 429 overloaded, committed, and
+ * the records after it are answered (it used to be admitted on an empty
+ * queue whatever its size, its every question tokenized and held). */
+Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
+    char dir[64], pkg[128];
+    make_package(dir, pkg, sizeof pkg);
+    topics_t t;
+    topics_new(&t);
+    static req_t reqs[2] = {
+        {.key = "big",
+         .rid = "rid-big",
+         .value = "{\"state\": \"the order arrived two days late and the box was found on one "
+                  "side of our door\", \"questions\": {\"a\": {\"type\": \"noul\", "
+                  "\"instructions\": \"Late?\"}, \"b\": {\"type\": \"noul\", "
+                  "\"instructions\": \"Damaged?\"}}}"},
+        {.key = "small", .rid = "rid-small", .value = "{\"state\": \"x\", \"questions\": {}}"},
+    };
+    for (int i = 0; i < 2; i++)
+        reqs[i].len = strlen(reqs[i].value);
+    produce(t.in, reqs, 2);
+    char base[2048];
+    /* one question of "big" (~245 prompt tokens) fits 300 tokens, its two do not */
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, NULL, "--max-queued-tokens 300");
+    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
+    static rec_t recs[MAX_RECS];
+    int          n = read_all(t.out, recs, MAX_RECS);
+    cr_assert_eq(n, 2, "%d results", n);
+    for (int k = 0; k < n; k++) {
+        bool big = !strcmp(recs[k].key, "big");
+        assert_result_headers(&recs[k], big ? 429 : 400, big ? "rid-big" : "rid-small",
+                              "application/json");
+        if (big)
+            cr_assert(strstr((const char *)recs[k].value, "\"code\":\"overloaded\"") &&
+                          strstr((const char *)recs[k].value, "cannot be queued"),
+                      "%s", (const char *)recs[k].value);
+    }
+    recs_free(recs, n);
+    assert_committed_at_end(t.group, t.in);
+    rm_tree(dir);
+}
+
 /* A registry URL that is not the registry (its 404 is not the registry's
  * "not found"): serve stops at start with exit 3, nothing consumed. */
 Test(serve, avro_registry_wrong_url, .timeout = 300) {
