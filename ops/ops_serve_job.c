@@ -429,6 +429,38 @@ static bool result_value(serve_t *s, job_t *j, svc_buf_t *avro, const void **val
     return ok;
 }
 
+/* Bytes a result record needs besides its key and value: the d3-*
+ * headers (the source topic's name up to 249 bytes) and librdkafka's
+ * framing. */
+#define RESULT_HEADROOM 4096
+
+/* A result too large for a record of the results topic (message.max.bytes:
+ * an error body can be several times its request, an 8 MB body of unknown
+ * keys gives a 40 MB message) would be refused by the producer and its
+ * record never committed: at least once replayed everything after it on
+ * every restart, exactly once aborted until serve exited. It becomes a 500
+ * that says so, which fits. False when even that does not (a tiny
+ * message.max.bytes). */
+static bool fit_result(serve_t *s, job_t *j, size_t key_len, svc_buf_t *avro, const void **value,
+                       size_t *len) {
+    size_t max = prod_max_record_bytes(s->prod);
+    if (*len + key_len + RESULT_HEADROOM <= max)
+        return true;
+    char m[256];
+    snprintf(m, sizeof m,
+             "the result is %zu bytes, more than a record of the results topic may hold "
+             "(message.max.bytes %zu)",
+             *len, max);
+    j->status = internal_error(&j->out, m);
+    svc_buf_reset(avro);
+    if (j->status < 0 || !result_value(s, j, avro, value, len))
+        return false;
+    if (*len + key_len + RESULT_HEADROOM <= max)
+        return true;
+    snprintf(j->why, sizeof j->why, "%s", m);
+    return false;
+}
+
 /* abandon_msg for a job's record. */
 static void abandon(serve_t *s, job_t *j) {
     abandon_msg(s, j->msg);
@@ -455,7 +487,10 @@ static void publish(serve_t *s, job_t *j) {
     const void *value;
     size_t      value_len;
     svc_buf_init(&avro, SIZE_MAX / 2);
-    if (j->status < 0 || !result_value(s, j, &avro, &value, &value_len)) {
+    size_t klen = 0;
+    (void)cons_msg_key(j->msg, &klen);
+    if (j->status < 0 || !result_value(s, j, &avro, &value, &value_len) ||
+        !fit_result(s, j, klen, &avro, &value, &value_len)) {
         if (job_log(&l, OPS_LOG_ERROR, "abandoned (consumed again later)", j)) {
             ops_log_str(&l, "error", j->why[0] ? j->why : "cannot write the result");
             ops_log_end(&l);
@@ -489,7 +524,6 @@ static void publish(serve_t *s, job_t *j) {
             s->txn_failed = s->o->eos;
         }
     }
-    size_t        klen = 0;
     const void   *key = cons_msg_key(j->msg, &klen);
     prod_result_t r = {.key = key,
                        .key_len = klen,

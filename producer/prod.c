@@ -91,6 +91,10 @@ int prod_in_flight(prod_t *prod) {
     return rd_kafka_outq_len(prod->rk);
 }
 
+size_t prod_max_record_bytes(const prod_t *prod) {
+    return prod->max_record_bytes;
+}
+
 void prod_stats(const prod_t *prod, prod_stats_t *out) {
     /* The counters are only ever added to; a cast-away const read is a
      * plain atomic load. */
@@ -222,6 +226,12 @@ prod_t *prod_new(const prod_conf_t *conf, char *errstr, size_t errstr_size) {
     rd_kafka_conf_set_dr_msg_cb(kc, on_dr);
     rd_kafka_conf_set_error_cb(kc, on_error);
     rd_kafka_conf_set_opaque(kc, prod);
+    char   mmb[32] = "";
+    size_t mmb_len = sizeof mmb;
+    prod->max_record_bytes =
+        rd_kafka_conf_get(kc, "message.max.bytes", mmb, &mmb_len) == RD_KAFKA_CONF_OK
+            ? (size_t)strtoull(mmb, NULL, 10)
+            : 1000000;
     prod->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, errstr, errstr_size);
     if (!prod->rk) {
         rd_kafka_conf_destroy(kc); /* still ours when rd_kafka_new fails */

@@ -20,6 +20,7 @@ struct prod {
     int                 queue_wait_ms;
     int                 txn_timeout_ms;
     int                 close_timeout_ms;
+    size_t              max_record_bytes; /* message.max.bytes, as configured */
     bool                transactional;
     bool                txn_open; /* begun, neither committed nor aborted yet */
     /* Written by the owner thread (in delivery reports), read by

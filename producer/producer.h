@@ -201,6 +201,11 @@ SVC_WUR svc_err_t prod_flush(prod_t *prod, int timeout_ms);
 /* Messages queued or in flight, waiting for their delivery report. */
 int prod_in_flight(prod_t *prod);
 
+/* The largest record this producer sends (its message.max.bytes: key,
+ * value, headers and librdkafka's framing together); a larger one is
+ * refused with SVC_ERR_TOO_LARGE. */
+size_t prod_max_record_bytes(const prod_t *prod);
+
 /**
  * @brief Reads the counters.
  * @locality any thread (atomics, no lock).

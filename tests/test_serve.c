@@ -313,6 +313,47 @@ Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
     rm_tree(dir);
 }
 
+/* A result larger than a record of the results topic may be (an error body
+ * echoes the request: 250,000 DEL characters in an unknown key are a 1.25 MB
+ * message) becomes a 500 that says so, committed: it was refused by the
+ * producer and never committed, so every restart replayed what followed. */
+Test(serve, result_too_large_for_a_record, .timeout = 600) {
+    char dir[64], pkg[128];
+    make_package(dir, pkg, sizeof pkg);
+    topics_t t;
+    topics_new(&t);
+    enum { N_DEL = 250000 };
+    static char big[N_DEL + 128];
+    int         n = snprintf(big, sizeof big, "{\"state\": \"x\", \"");
+    memset(big + n, 0x7f, N_DEL);
+    snprintf(big + n + N_DEL, sizeof big - (size_t)n - N_DEL, "\": 1}");
+    static req_t reqs[2] = {
+        {.key = "big", .rid = "rid-big"},
+        {.key = "next", .rid = "rid-next", .value = "{\"state\": \"x\", \"questions\": {}}"},
+    };
+    reqs[0].value = big;
+    for (int i = 0; i < 2; i++)
+        reqs[i].len = strlen(reqs[i].value);
+    produce(t.in, reqs, 2);
+    char base[2048];
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, NULL, "");
+    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
+    static rec_t recs[MAX_RECS];
+    int          got = read_all(t.out, recs, MAX_RECS);
+    cr_assert_eq(got, 2, "%d results", got);
+    for (int k = 0; k < got; k++) {
+        bool is_big = !strcmp(recs[k].key, "big");
+        assert_result_headers(&recs[k], is_big ? 500 : 400, is_big ? "rid-big" : "rid-next",
+                              "application/json");
+        if (is_big)
+            cr_assert(strstr((const char *)recs[k].value, "message.max.bytes 1000000"), "%.300s",
+                      (const char *)recs[k].value);
+    }
+    recs_free(recs, got);
+    assert_committed_at_end(t.group, t.in);
+    rm_tree(dir);
+}
+
 /* A registry URL that is not the registry (its 404 is not the registry's
  * "not found"): serve stops at start with exit 3, nothing consumed. */
 Test(serve, avro_registry_wrong_url, .timeout = 300) {
