@@ -131,6 +131,19 @@ static bool assignment_pause(cons_t *cons, bool pause) {
     return true;
 }
 
+/* A message's bytes, as the window counts them. */
+static size_t msg_bytes(const rd_kafka_message_t *rkm) {
+    return rkm->len + rkm->key_len;
+}
+
+/* Whether a message of n bytes fits beside what is out (none out: any
+ * does, or one large record would stall the partition for ever).
+ * @locks lock MUST be held */
+static bool bytes_fit(const cons_t *cons, size_t n) {
+    return !cons->max_bytes || cons->bytes_in_flight == 0 ||
+           cons->bytes_in_flight + n <= cons->max_bytes;
+}
+
 /* Closes the window at max_in_flight and opens it again below low_water.
  * Fetching stops while closed, polling does not (max.poll.interval.ms).
  * @locality poll thread @locks takes lock */
@@ -138,15 +151,20 @@ void cons_window_update(cons_t *cons) {
     pthread_mutex_lock(&cons->lock);
     size_t held = cons->in_flight;
     size_t waiting = cons->n_parked;
+    size_t bytes = cons->bytes_in_flight + cons->bytes_parked;
     pthread_mutex_unlock(&cons->lock);
+    /* The same with bytes: a window of records, each up to the broker's
+     * largest (and more once decompressed), bounds no memory by itself. */
+    bool over_bytes = cons->max_bytes && bytes >= cons->max_bytes;
+    bool under_bytes = !cons->max_bytes || bytes < cons->max_bytes - cons->max_bytes / 4;
     /* Parked messages count: a poll that only serves (cons_poll without
      * out) parks what it fetches, and that must stay within the window. */
-    if (!cons->paused && held + waiting >= cons->max_in_flight) {
+    if (!cons->paused && (held + waiting >= cons->max_in_flight || over_bytes)) {
         if (assignment_pause(cons, true)) {
             cons->paused = true;
             atomic_fetch_add(&cons->pauses, 1);
         }
-    } else if (cons->paused && held + waiting < cons->low_water) {
+    } else if (cons->paused && held + waiting < cons->low_water && under_bytes) {
         if (assignment_pause(cons, false)) {
             cons->paused = false;
             atomic_fetch_add(&cons->resumes, 1);
@@ -165,6 +183,7 @@ static svc_err_t park(cons_t *cons, rd_kafka_message_t *rkm) {
         cons->cap_parked = cap;
     }
     cons->parked[cons->n_parked++] = rkm;
+    cons->bytes_parked += msg_bytes(rkm);
     return SVC_OK;
 }
 
@@ -175,9 +194,10 @@ void cons_parked_drop(cons_t *cons, const char *topic, int32_t partition) {
     size_t w = 0;
     for (size_t r = 0; r < cons->n_parked; r++) {
         rd_kafka_message_t *rkm = cons->parked[r];
-        if (rkm->partition == partition && strcmp(rd_kafka_topic_name(rkm->rkt), topic) == 0)
+        if (rkm->partition == partition && strcmp(rd_kafka_topic_name(rkm->rkt), topic) == 0) {
+            cons->bytes_parked -= msg_bytes(rkm);
             rd_kafka_message_destroy(rkm);
-        else
+        } else
             cons->parked[w++] = rkm;
     }
     cons->n_parked = w;
@@ -226,6 +246,7 @@ static svc_err_t hand_out(cons_t *cons, rd_kafka_message_t *rkm, cons_msg_t **ou
      * fetched again within the assignment. Its first copy holds the stored
      * offset back, so this one goes out untracked (gen 0). */
     cons->in_flight++;
+    cons->bytes_in_flight += msg_bytes(rkm);
     if (cons->stop_at_end)
         end_mark(cons, topic, rkm->partition, rkm->offset + 1);
     int64_t held = (int64_t)cons->in_flight;
@@ -270,9 +291,11 @@ svc_err_t cons_poll(cons_t *cons, int timeout_ms, cons_msg_t **out) {
     cons_window_update(cons);
     pthread_mutex_lock(&cons->lock);
     rd_kafka_message_t *rkm = NULL;
-    if (!serve_only && cons->n_parked > 0 && cons->in_flight < cons->max_in_flight) {
+    if (!serve_only && cons->n_parked > 0 && cons->in_flight < cons->max_in_flight &&
+        bytes_fit(cons, msg_bytes(cons->parked[0]))) {
         rkm = cons->parked[0];
         cons->n_parked--;
+        cons->bytes_parked -= msg_bytes(rkm);
         memmove(cons->parked, cons->parked + 1, cons->n_parked * sizeof *cons->parked);
     }
     pthread_mutex_unlock(&cons->lock);
@@ -286,7 +309,9 @@ svc_err_t cons_poll(cons_t *cons, int timeout_ms, cons_msg_t **out) {
          * serves): hold it back until it can be handed out, so the owner
          * never holds more than the window. */
         pthread_mutex_lock(&cons->lock);
-        bool      hold = serve_only || cons->in_flight >= cons->max_in_flight;
+        /* Behind parked ones, in fetch order. */
+        bool hold = serve_only || cons->in_flight >= cons->max_in_flight || cons->n_parked > 0 ||
+                    !bytes_fit(cons, msg_bytes(rkm));
         svc_err_t err = hold ? park(cons, rkm) : SVC_OK;
         pthread_mutex_unlock(&cons->lock);
         if (err)
@@ -339,6 +364,7 @@ void cons_msg_done(cons_t *cons, cons_msg_t *msg, bool delivered) {
         atomic_fetch_add(&cons->stale, 1);
     SVC_ASSERT(cons->in_flight > 0);
     cons->in_flight--;
+    cons->bytes_in_flight -= msg_bytes(rkm);
     atomic_store(&cons->in_flight_now, (int64_t)cons->in_flight);
     pthread_mutex_unlock(&cons->lock);
     if (why[0])

@@ -353,6 +353,7 @@ cons_t *cons_new(const cons_conf_t *cc, char *errstr, size_t errstr_size) {
     }
     pthread_mutex_init(&cons->lock, NULL);
     cons->max_in_flight = cc->max_in_flight;
+    cons->max_bytes = cc->max_bytes;
     cons->low_water = cc->low_water ? cc->low_water : cc->max_in_flight - cc->max_in_flight / 4;
     cons->stop_at_end = cc->stop_at_end;
     cons->transactional = cc->transactional;
@@ -485,6 +486,7 @@ void cons_free(cons_t *cons) {
         for (size_t i = 0; i < cons->n_parked; i++)
             rd_kafka_message_destroy(cons->parked[i]);
         cons->n_parked = 0;
+        cons->bytes_parked = 0;
         pthread_mutex_unlock(&cons->lock);
         rd_kafka_destroy(cons->rk);
     }

@@ -43,6 +43,8 @@ struct cons {
     char                 err[512];
     /* Fixed after cons_new. */
     size_t          max_in_flight, low_water;
+    size_t          max_bytes;                     /* 0: no bound */
+    size_t          bytes_in_flight, bytes_parked; /* under lock */
     bool            stop_at_end;
     bool            transactional;
     cons_revoke_cb *on_revoke;

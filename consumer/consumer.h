@@ -63,6 +63,12 @@ typedef struct cons_conf {
     bool               from_beginning;    /* auto.offset.reset=earliest (else latest) */
     size_t             max_in_flight;     /* messages handed out and not done, per process */
     size_t             low_water;         /* resume below this; 0: max_in_flight * 3/4 */
+    /* Bytes (key + value) of those messages and of the ones fetched but
+     * not yet handed out, per process; 0: no bound. Past it fetching
+     * pauses as past max_in_flight (resumed below 3/4 of it), and a
+     * message is handed out only while the others leave it room, or when
+     * none is out (one message of any size always goes). */
+    size_t max_bytes;
     /* Optional, NULL-terminated "key=value" librdkafka properties applied
      * verbatim after the defaults (so they override them), like -X. */
     const char *const *props;

@@ -55,6 +55,7 @@ static const cfg_opt_t CFG_OPTS[] = {
     {"max-queue", CMD_BOTH, CFG_NUM, "256"},
     {"max-queued-tokens", CMD_BOTH, CFG_NUM, "4194304"},
     {"window", CMD_SERVE, CFG_NUM, "2048"},
+    {"window-mib", CMD_SERVE, CFG_NUM, "256"},
     {"metrics-file", CMD_SERVE, CFG_STR, NULL},
     {"http", CMD_SERVE, CFG_STR, NULL},
     {"listen", CMD_HTTP, CFG_STR, "127.0.0.1:52625"},

@@ -29,7 +29,8 @@ static const char SERVE_HELP[] =
     "                      [--dlq T] [--format json|avro] [--schema-registry URL]\n"
     "                      [--exactly-once [--transactional-id ID]] [--instance-id ID]\n"
     "                      [--from-beginning] [--stop-at-end] [--workers N] [--max-queue N]\n"
-    "                      [--max-queued-tokens N] [--window N] [--metrics-file PATH]\n"
+    "                      [--max-queued-tokens N] [--window N] [--window-mib N]\n"
+    "                      [--metrics-file PATH]\n"
     "                      [--http HOST:PORT]\n"
     "                      [--log-level debug|info|warn|error] [--no-verify] [-X k=v]...\n"
     "\n"
@@ -105,6 +106,10 @@ static const char SERVE_HELP[] =
     "                      answered 429 overloaded (committed, never retried)\n"
     "  --window N          records taken from Kafka and not yet finished (default\n"
     "                      2048); a full window pauses fetching\n"
+    "  --window-mib N      and their bytes (keys and values, with those fetched and\n"
+    "                      not yet taken), in MiB (default 256): past it fetching\n"
+    "                      pauses too, so large records bound memory, not only\n"
+    "                      their count; one record of any size is always taken\n"
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
@@ -352,6 +357,7 @@ static int serve_clients(serve_t *s) {
                       .group_instance_id = o->instance_id,
                       .from_beginning = o->from_beginning,
                       .max_in_flight = o->window,
+                      .max_bytes = o->window_mib << 20,
                       .props = o->props,
                       .stop_at_end = o->stop_at_end,
                       .transactional = o->eos,
@@ -530,6 +536,7 @@ enum {
     O_QUEUE,
     O_QTOKENS,
     O_WINDOW,
+    O_WINDOW_MIB,
     O_METRICS,
     O_HTTP,
     O_LOGLEVEL
@@ -555,6 +562,7 @@ static const struct option SERVE_OPTS[] = {
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
     {"window", required_argument, NULL, O_WINDOW},
+    {"window-mib", required_argument, NULL, O_WINDOW_MIB},
     {"metrics-file", required_argument, NULL, O_METRICS},
     {"http", required_argument, NULL, O_HTTP},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
@@ -662,6 +670,9 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
                    : OPS_EXIT_USAGE;
     case O_WINDOW:
         return ops_count_opt("serve", "window", arg, 1u << 20, &o->window) ? -1 : OPS_EXIT_USAGE;
+    case O_WINDOW_MIB:
+        return ops_count_opt("serve", "window-mib", arg, 1u << 20, &o->window_mib) ? -1
+                                                                                   : OPS_EXIT_USAGE;
     case 'h':
         fputs(SERVE_HELP, stdout);
         return OPS_EXIT_OK;
@@ -674,7 +685,7 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
 static int serve_main(const ops_config_t *cfg) {
     int             argc = cfg->argc;
     char          **argv = cfg->argv;
-    serve_opts_t    o = {.window = 2048, .commit_ms = 100};
+    serve_opts_t    o = {.window = 2048, .window_mib = 256, .commit_ms = 100};
     ops_log_level_t lv = OPS_LOG_INFO;
     ops_http_opts_default(&o.http);
     o.props = calloc((size_t)argc + 1, sizeof *o.props);

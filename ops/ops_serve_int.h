@@ -28,7 +28,7 @@ typedef struct serve_opts {
     const char  *dir, *brokers, *group, *input, *output, *dlq, *registry_url;
     const char  *instance_id, *txn_id, *metrics_path;
     bool         avro, from_beginning, stop_at_end, no_verify, eos;
-    size_t       workers, max_queue, max_queued_tokens, window;
+    size_t       workers, max_queue, max_queued_tokens, window, window_mib;
     int          commit_ms; /* exactly-once: longest a transaction stays open */
     const char **props;     /* NULL-terminated -X values */
     bool         http_on;   /* --http HOST:PORT: the HTTP shim in this process */

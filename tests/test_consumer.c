@@ -490,6 +490,66 @@ Test(consumer, serve_only_parks, .timeout = 120) {
     free(m);
 }
 
+/* The window in bytes (max_bytes): what is held never passes it (but one
+ * message, which always goes), whatever the count window allows; fetching
+ * pauses on it; every message is still handed out once, in partition
+ * order. Values are "0".."299": 1 to 3 bytes, no key. */
+Test(consumer, window_bytes, .timeout = 120) {
+    enum { N = 300, PARTS = 2, MAX_BYTES = 20 };
+    char topic[128], group[128], errstr[512];
+    unique_name(topic, sizeof topic, "bytes");
+    unique_name(group, sizeof group, "bytes-g");
+    topic_fill(topic, PARTS, N);
+    const char *topics[] = {topic, NULL};
+    cons_conf_t cc = {.brokers = bootstrap(),
+                      .group = group,
+                      .topics = topics,
+                      .from_beginning = true,
+                      .max_in_flight = 1000,
+                      .max_bytes = MAX_BYTES,
+                      .stop_at_end = true,
+                      .stats_interval_ms = 200};
+    cons_t     *c = cons_new(&cc, errstr, sizeof errstr);
+    cr_assert_not_null(c, "cons_new: %s", errstr);
+    static int  seen[N];
+    cons_msg_t *held[N];
+    size_t      n_held = 0, bytes = 0, most = 0;
+    int64_t     last[PARTS] = {-1, -1};
+    int64_t     deadline = now_ms() + wait_ms();
+    while (!cons_at_end(c)) {
+        cr_assert_lt(now_ms(), deadline, "%d of %d seen", distinct(seen, N), N);
+        cons_msg_t *msg = NULL;
+        cr_assert_eq(cons_poll(c, 20, &msg), SVC_OK, "%s", cons_strerror(c));
+        if (msg) {
+            size_t vlen = 0, klen = 0;
+            (void)cons_msg_value(msg, &vlen);
+            (void)cons_msg_key(msg, &klen);
+            held[n_held++] = msg;
+            bytes += vlen + klen;
+            cr_assert(bytes <= MAX_BYTES || n_held == 1, "%zu bytes held in %zu messages", bytes,
+                      n_held);
+            most = n_held > most ? n_held : most;
+            int32_t p = cons_msg_partition(msg);
+            cr_assert_gt(cons_msg_offset(msg), last[p], "partition %d out of order", p);
+            last[p] = cons_msg_offset(msg);
+            seen[msg_id(msg)]++;
+            continue;
+        }
+        for (size_t i = 0; i < n_held; i++) /* the window is shut: finish what is held */
+            cons_msg_done(c, held[i], true);
+        n_held = 0;
+        bytes = 0;
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(seen[i], 1, "message %d seen %d times", i, seen[i]);
+    cons_stats_t st;
+    cons_stats(c, &st);
+    cr_assert_gt(st.pauses, 0, "the byte window never paused fetching");
+    cr_assert_geq(most, 6, "at most %zu held: the byte window is not what limited it", most);
+    cr_assert_eq(cons_close(c), SVC_OK, "%s", cons_strerror(c));
+    cons_free(c);
+}
+
 Test(consumer, second_member_joins, .timeout = 240) {
     enum { N = 2000, PARTS = 4, WINDOW = 50 };
     char topic[128], group[128];
