@@ -187,6 +187,9 @@ SVC_WUR svc_err_t eng_imgreg_ready(eng_imgreg_t *g, size_t slot, bool *encoded_h
 const eng_media_t *eng_imgreg_media(const eng_imgreg_t *g);
 /* Vision tower runs so far. */
 uint64_t eng_imgreg_encodings(const eng_imgreg_t *g);
+/* Slots freed so far: a submit refused for want of slots may pass once it
+ * moved (eng_sched_stats_t.image_slots_freed). */
+uint64_t eng_imgreg_cleared(const eng_imgreg_t *g);
 
 /* Prefixes errstr (a forward pass's error) with `question "<id>": `. */
 void eng_answer_blame(const sch_question_t *q, char *errstr, size_t errstr_size);

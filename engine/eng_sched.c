@@ -97,7 +97,8 @@ struct sreq {
     uint64_t *job_tok;
     size_t    n_jobs;
     uint64_t  tokens;
-    svc_err_t err; /* the first failure; under s->mu */
+    svc_err_t err;           /* the first failure; under s->mu */
+    int       refuse_status; /* SVC_ERR_TOO_LARGE at submit: 429 or 413 */
     char      errstr[512];
     /* images: image k of the request (parts in order) is slot img_slot[k]
      * of reg, with img_tok[k] tokens; part p's are [img_first[p],
@@ -267,7 +268,7 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
     eng_prompt_init(&pr);
     eng_ids_t ex = {0};
     svc_err_t err = SVC_OK;
-    uint64_t  planned = 0; /* every prompt's tokens, the ones over the limit too */
+    uint64_t  planned = 0, tokenized = 0; /* prompts that run; all, over-long ones too */
     for (size_t p = 0; !err && p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
         for (size_t i = 0; !err && i < part->n_questions; i++) {
@@ -277,13 +278,24 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
             err = eng_answer_plan(s->pkg, req, p, i, r->ans, &pr, &run, errstr, errstr_size);
             /* A request that could never be queued stops here: without it
              * 2,000 questions on one long state held their ids (hundreds of
-             * MB) and took seconds of tokenizing before any check. */
-            planned += err ? 0 : pr.n_tokens;
+             * MB) and took seconds of tokenizing before any check. Prompts
+             * over the length limit are answered, not queued (upstream's
+             * max_length_exceeded), but their tokenizing is bounded too. */
+            planned += !err && run ? pr.n_tokens : 0;
+            tokenized += err ? 0 : pr.n_tokens;
             if (!err && planned > s->max_tokens) {
                 svc_errf(errstr, errstr_size,
                          "the request's prompts hold more than %llu tokens, more than "
                          "--max-queued-tokens allows queued at once",
                          (unsigned long long)s->max_tokens);
+                r->refuse_status = 429;
+                err = SVC_ERR_TOO_LARGE;
+            } else if (!err && tokenized > ENG_REQ_MAX_TOKENIZED) {
+                svc_errf(errstr, errstr_size,
+                         "the request's prompts hold more than %u tokens in all (those over the "
+                         "length limit included), the most one request may have read",
+                         ENG_REQ_MAX_TOKENIZED);
+                r->refuse_status = 413;
                 err = SVC_ERR_TOO_LARGE;
             }
             if (err || !run)
@@ -903,8 +915,12 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
         err = eng_answer_pending(req, reject, errstr, sizeof errstr);
     if (!err)
         err = sreq_plan(s, r, errstr, sizeof errstr);
-    if (err == SVC_ERR_TOO_LARGE && reject) /* never admissible: SPEC b.7's 429 */
-        sch_error_set(reject, 429, "overloaded", "%s; it cannot be queued", errstr);
+    if (err == SVC_ERR_TOO_LARGE && reject) { /* never admissible: SPEC b.7's 429, or a 413 */
+        if (r->refuse_status == 413)
+            sch_error_set(reject, 413, "request_too_large", "%s", errstr);
+        else
+            sch_error_set(reject, 429, "overloaded", "%s; it cannot be queued", errstr);
+    }
     if (err) {
         sreq_free(r);
         return err;
@@ -968,4 +984,5 @@ void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out) {
     pthread_mutex_lock(&m->mu);
     *out = s->stats;
     pthread_mutex_unlock(&m->mu);
+    out->image_slots_freed = s->reg ? eng_imgreg_cleared(s->reg) : 0;
 }

@@ -50,6 +50,7 @@ struct eng_imgreg {
     const eng_image_emb_t **ptrs;  /* (n): &slots[i].emb once ready, else NULL */
     eng_media_t             media;
     uint64_t                encodings;
+    uint64_t                cleared; /* slots freed again (eng_imgreg_cleared) */
     pthread_mutex_t         mu;
     pthread_cond_t          cv;
 };
@@ -78,8 +79,10 @@ eng_imgreg_t *eng_imgreg_new(const eng_model_t *m, size_t max_slots) {
 
 static void slot_clear(eng_imgreg_t *g, size_t i) {
     slot_t *sl = &g->slots[i];
-    if (sl->state != SLOT_FREE)
+    if (sl->state != SLOT_FREE) {
         g->held--;
+        g->cleared++;
+    }
     eng_image_prep_free(sl->prep);
     eng_image_emb_fini(&sl->emb);
     memset(sl, 0, sizeof *sl);
@@ -217,6 +220,14 @@ bool eng_imgreg_would_wait(const eng_imgreg_t *g) {
 
 const eng_media_t *eng_imgreg_media(const eng_imgreg_t *g) {
     return &g->media;
+}
+
+uint64_t eng_imgreg_cleared(const eng_imgreg_t *g) {
+    eng_imgreg_t *m = (eng_imgreg_t *)g; /* the lock is not part of the value */
+    pthread_mutex_lock(&m->mu);
+    uint64_t n = g->cleared;
+    pthread_mutex_unlock(&m->mu);
+    return n;
 }
 
 uint64_t eng_imgreg_encodings(const eng_imgreg_t *g) {

@@ -163,6 +163,14 @@ size_t eng_package_image_tokens(const eng_package_t *pkg, uint32_t width, uint32
  * image tokens (2 x 32,768). */
 #define ENG_REQ_MAX_IMAGE_TOKENS 65536u
 
+/* The most prompt tokens the scheduler tokenizes for one request, those
+ * of prompts over the length limit (answered max_length_exceeded, never
+ * run) included: past it the request gets 413 request_too_large at submit.
+ * Each question's prompt holds the whole state, so 100,000 short questions
+ * on a 4 MB state were 10^11 tokens of tokenizing (hours) before any
+ * answer; 67,108,864 is about 6 s of it here. */
+#define ENG_REQ_MAX_TOKENIZED 67108864u
+
 /* The fallback question text when a question has no instructions. */
 #define ENG_PROMPT_FALLBACK_INSTRUCTIONS "Choose the best matching option."
 
@@ -556,15 +564,16 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  *        (SVC_ERR_INVALID with reject->code set), the request's 400
  *        ("images[<i>]: ..."), or its 413 when it shows more than
  *        ENG_IMGREG_CAP (4,096) distinct images; with SVC_ERR_TOO_LARGE
- *        the 429 overloaded that says why; the caller sends it and
+ *        the 429 or 413 that says why; the caller sends it and
  *        sch_error_fini's it.
  * @returns SVC_OK (done will be called exactly once); SVC_ERR_RETRIABLE:
  *          the queue or the image slots are full, nothing was taken, retry
  *          after a completion (the queue's gauges in eng_sched_stats tell
- *          when one happened); SVC_ERR_TOO_LARGE: the request's prompts
- *          alone hold more than max_tokens tokens (those over the length
- *          limit counted too), so it can never be queued: errstr says so,
- *          the contract's answer is 429 overloaded (SPEC b.7). Planning
+ *          when one happened); SVC_ERR_TOO_LARGE: the prompts of the
+ *          request that would run hold more than max_tokens tokens, so it
+ *          can never be queued (reject: 429 overloaded, SPEC b.7), or all
+ *          its prompts, over-long ones included, more than
+ *          ENG_REQ_MAX_TOKENIZED (reject: 413 request_too_large). Planning
  *          stops there, which bounds the memory and the tokenizing one
  *          request costs. SVC_ERR_INVALID (an image refused, see
  *          reject; or a prompt's text that cannot be encoded, reject
@@ -615,11 +624,13 @@ typedef struct eng_sched_stats {
      * is +Inf (every take). batch_questions sums the sizes. */
     uint64_t batches[7];
     uint64_t batch_questions;
-    uint64_t images_encoded; /* vision tower runs (one per distinct image in flight) */
-    uint64_t cancelled;      /* requests withdrawn by eng_sched_cancel */
-    uint64_t passes;         /* the questions' own forward passes: short questions
-                                waiting together (of any requests and states) run
-                                as one batched pass, which counts once */
+    uint64_t images_encoded;    /* vision tower runs (one per distinct image in flight) */
+    uint64_t cancelled;         /* requests withdrawn by eng_sched_cancel */
+    uint64_t image_slots_freed; /* image slots released (a refused submit may pass once
+                                   this or the queue's gauges moved) */
+    uint64_t passes;            /* the questions' own forward passes: short questions
+                                   waiting together (of any requests and states) run
+                                   as one batched pass, which counts once */
 } eng_sched_stats_t;
 
 /* Upper bounds of eng_sched_stats_t.batches (the last one, 0, is +Inf). */

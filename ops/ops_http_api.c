@@ -83,8 +83,8 @@ static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const cha
     ops_http_answer_now(r);
 }
 
-void ops_http_cancel(http_req_t *r) {
-    (void)eng_sched_cancel(r->h->sched, engine_done, r);
+bool ops_http_cancel(http_req_t *r) {
+    return eng_sched_cancel(r->h->sched, engine_done, r);
 }
 
 /* The submit's refusal as r's answer. */

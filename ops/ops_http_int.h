@@ -147,6 +147,7 @@ struct http_req {
     uint64_t     wseq;
     bool         watching;
     bool         submitted;   /* the engine has it (or is being given it) */
+    bool         withdrawn;   /* eng_sched_cancel found it */
     int          fd;          /* the connection's socket, watched while suspended */
     _Atomic bool client_gone; /* hung up while suspended: 499, withdrawn */
 };
@@ -192,9 +193,10 @@ void            ops_http_completed(void *cls, struct MHD_Connection *con, void *
 bool ops_http_intake_start(http_t *h);
 /* POST /v1/systemone with its whole body in r->body: suspends the
  * connection and queues r for an intake thread (ops_http_decisions); the
- * connection is resumed with r->phase DONE. @locality an MHD thread, in
- * the handler. */
-void ops_http_intake_push(http_req_t *r);
+ * connection is resumed with r->phase DONE. False (nothing done) once the
+ * intake stopped or never started: the caller answers 503.
+ * @locality an MHD thread, in the handler. */
+bool ops_http_intake_push(http_req_t *r);
 /* r's answer is in r->out: off the watch list, phase DONE, resumed. */
 void ops_http_answer_now(http_req_t *r);
 /* r off the watch list (before its connection is resumed). */
@@ -211,9 +213,10 @@ void ops_http_intake_free(http_t *h);
  * or this call for an answer without the engine, resumes it with
  * r->phase DONE. @locality an intake thread. */
 void ops_http_decisions(http_req_t *r);
-/* Withdraws r from the engine (its client went away).
+/* Withdraws r from the engine (its client went away); false when the
+ * engine does not hold it (yet: a submit still decoding it).
  * @locks h->ilock held (r is on the watch list, so alive). */
-void ops_http_cancel(http_req_t *r);
+bool ops_http_cancel(http_req_t *r);
 /* r->out/r->status for an error of our own (sch_error_encode). */
 void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...)
     SVC_FMT(4, 5);

@@ -17,9 +17,12 @@
  * the request (recorded as status 499)". Every WATCH_MS the watcher polls
  * the suspended sockets for a hang-up (POLLRDHUP: the peer closed or shut
  * down its side, which MHD itself also takes as the end of the
- * connection); such a request is marked gone (499 in the log and
- * /metrics) and, if the engine has it, withdrawn (eng_sched_cancel), so
- * its questions not yet begun are not run.
+ * connection: uvicorn's too); such a request is marked gone (499 in the
+ * log and /metrics, and its connection is closed without an answer when it
+ * is resumed) and, once the engine has it, withdrawn (eng_sched_cancel),
+ * so its questions not yet begun are not run. A hang-up seen while its
+ * submit is still decoding is withdrawn on a later round (the socket stays
+ * hung up), once the engine has admitted it.
  *
  * Lifetimes: a request is on the watch list from its suspension until just
  * before its connection is resumed (ops_http_unwatch, under h->ilock), and
@@ -77,7 +80,7 @@ static void watch_round(http_t *h, struct pollfd *fds, http_req_t **rs, uint64_t
     size_t n = 0;
     pthread_mutex_lock(&h->ilock);
     for (http_req_t *w = h->watched; w && n < cap; w = w->w_next) {
-        if (atomic_load(&w->client_gone) || w->fd < 0)
+        if (w->withdrawn || w->fd < 0 || (atomic_load(&w->client_gone) && !w->submitted))
             continue;
         fds[n] = (struct pollfd){.fd = w->fd, .events = POLLRDHUP};
         rs[n] = w;
@@ -93,8 +96,8 @@ static void watch_round(http_t *h, struct pollfd *fds, http_req_t **rs, uint64_t
             !(r = still_watched_locked(h, rs[i], seqs[i])))
             continue;
         atomic_store(&r->client_gone, true);
-        if (r->submitted) /* in the engine: withdrawn; done resumes it */
-            ops_http_cancel(r);
+        if (r->submitted) /* in the engine (or on its way): withdrawn; done resumes it */
+            r->withdrawn = ops_http_cancel(r);
     }
     pthread_mutex_unlock(&h->ilock);
 }
@@ -128,15 +131,23 @@ static void *watcher_main(void *arg) {
 
 /* ------------------------------------------------------------ the intake */
 
-void ops_http_intake_push(http_req_t *r) {
-    http_t                         *h = r->h;
+bool ops_http_intake_push(http_req_t *r) {
+    http_t *h = r->h;
+    if (!h->intake_on)
+        return false;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(r->con, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
+    /* Under the lock with the stop: nothing is queued after the release,
+     * which would leave its connection suspended when MHD stops. */
+    pthread_mutex_lock(&h->ilock);
+    if (h->istop || !h->watcher_on) {
+        pthread_mutex_unlock(&h->ilock);
+        return false;
+    }
     atomic_store(&r->phase, HTTP_P_ENGINE);
     atomic_fetch_add(&h->in_intake, 1);
     MHD_suspend_connection(r->con);
-    pthread_mutex_lock(&h->ilock);
     watch_locked(r);
     r->iq_next = NULL;
     if (h->iq_tail)
@@ -146,6 +157,7 @@ void ops_http_intake_push(http_req_t *r) {
     h->iq_tail = r;
     pthread_cond_signal(&h->icv);
     pthread_mutex_unlock(&h->ilock);
+    return true;
 }
 
 /* r answered without the engine (r->out set): it goes back to MHD. */
@@ -208,15 +220,20 @@ void ops_http_release_engine(http_t *h) {
      * the scheduler be freed. */
     for (size_t i = 0; i < h->n_intake; i++)
         pthread_join(h->intake[i], NULL);
-    if (h->watcher_on)
+    pthread_mutex_lock(&h->ilock);
+    bool watcher = h->watcher_on;
+    h->watcher_on = false;
+    pthread_mutex_unlock(&h->ilock);
+    if (watcher)
         pthread_join(h->watcher, NULL);
     h->n_intake = 0;
-    h->watcher_on = false;
     for (;;) {
         pthread_mutex_lock(&h->ilock);
         http_req_t *r = h->iq_head;
         if (r)
             h->iq_head = r->iq_next;
+        if (!h->iq_head)
+            h->iq_tail = NULL;
         pthread_mutex_unlock(&h->ilock);
         if (!r)
             break;
@@ -224,7 +241,6 @@ void ops_http_release_engine(http_t *h) {
         atomic_fetch_sub(&h->in_intake, 1);
         ops_http_answer_now(r);
     }
-    h->iq_tail = NULL;
 }
 
 void ops_http_intake_free(http_t *h) {

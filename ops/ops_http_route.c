@@ -169,8 +169,7 @@ static enum MHD_Result get(http_req_t *r) {
 static bool answer_before_body(http_req_t *r, unsigned long long content_length) {
     const char *expect =
         MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-    return (expect && strcasecmp(expect, "100-continue") == 0) ||
-           content_length > SCH_DEFAULT_MAX_REQUEST_BYTES + HTTP_DISCARD_MAX;
+    return (expect && strcasecmp(expect, "100-continue") == 0) || content_length > HTTP_DISCARD_MAX;
 }
 
 /* The first call: route, method, the limit from Content-Length. */
@@ -307,11 +306,10 @@ static enum MHD_Result finish(http_req_t *r) {
             ops_http_error(r, 503, "not_ready", "model %s is loading", h->label);
         return send_json(r);
     }
-    if (!h->watcher_on) { /* the intake did not start: nothing would answer */
-        ops_http_error(r, 503, "not_ready", "the runtime could not start its intake threads");
+    if (!ops_http_intake_push(r)) { /* stopping, or the intake never started */
+        ops_http_error(r, 503, "not_ready", "the runtime is shutting down");
         return send_json(r);
     }
-    ops_http_intake_push(r);
     return MHD_YES; /* suspended: resumed with its answer */
 }
 
@@ -382,8 +380,14 @@ enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const ch
     }
     if (r->phase == HTTP_P_READING)
         return finish(r);
-    if (atomic_load(&r->phase) == HTTP_P_DONE)
+    if (atomic_load(&r->phase) == HTTP_P_DONE) {
+        /* Its client hung up while it waited (the 499 of the log): closed
+         * without an answer, which a client that only half-closed would
+         * otherwise read as its answer. */
+        if (atomic_load(&r->client_gone))
+            return MHD_NO;
         return send_json(r);
+    }
     return MHD_YES;
 }
 

@@ -191,7 +191,8 @@ static double mono_s(void) {
  * tokenize it again to be refused again. */
 static bool queue_as_refused(const serve_t *s, const eng_sched_stats_t *st, double now) {
     return s->refused_at > 0 && now - s->refused_at < 1.0 && st->requests == s->refused_requests &&
-           st->queued_jobs == s->refused_jobs && st->queued_tokens == s->refused_tokens;
+           st->queued_jobs == s->refused_jobs && st->queued_tokens == s->refused_tokens &&
+           st->image_slots_freed == s->refused_slots;
 }
 
 bool ops_serve_job_submit(serve_t *s) {
@@ -209,7 +210,8 @@ bool ops_serve_job_submit(serve_t *s) {
     if (err == SVC_ERR_RETRIABLE) {
         sch_error_fini(&reject);
         s->refused_requests = st.requests, s->refused_jobs = st.queued_jobs;
-        s->refused_tokens = st.queued_tokens, s->refused_at = now;
+        s->refused_tokens = st.queued_tokens, s->refused_slots = st.image_slots_freed;
+        s->refused_at = now;
         return false;
     }
     s->refused_at = 0;

@@ -1141,6 +1141,47 @@ static char *images_request(size_t n, uint32_t w, uint32_t h, uint8_t shade) {
     return svc_buf_steal(&b, NULL);
 }
 
+/* A client that hangs up (here: shuts its side down, as uvicorn also takes
+ * for a disconnect) while its request is still decoding: once the engine
+ * admits it, it is withdrawn (none of its 10 questions runs), and the
+ * connection is closed without an answer (the log's 499), not answered
+ * 500 "cancelled". */
+Test(http, hangup_while_decoding_is_withdrawn, .timeout = 240) {
+    server_t s;
+    server_start(&s, "--workers 1");
+    svc_buf_t b;
+    svc_buf_init(&b, (size_t)8 << 20);
+    cr_assert_eq(svc_buf_adds(&b, "{\"state\": \"s\", \"images\": ["), SVC_OK);
+    for (int i = 0; i < 4; i++) {
+        size_t         len;
+        unsigned char *png = flat_png(4000, 4000, (uint8_t)(40 + i), &len);
+        cr_assert_eq(svc_buf_addf(&b, "%s\"data:image/png;base64,", i ? ", " : ""), SVC_OK);
+        b64_add(&b, png, len);
+        free(png);
+        cr_assert_eq(svc_buf_adds(&b, "\""), SVC_OK);
+    }
+    cr_assert_eq(svc_buf_adds(&b, "], \"questions\": {"), SVC_OK);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(svc_buf_addf(&b, "%s\"q%d\": {\"type\": \"noul\"}", i ? ", " : "", i), SVC_OK);
+    cr_assert_eq(svc_buf_adds(&b, "}}"), SVC_OK);
+    char *body = svc_buf_steal(&b, NULL);
+    int   fd = post_raw(&s, body, "halfway");
+    wait_metric(&s, "d3stream_http_intake_requests", 1);
+    cr_assert_eq(shutdown(fd, SHUT_WR), 0);
+    wait_metric(&s, "d3stream_http_requests_total{route=\"/v1/systemone\",status=\"499\"}", 1);
+    char    buf[256];
+    ssize_t n = read(fd, buf, sizeof buf);
+    cr_assert(n == 0 || (n < 0 && errno == ECONNRESET), "answered after hanging up: %.*s",
+              (int)(n > 0 ? n : 0), buf);
+    close(fd);
+    wait_metric(&s, "d3stream_http_engine_requests", 0);
+    cr_assert_eq(metric(&s, "d3stream_engine_cancelled_total"), 1);
+    cr_assert_eq(metric(&s, "d3stream_engine_questions_total"), 0, "its questions ran");
+    cr_assert_eq(server_stop(&s), 0);
+    free(body);
+    server_cleanup(&s);
+}
+
 /* Decoding a request is done off the connection threads: while two bodies
  * of large images decode (the intake gauge), /health and /metrics are
  * answered; they waited seconds behind them when MHD's two threads did the

@@ -1055,6 +1055,37 @@ Test(sched, too_large_is_refused_at_once) {
     unload(&l);
 }
 
+/* Prompts over the length limit are answered (max_length_exceeded), never
+ * queued: they do not count against max_tokens, however many. */
+Test(sched, over_long_prompts_are_not_queued_tokens) {
+    loaded_t  l;
+    waiter_t  w;
+    svc_buf_t body;
+    svc_buf_init(&body, (size_t)1 << 22);
+    cr_assert_eq(svc_buf_adds(&body, "{\"state\": \""), SVC_OK);
+    for (int i = 0; i < 2000; i++) /* ~13,000 tokens: over the tiny package's 8,192 */
+        cr_assert_eq(svc_buf_addf(&body, "word%d ", i), SVC_OK);
+    cr_assert_eq(svc_buf_adds(&body, "\", \"questions\": {"), SVC_OK);
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(svc_buf_addf(&body, "%s\"q%d\": {\"type\": \"noul\"}", i ? ", " : "", i),
+                     SVC_OK);
+    cr_assert_eq(svc_buf_adds(&body, "}}"), SVC_OK);
+    sch_request_t *req = decode_valid(body.data, body.len);
+    svc_buf_fini(&body);
+    eng_sched_t *s = one_worker(&l, (eng_sched_conf_t){.max_tokens = 100}, &w);
+    slot_t       a = {.w = &w};
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &a, NULL), SVC_OK);
+    wait_done(&w, 1);
+    cr_assert_eq(a.err, SVC_OK);
+    const sch_result_t *const *res = eng_answers_results(a.ans);
+    for (int i = 0; i < 20; i++)
+        cr_assert_str_eq(res[0][i].error_code, "max_length_exceeded");
+    eng_answers_free(a.ans);
+    eng_sched_free(s);
+    sch_request_free(req);
+    unload(&l);
+}
+
 /* eng_sched_cancel: a queued request's questions are not run, and done
  * comes once with SVC_ERR_CANCELLED; a completed one is not found. */
 Test(sched, cancel_withdraws_a_queued_request) {
