@@ -100,7 +100,7 @@ typedef struct http {
     atomic_size_t      in_flight;  /* requests begun, not completed */
     atomic_size_t      in_engine;  /* requests the engine holds: submitted, not done */
     atomic_size_t      in_intake;  /* decision requests queued for or in an intake thread */
-    atomic_size_t      body_bytes; /* request body bytes held (bounded by o->body_budget) */
+    atomic_size_t      body_bytes; /* request bodies and answers held (o->body_budget) */
     pthread_mutex_t    lock;       /* counts */
     http_counts_t      n;
     char               device[512]; /* meta.device, for model cards */
@@ -132,6 +132,7 @@ struct http_req {
     double                 t0;    /* headers received (monotonic seconds) */
     svc_buf_t              body;
     size_t                 reserved; /* of h->body_bytes */
+    size_t                 out_held; /* of h->body_bytes: the answer queued to MHD */
     char                   method[16], path[256];
     char                   rid[129]; /* X-Request-Id, else a new id: the access log's request_id */
     bool                   too_large, over_budget;

@@ -112,8 +112,8 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
                     "Requests begun and not yet completed.", "",
                     (double)atomic_load(&h->in_flight));
     ops_prom_metric(&m, "d3stream_http_body_bytes", "gauge",
-                    "Bytes of the request-body memory (--max-body-memory) taken by bodies being "
-                    "received or read.",
+                    "Bytes of the body memory (--max-body-memory) taken by request bodies being "
+                    "received or read and by answers being sent.",
                     "", (double)atomic_load(&h->body_bytes));
     ops_prom_metric(&m, "d3stream_http_intake_requests", "gauge",
                     "Decision requests being decoded (images decoded and resized, prompts "

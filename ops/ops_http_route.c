@@ -87,8 +87,15 @@ static void server_timing(const http_req_t *r, char *buf, size_t size) {
 static enum MHD_Result respond(http_req_t *r) {
     const char *type = r->type ? r->type : HTTP_JSON;
     drop_body(r);
-    size_t               len = 0;
-    char                *data = svc_buf_steal(&r->out, &len);
+    size_t len = 0;
+    char  *data = svc_buf_steal(&r->out, &len);
+    /* The answer is held until it is sent, by a client reading as slowly as
+     * it likes: it counts against the body memory too (always taken, never
+     * refused: it is written), so that a burst of large answers (an error
+     * can echo its request several times over) holds back new bodies with
+     * 429 instead of growing without bound. */
+    r->out_held = len;
+    atomic_fetch_add(&r->h->body_bytes, len);
     struct MHD_Response *resp = MHD_create_response_from_buffer(
         len, data ? data : (void *)"", data ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!resp) {
@@ -408,6 +415,8 @@ void ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
     ops_http_count_request(h, r->route, status, total_s);
     access_log(r, status, total_s);
     drop_body(r);
+    if (r->out_held)
+        atomic_fetch_sub(&h->body_bytes, r->out_held);
     svc_buf_fini(&r->body);
     svc_buf_fini(&r->out);
     sch_request_free(r->req);

@@ -27,7 +27,10 @@
 
 #include "sch_avro_int.h"
 
-#define SCHEMA_MAX     ((size_t)4 << 20) /* bytes of one registry answer */
+/* Bytes of one registry answer. request.avsc is 4 KB; a writer schema
+ * compiles to ~30 times its text in avro-c, and 256 of them are cached:
+ * 4 MiB answers could hold ~27 GiB. */
+#define SCHEMA_MAX     ((size_t)256 << 10)
 #define URL_MAX        2048u
 #define CONNECT_MS     5000L
 #define TOTAL_MS       10000L

@@ -426,7 +426,7 @@ void                    sch_registry_free(sch_registry_t *reg);
  *          SVC_ERR_INVALID for an id the registry has not (40403: the
  *          answer is remembered for 30 s), or any id but the fixed ones
  *          without a registry; SVC_ERR_FORMAT for an answer that is not
- *          {"schema": ...}, exceeds 4 MiB, or holds a schema that does not
+ *          {"schema": ...}, exceeds 256 KiB, or holds a schema that does not
  *          compile or resolve; SVC_ERR_NOMEM.
  * @locks the registry's mutex, not held during the HTTP request.
  */

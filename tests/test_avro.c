@@ -680,7 +680,7 @@ Test(avro, registry_oversized_answer) {
     sch_registry_t    *reg = registry_at(&s, "", "", 0);
     sch_avro_writer_t *w = NULL;
     cr_assert_eq(sch_registry_writer(reg, 12, SCH_AVRO_REQUEST, &w, e, sizeof e), SVC_ERR_FORMAT);
-    cr_assert(strstr(e, "answer exceeds 4194304 bytes"), "%s", e);
+    cr_assert(strstr(e, "answer exceeds 262144 bytes"), "%s", e);
     cr_assert_eq(s.hits[12], 1);
     sch_registry_free(reg);
     fake_registry_stop(&s);
