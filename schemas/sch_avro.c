@@ -287,8 +287,9 @@ typedef struct cursor {
     const unsigned char *p;
     size_t               len;
     size_t               at;
-    size_t               items; /* array/map items so far */
-    const char          *why;   /* static reason on failure */
+    size_t               items;  /* array/map items so far */
+    size_t               values; /* values of any kind so far */
+    const char          *why;    /* static reason on failure */
 } cursor_t;
 
 static bool fail(cursor_t *c, const char *why) {
@@ -357,6 +358,8 @@ static bool check_blocks(avro_schema_t items, bool is_map, cursor_t *c, int dept
 static bool check_value(avro_schema_t s, cursor_t *c, int depth) {
     if (depth > SCH_AVRO_MAX_DEPTH)
         return fail(c, "nested too deep");
+    if (++c->values > SCH_AVRO_MAX_VALUES)
+        return fail(c, "more values than allowed");
     int64_t n;
     switch (avro_typeof(s)) {
     case AVRO_NULL:
@@ -415,7 +418,7 @@ svc_err_t sch_av_decode(sch_avro_kind_t kind, const sch_avro_writer_t *w, const 
     avro_value_iface_t *wc = w ? w->wclass : emb->cls;
     const char         *what = kind == SCH_AVRO_ANSWER ? "answer" : "request";
     memset(d, 0, sizeof *d);
-    cursor_t c = {body, len, 0, 0, NULL};
+    cursor_t c = {body, len, 0, 0, 0, NULL};
     if (!check_value(ws, &c, 0)) {
         svc_errf(errstr, errstr_size, "avro %s body (%zu bytes): %s at byte %zu", what, len, c.why,
                  c.at);

@@ -556,6 +556,44 @@ Test(avro, hostile_lengths_are_refused_before_allocating) {
     svc_buf_fini(&out);
 }
 
+/* A registered writer schema can make values that cost no body byte: an
+ * array of records of 1,000 null fields, 10,000 items in a 4-byte block.
+ * The values are counted before avro-c builds any (it made 614 MB of a
+ * 12-byte body): refused, whatever the item count allows. */
+Test(avro, values_without_bytes_are_counted) {
+    svc_buf_t f;
+    svc_buf_init(&f, BUF_MAX);
+    cr_assert_eq(svc_buf_adds(&f, "{\"name\":\"x\",\"type\":{\"type\":\"array\",\"items\":{"
+                                  "\"type\":\"record\",\"name\":\"Nulls\",\"fields\":["),
+                 SVC_OK);
+    for (int i = 0; i < 1000; i++)
+        cr_assert_eq(svc_buf_addf(&f, "%s{\"name\":\"n%d\",\"type\":\"null\"}", i ? "," : "", i),
+                     SVC_OK);
+    cr_assert_eq(svc_buf_adds(&f, "]}},\"default\":[]},"), SVC_OK);
+    /* x first in the top-level record: its fields list is the first one */
+    svc_buf_t to;
+    svc_buf_init(&to, BUF_MAX);
+    cr_assert_eq(svc_buf_adds(&to, "\"fields\":["), SVC_OK);
+    cr_assert_eq(svc_buf_add(&to, f.data, f.len), SVC_OK);
+    cr_assert_eq(svc_buf_addc(&to, '\0'), SVC_OK);
+    char              *wtext = edited_schema("\"fields\":[", to.data, NULL, NULL);
+    char               e[512] = "";
+    sch_avro_writer_t *w = sch_avro_writer_new(SCH_AVRO_REQUEST, wtext, strlen(wtext), e, sizeof e);
+    cr_assert(w, "%s", e);
+    /* x: one block of 10,000 items (zigzag 20,000), the end, then the
+     * request's fields all null */
+    static const unsigned char body[] = {0xa0, 0x9c, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    svc_buf_t                  out;
+    svc_buf_init(&out, BUF_MAX);
+    cr_assert_eq(sch_avro_request_to_json(w, body, sizeof body, &out, e, sizeof e), SVC_ERR_FORMAT);
+    cr_assert(strstr(e, "more values than allowed"), "%s", e);
+    svc_buf_fini(&out);
+    sch_avro_writer_free(w);
+    svc_buf_fini(&to);
+    svc_buf_fini(&f);
+    free(wtext);
+}
+
 /* ---- the schema registry --------------------------------------------------- */
 
 static sch_registry_t *registry_at(const fake_registry_t *s, const char *userinfo, const char *path,
