@@ -222,18 +222,19 @@ const eng_media_t *eng_imgreg_media(const eng_imgreg_t *g) {
     return &g->media;
 }
 
-uint64_t eng_imgreg_cleared(const eng_imgreg_t *g) {
+/* A counter of g's, read under its lock. */
+static uint64_t counter(const eng_imgreg_t *g, const uint64_t *field) {
     eng_imgreg_t *m = (eng_imgreg_t *)g; /* the lock is not part of the value */
     pthread_mutex_lock(&m->mu);
-    uint64_t n = g->cleared;
+    uint64_t n = *field;
     pthread_mutex_unlock(&m->mu);
     return n;
 }
 
+uint64_t eng_imgreg_cleared(const eng_imgreg_t *g) {
+    return counter(g, &g->cleared);
+}
+
 uint64_t eng_imgreg_encodings(const eng_imgreg_t *g) {
-    eng_imgreg_t *m = (eng_imgreg_t *)g; /* the lock is not part of the value */
-    pthread_mutex_lock(&m->mu);
-    uint64_t n = g->encodings;
-    pthread_mutex_unlock(&m->mu);
-    return n;
+    return counter(g, &g->encodings);
 }

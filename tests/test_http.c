@@ -327,15 +327,9 @@ static double prom_check(const char *text, const char *want) {
 
 /* ---------------------------------------------------------------- raw socket */
 
-/* Sends head (no body) and returns what the server answered. */
-static char *raw_exchange(const server_t *s, const char *head) {
-    int                fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    struct timeval tv = {.tv_sec = (long)wait_s(10)};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    cr_assert(write(fd, head, strlen(head)) == (ssize_t)strlen(head));
+/* Reads an answer from fd into a new string: until its JSON body ends (or
+ * the server closes, or the receive timeout passes). */
+static char *read_answer(int fd) {
     svc_buf_t b;
     svc_buf_init(&b, 1 << 20);
     char    chunk[4096];
@@ -345,10 +339,57 @@ static char *raw_exchange(const server_t *s, const char *head) {
         if (strstr(b.data, "\r\n\r\n") && strstr(b.data, "}}"))
             break;
     }
-    close(fd);
     if (!b.data)
         cr_assert(svc_buf_add(&b, "", 0) == SVC_OK);
     return svc_buf_steal(&b, NULL);
+}
+
+/* Sends head (no body) and returns what the server answered. */
+static char *raw_exchange(const server_t *s, const char *head) {
+    int                fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    struct timeval tv = {.tv_sec = (long)wait_s(10)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    cr_assert(write(fd, head, strlen(head)) == (ssize_t)strlen(head));
+    char *answer = read_answer(fd);
+    close(fd);
+    return answer;
+}
+
+/* One sample of /metrics. */
+static double metric(const server_t *s, const char *want) {
+    resp_t r;
+    request(s, "GET", "/metrics", NULL, 0, &r);
+    cr_assert_eq(r.status, 200);
+    double v = prom_check(r.body.data, want);
+    resp_fini(&r);
+    return v;
+}
+
+/* Waits (up to wait_s(30)) until a /metrics sample reads v. */
+static void wait_metric(const server_t *s, const char *want, double v) {
+    double got = -1;
+    for (double end = now_s() + wait_s(30); now_s() < end && (got = metric(s, want)) != v;)
+        usleep(20000);
+    cr_assert_eq(got, v, "%s is %g, waited for %g", want, got, v);
+}
+
+/* A client that announced an 8 MiB body and sends nothing holds all of
+ * --max-body-memory 8 (the body_bytes gauge says when); answers still
+ * being sent count there too, so it starts once none is. Returns its
+ * socket. */
+static int hold_body_memory(const server_t *s) {
+    wait_metric(s, "d3stream_http_body_bytes", 0);
+    int                hold = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert(connect(hold, (struct sockaddr *)&a, sizeof a) == 0);
+    const char *head = "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: 8388608\r\n\r\n{";
+    cr_assert(write(hold, head, strlen(head)) == (ssize_t)strlen(head));
+    wait_metric(s, "d3stream_http_body_bytes", 8388608);
+    return hold;
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -740,24 +781,7 @@ Test(http, overloaded) {
     resp_fini(&r);
     /* The memory for bodies is bounded: a client that announced 8 MiB and
      * sends nothing holds all of it, so the next body gets 429 at once. */
-    int                hold = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(connect(hold, (struct sockaddr *)&a, sizeof a) == 0);
-    const char *head = "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: 8388608\r\n\r\n{";
-    cr_assert(write(hold, head, strlen(head)) == (ssize_t)strlen(head));
-    /* Until the server has read the held request's headers and taken its
-     * budget (the body_bytes gauge): no other body may be in flight
-     * meanwhile, or the held one finds 2 bytes taken and is refused (a
-     * loop of small posts here once lost that race under load). */
-    double taken = 0;
-    for (int i = 0; i < 1000 && taken != 8388608; i++) {
-        usleep(10000);
-        request(&s, "GET", "/metrics", NULL, 0, &r);
-        taken = prom_check(r.body.data, "d3stream_http_body_bytes");
-        resp_fini(&r);
-    }
-    cr_assert_eq(taken, 8388608, "the held request took %.0f bytes", taken);
+    int   hold = hold_body_memory(&s);
     char *raw = raw_exchange(&s, "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: "
                                  "2\r\n\r\n{}");
     cr_assert(strncmp(raw, "HTTP/1.1 429", 12) == 0, "%.300s", raw);
@@ -972,24 +996,6 @@ Test(http, slow_clients_time_out) {
     server_cleanup(&s);
 }
 
-/* One sample of /metrics. */
-static double metric(const server_t *s, const char *want) {
-    resp_t r;
-    request(s, "GET", "/metrics", NULL, 0, &r);
-    cr_assert_eq(r.status, 200);
-    double v = prom_check(r.body.data, want);
-    resp_fini(&r);
-    return v;
-}
-
-/* Waits (up to wait_s(30)) until a /metrics sample reads v. */
-static void wait_metric(const server_t *s, const char *want, double v) {
-    double got = -1;
-    for (double end = now_s() + wait_s(30); now_s() < end && (got = metric(s, want)) != v;)
-        usleep(20000);
-    cr_assert_eq(got, v, "%s is %g, waited for %g", want, got, v);
-}
-
 /* A decision request over a raw socket (the whole body written), with its
  * X-Request-Id. */
 static int post_raw(const server_t *s, const char *body, const char *rid) {
@@ -1073,18 +1079,9 @@ static char *post_whole_then_read(const server_t *s, const char *head, size_t n)
         off += (size_t)w;
     }
     free(body);
-    svc_buf_t b;
-    svc_buf_init(&b, 1 << 20);
-    char    chunk[4096];
-    ssize_t got;
-    while ((got = read(fd, chunk, sizeof chunk)) > 0) {
-        cr_assert(svc_buf_add(&b, chunk, (size_t)got) == SVC_OK);
-        if (strstr(b.data, "}}"))
-            break;
-    }
+    char *answer = read_answer(fd);
     close(fd);
-    cr_assert(svc_buf_addc(&b, '\0') == SVC_OK);
-    return svc_buf_steal(&b, NULL);
+    return answer;
 }
 
 /* A refusal known from the headers (413 too large, 429 body memory spent)
@@ -1101,14 +1098,7 @@ Test(http, refusals_after_the_body) {
     raw = post_whole_then_read(&s, head, 9000000);
     cr_assert(strncmp(raw, "HTTP/1.1 413", 12) == 0, "%.300s", raw);
     free(raw);
-    /* the body memory held by a client that announced 8 MiB */
-    int                hold = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert(connect(hold, (struct sockaddr *)&a, sizeof a) == 0);
-    const char *held = "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: 8388608\r\n\r\n{";
-    cr_assert(write(hold, held, strlen(held)) == (ssize_t)strlen(held));
-    wait_metric(&s, "d3stream_http_body_bytes", 8388608);
+    int hold = hold_body_memory(&s); /* the body memory, all of it */
     snprintf(head, sizeof head,
              "POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: %u\r\n\r\n", 1000000u);
     raw = post_whole_then_read(&s, head, 1000000);

@@ -271,15 +271,41 @@ Test(serve, avro_every_record_answered, .timeout = 600) {
     rm_tree(dir);
 }
 
-/* A request whose own prompts hold more tokens than --max-queued-tokens can
- * never be queued: its result is SPEC b.7's 429 overloaded, committed, and
- * the records after it are answered (it used to be admitted on an empty
- * queue whatever its size, its every question tokenized and held). */
-Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
+/* Two records through serve --stop-at-end with extra flags: record k gets
+ * status[k], the first's body holds each of needles; all committed. */
+static void serve_two(req_t *reqs, const char *extra, const int status[2],
+                      const char *const *needles) {
     char dir[64], pkg[128];
     make_package(dir, pkg, sizeof pkg);
     topics_t t;
     topics_new(&t);
+    for (int i = 0; i < 2; i++)
+        reqs[i].len = strlen(reqs[i].value);
+    produce(t.in, reqs, 2);
+    char base[2048];
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, NULL, extra);
+    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
+    static rec_t recs[MAX_RECS];
+    int          n = read_all(t.out, recs, MAX_RECS);
+    cr_assert_eq(n, 2, "%d results", n);
+    for (int k = 0; k < n; k++) {
+        int i = strcmp(recs[k].key, reqs[0].key) == 0 ? 0 : 1;
+        assert_result_headers(&recs[k], status[i], reqs[i].rid, "application/json");
+        for (const char *const *w = needles; i == 0 && *w; w++)
+            cr_assert(strstr((const char *)recs[k].value, *w), "%s not in %.300s", *w,
+                      (const char *)recs[k].value);
+    }
+    recs_free(recs, n);
+    assert_committed_at_end(t.group, t.in);
+    rm_tree(dir);
+}
+
+/* A request whose own prompts hold more tokens than --max-queued-tokens can
+ * never be queued: its result is SPEC b.7's 429 overloaded, committed, and
+ * the records after it are answered (it used to be admitted on an empty
+ * queue whatever its size, its every question tokenized and held). One
+ * question of "big" (~245 prompt tokens) fits 300 tokens, its two do not. */
+Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
     static req_t reqs[2] = {
         {.key = "big",
          .rid = "rid-big",
@@ -289,28 +315,8 @@ Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
                   "\"instructions\": \"Damaged?\"}}}"},
         {.key = "small", .rid = "rid-small", .value = "{\"state\": \"x\", \"questions\": {}}"},
     };
-    for (int i = 0; i < 2; i++)
-        reqs[i].len = strlen(reqs[i].value);
-    produce(t.in, reqs, 2);
-    char base[2048];
-    /* one question of "big" (~245 prompt tokens) fits 300 tokens, its two do not */
-    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, NULL, "--max-queued-tokens 300");
-    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
-    static rec_t recs[MAX_RECS];
-    int          n = read_all(t.out, recs, MAX_RECS);
-    cr_assert_eq(n, 2, "%d results", n);
-    for (int k = 0; k < n; k++) {
-        bool big = !strcmp(recs[k].key, "big");
-        assert_result_headers(&recs[k], big ? 429 : 400, big ? "rid-big" : "rid-small",
-                              "application/json");
-        if (big)
-            cr_assert(strstr((const char *)recs[k].value, "\"code\":\"overloaded\"") &&
-                          strstr((const char *)recs[k].value, "cannot be queued"),
-                      "%s", (const char *)recs[k].value);
-    }
-    recs_free(recs, n);
-    assert_committed_at_end(t.group, t.in);
-    rm_tree(dir);
+    static const char *const needles[] = {"\"code\":\"overloaded\"", "cannot be queued", NULL};
+    serve_two(reqs, "--max-queued-tokens 300", (const int[2]){429, 400}, needles);
 }
 
 /* A result larger than a record of the results topic may be (an error body
@@ -318,10 +324,6 @@ Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
  * message) becomes a 500 that says so, committed: it was refused by the
  * producer and never committed, so every restart replayed what followed. */
 Test(serve, result_too_large_for_a_record, .timeout = 600) {
-    char dir[64], pkg[128];
-    make_package(dir, pkg, sizeof pkg);
-    topics_t t;
-    topics_new(&t);
     enum { N_DEL = 250000 };
     static char big[N_DEL + 128];
     int         n = snprintf(big, sizeof big, "{\"state\": \"x\", \"");
@@ -332,26 +334,8 @@ Test(serve, result_too_large_for_a_record, .timeout = 600) {
         {.key = "next", .rid = "rid-next", .value = "{\"state\": \"x\", \"questions\": {}}"},
     };
     reqs[0].value = big;
-    for (int i = 0; i < 2; i++)
-        reqs[i].len = strlen(reqs[i].value);
-    produce(t.in, reqs, 2);
-    char base[2048];
-    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, NULL, "");
-    cr_assert_eq(serve_backfill(base, dir, "serve.log"), 0, "serve failed: see %s/serve.log", dir);
-    static rec_t recs[MAX_RECS];
-    int          got = read_all(t.out, recs, MAX_RECS);
-    cr_assert_eq(got, 2, "%d results", got);
-    for (int k = 0; k < got; k++) {
-        bool is_big = !strcmp(recs[k].key, "big");
-        assert_result_headers(&recs[k], is_big ? 500 : 400, is_big ? "rid-big" : "rid-next",
-                              "application/json");
-        if (is_big)
-            cr_assert(strstr((const char *)recs[k].value, "message.max.bytes 1000000"), "%.300s",
-                      (const char *)recs[k].value);
-    }
-    recs_free(recs, got);
-    assert_committed_at_end(t.group, t.in);
-    rm_tree(dir);
+    static const char *const needles[] = {"message.max.bytes 1000000", NULL};
+    serve_two(reqs, "", (const int[2]){500, 400}, needles);
 }
 
 /* A registry URL that is not the registry (its 404 is not the registry's
