@@ -136,6 +136,11 @@ static size_t msg_bytes(const rd_kafka_message_t *rkm) {
     return rkm->len + rkm->key_len;
 }
 
+/* The bytes gauge after a change. @locks lock MUST be held */
+static void bytes_note(cons_t *cons) {
+    atomic_store(&cons->bytes_now, (int64_t)(cons->bytes_in_flight + cons->bytes_parked));
+}
+
 /* Whether a message of n bytes fits beside what is out (none out: any
  * does, or one large record would stall the partition for ever).
  * @locks lock MUST be held */
@@ -184,6 +189,7 @@ static svc_err_t park(cons_t *cons, rd_kafka_message_t *rkm) {
     }
     cons->parked[cons->n_parked++] = rkm;
     cons->bytes_parked += msg_bytes(rkm);
+    bytes_note(cons);
     return SVC_OK;
 }
 
@@ -196,6 +202,7 @@ void cons_parked_drop(cons_t *cons, const char *topic, int32_t partition) {
         rd_kafka_message_t *rkm = cons->parked[r];
         if (rkm->partition == partition && strcmp(rd_kafka_topic_name(rkm->rkt), topic) == 0) {
             cons->bytes_parked -= msg_bytes(rkm);
+            bytes_note(cons);
             rd_kafka_message_destroy(rkm);
         } else
             cons->parked[w++] = rkm;
@@ -247,6 +254,7 @@ static svc_err_t hand_out(cons_t *cons, rd_kafka_message_t *rkm, cons_msg_t **ou
      * offset back, so this one goes out untracked (gen 0). */
     cons->in_flight++;
     cons->bytes_in_flight += msg_bytes(rkm);
+    bytes_note(cons);
     if (cons->stop_at_end)
         end_mark(cons, topic, rkm->partition, rkm->offset + 1);
     int64_t held = (int64_t)cons->in_flight;
@@ -296,6 +304,7 @@ svc_err_t cons_poll(cons_t *cons, int timeout_ms, cons_msg_t **out) {
         rkm = cons->parked[0];
         cons->n_parked--;
         cons->bytes_parked -= msg_bytes(rkm);
+        bytes_note(cons);
         memmove(cons->parked, cons->parked + 1, cons->n_parked * sizeof *cons->parked);
     }
     pthread_mutex_unlock(&cons->lock);
@@ -365,6 +374,7 @@ void cons_msg_done(cons_t *cons, cons_msg_t *msg, bool delivered) {
     SVC_ASSERT(cons->in_flight > 0);
     cons->in_flight--;
     cons->bytes_in_flight -= msg_bytes(rkm);
+    bytes_note(cons);
     atomic_store(&cons->in_flight_now, (int64_t)cons->in_flight);
     pthread_mutex_unlock(&cons->lock);
     if (why[0])

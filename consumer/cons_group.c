@@ -508,6 +508,7 @@ void cons_stats(const cons_t *cons, cons_stats_t *out) {
         .stats_seen = atomic_load(&c->stats_seen),
         .in_flight = atomic_load(&c->in_flight_now),
         .in_flight_max = atomic_load(&c->in_flight_max),
+        .bytes = atomic_load(&c->bytes_now),
         .messages = atomic_load(&c->messages),
         .stored = atomic_load(&c->stored),
         .stale = atomic_load(&c->stale),

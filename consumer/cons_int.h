@@ -45,6 +45,7 @@ struct cons {
     size_t          max_in_flight, low_water;
     size_t          max_bytes;                     /* 0: no bound */
     size_t          bytes_in_flight, bytes_parked; /* under lock */
+    _Atomic int64_t bytes_now;                     /* their sum, for cons_stats */
     bool            stop_at_end;
     bool            transactional;
     cons_revoke_cb *on_revoke;

@@ -94,6 +94,7 @@ typedef struct cons_stats {
     int64_t stats_seen;      /* statistics callbacks parsed */
     int64_t in_flight;       /* handed out, cons_msg_done not yet called */
     int64_t in_flight_max;   /* highest in_flight ever */
+    int64_t bytes;           /* keys and values handed out or parked (max_bytes) */
     int64_t messages;        /* handed out by cons_poll */
     int64_t stored;          /* rd_kafka_offsets_store calls that advanced an offset */
     int64_t stale;           /* finished after their partition was revoked: not stored */

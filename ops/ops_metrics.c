@@ -191,6 +191,10 @@ static void kafka_metrics(ops_prom_t *b, serve_t *s) {
                     "", (double)cs.messages);
     ops_prom_metric(b, "d3stream_consumer_in_flight", "gauge", "Records taken and not finished.",
                     "", (double)cs.in_flight);
+    ops_prom_metric(b, "d3stream_consumer_in_flight_bytes", "gauge",
+                    "Keys and values of the records taken and not finished, and of those "
+                    "fetched and not yet taken (bounded by --window-mib).",
+                    "", (double)cs.bytes);
     ops_prom_metric(b, "d3stream_consumer_pauses_total", "counter",
                     "Times the in-flight window paused fetching.", "", (double)cs.pauses);
 }

@@ -545,6 +545,7 @@ Test(consumer, window_bytes, .timeout = 120) {
     cons_stats_t st;
     cons_stats(c, &st);
     cr_assert_gt(st.pauses, 0, "the byte window never paused fetching");
+    cr_assert_eq(st.bytes, 0, "%" PRId64 " bytes still counted, none held", st.bytes);
     cr_assert_geq(most, 6, "at most %zu held: the byte window is not what limited it", most);
     cr_assert_eq(cons_close(c), SVC_OK, "%s", cons_strerror(c));
     cons_free(c);
