@@ -97,8 +97,7 @@ struct sreq {
     uint64_t *job_tok;
     size_t    n_jobs;
     uint64_t  tokens;
-    svc_err_t err;           /* the first failure; under s->mu */
-    int       refuse_status; /* SVC_ERR_TOO_LARGE at submit: 429 or 413 */
+    svc_err_t err; /* the first failure; under s->mu */
     char      errstr[512];
     /* images: image k of the request (parts in order) is slot img_slot[k]
      * of reg, with img_tok[k] tokens; part p's are [img_first[p],
@@ -249,7 +248,8 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
 /* Plans every valid question of req into r (eng_answer_plan); the ones
  * that reach the model become r->qs, their image placeholders expanded to
  * the tokens of r's image slots. */
-static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errstr_size) {
+static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char *errstr,
+                           size_t errstr_size) {
     const sch_request_t *req = r->req;
     size_t               n_valid = 0;
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
@@ -283,19 +283,21 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, char *errstr, size_t errst
              * max_length_exceeded), but their tokenizing is bounded too. */
             planned += !err && run ? pr.n_tokens : 0;
             tokenized += err ? 0 : pr.n_tokens;
-            if (!err && planned > s->max_tokens) {
+            if (!err && planned > s->max_tokens) { /* SPEC b.7's 429 */
                 svc_errf(errstr, errstr_size,
                          "the request's prompts hold more than %llu tokens, more than "
                          "--max-queued-tokens allows queued at once",
                          (unsigned long long)s->max_tokens);
-                r->refuse_status = 429;
+                if (reject)
+                    sch_error_set(reject, 429, "overloaded", "%s; it cannot be queued", errstr);
                 err = SVC_ERR_TOO_LARGE;
             } else if (!err && tokenized > ENG_REQ_MAX_TOKENIZED) {
                 svc_errf(errstr, errstr_size,
                          "the request's prompts hold more than %u tokens in all (those over the "
                          "length limit included), the most one request may have read",
                          ENG_REQ_MAX_TOKENIZED);
-                r->refuse_status = 413;
+                if (reject)
+                    sch_error_set(reject, 413, "request_too_large", "%s", errstr);
                 err = SVC_ERR_TOO_LARGE;
             }
             if (err || !run)
@@ -385,11 +387,16 @@ static void finish_locked(wctx_t *w, squ_t *q) {
 }
 
 /* Records the first failure of q's request. @locks s->mu held. */
+static bool sreq_fail_locked(sreq_t *r, svc_err_t err, const char *errstr) {
+    if (r->err)
+        return false;
+    r->err = err;
+    snprintf(r->errstr, sizeof r->errstr, "%s", errstr);
+    return true;
+}
+
 static void fail_locked(squ_t *q, svc_err_t err, const char *errstr) {
-    if (q->r->err)
-        return;
-    q->r->err = err;
-    snprintf(q->r->errstr, sizeof q->r->errstr, "%s", errstr);
+    (void)sreq_fail_locked(q->r, err, errstr);
 }
 
 static void complete_unlocked(wctx_t *w) {
@@ -914,13 +921,7 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
     if (!err) /* every image decoded: the error schemas/ held behind them */
         err = eng_answer_pending(req, reject, errstr, sizeof errstr);
     if (!err)
-        err = sreq_plan(s, r, errstr, sizeof errstr);
-    if (err == SVC_ERR_TOO_LARGE && reject) { /* never admissible: SPEC b.7's 429, or a 413 */
-        if (r->refuse_status == 413)
-            sch_error_set(reject, 413, "request_too_large", "%s", errstr);
-        else
-            sch_error_set(reject, 429, "overloaded", "%s; it cannot be queued", errstr);
-    }
+        err = sreq_plan(s, r, reject, errstr, sizeof errstr);
     if (err) {
         sreq_free(r);
         return err;
@@ -970,11 +971,8 @@ bool eng_sched_cancel(eng_sched_t *s, eng_sched_done_fn done, const void *user) 
     /* Its queued questions are dropped by the worker that takes them, its
      * running ones finish (leaf_live skips the rest of a group); the last
      * completes it with this error, as any failure. */
-    if (r && !r->err) {
-        r->err = SVC_ERR_CANCELLED;
-        snprintf(r->errstr, sizeof r->errstr, "the request was cancelled");
+    if (r && sreq_fail_locked(r, SVC_ERR_CANCELLED, "the request was cancelled"))
         s->stats.cancelled++;
-    }
     pthread_mutex_unlock(&s->mu);
     return r != NULL;
 }

@@ -40,11 +40,16 @@ void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt
     sch_error_fini(&e);
 }
 
+/* One more 429 in /metrics. */
+static void count_overloaded(http_t *h) {
+    pthread_mutex_lock(&h->lock);
+    h->n.overloaded++;
+    pthread_mutex_unlock(&h->lock);
+}
+
 void ops_http_overloaded(http_req_t *r) {
     ops_http_error(r, 429, "overloaded", "the request queue is full; retry later");
-    pthread_mutex_lock(&r->h->lock);
-    r->h->n.overloaded++;
-    pthread_mutex_unlock(&r->h->lock);
+    count_overloaded(r->h);
 }
 
 /* An engine failure: the 500 upstream answers for an exception. */
@@ -90,19 +95,16 @@ bool ops_http_cancel(http_req_t *r) {
 /* The submit's refusal as r's answer. */
 static void refused(http_req_t *r, svc_err_t err, sch_error_t *reject) {
     char why[256];
-    if ((err == SVC_ERR_INVALID || err == SVC_ERR_TOO_LARGE) && reject->code) {
-        /* an image the contract refuses (its 400), or prompts too large
-         * ever to be queued (its 429) */
+    if (reject->code) {
+        /* the contract's answer the engine gave: an image refused (400), a
+         * request too large ever to be queued (429 or 413) */
         svc_buf_reset(&r->out);
         if (sch_error_encode(reject, &r->out))
             internal_error(r, "cannot write the result");
         else
             r->status = reject->status;
-        if (reject->status == 429) {
-            pthread_mutex_lock(&r->h->lock);
-            r->h->n.overloaded++;
-            pthread_mutex_unlock(&r->h->lock);
-        }
+        if (reject->status == 429)
+            count_overloaded(r->h);
     } else if (err == SVC_ERR_RETRIABLE) {
         ops_http_overloaded(r);
     } else {
@@ -126,8 +128,7 @@ void ops_http_decisions(http_req_t *r) {
         r->status = http;
     else if (rc != OPS_EXIT_OK)
         internal_error(r, why);
-    else if (atomic_load(&r->client_gone))
-        ops_http_error(r, 499, "invalid_request", "the client closed the connection");
+    /* A client gone meanwhile gets no answer (the handler closes it). */
     if (rc != OPS_EXIT_OK || atomic_load(&r->client_gone)) {
         ops_http_answer_now(r);
         return;

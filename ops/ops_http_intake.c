@@ -181,8 +181,7 @@ static void *intake_main(void *arg) {
             h->iq_tail = NULL;
         pthread_mutex_unlock(&h->ilock);
         if (atomic_load(&r->client_gone)) {
-            /* Nobody to answer: not decoded. The 499 is recorded at completion. */
-            ops_http_error(r, 499, "invalid_request", "the client closed the connection");
+            /* Nobody to answer: not decoded; closed on resume, recorded 499. */
             ops_http_answer_now(r);
         } else {
             ops_http_decisions(r); /* r may be freed when it returns */

@@ -77,8 +77,8 @@ typedef struct serve {
     /* The scheduler's queue when it last refused s->blocked: it is asked
      * again only once that changed (a job finished), since each try
      * decodes the images and tokenizes the prompts anew. */
-    uint64_t refused_requests, refused_jobs, refused_tokens, refused_slots;
-    double   refused_at; /* monotonic s; a try at least every second anyway */
+    eng_sched_stats_t refused;
+    double            refused_at; /* monotonic s; a try at least every second anyway */
     /* Completions: workers set job->ready under lock and signal. */
     pthread_mutex_t lock;
     pthread_cond_t  cond;

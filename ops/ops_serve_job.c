@@ -180,19 +180,14 @@ static void engine_done(void *user, eng_answers_t *ans, svc_err_t err, const cha
     set_ready(j);
 }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Whether the scheduler's queue is as it was when it refused s->blocked
  * (and that was under a second ago): then a new try would only decode and
  * tokenize it again to be refused again. */
 static bool queue_as_refused(const serve_t *s, const eng_sched_stats_t *st, double now) {
-    return s->refused_at > 0 && now - s->refused_at < 1.0 && st->requests == s->refused_requests &&
-           st->queued_jobs == s->refused_jobs && st->queued_tokens == s->refused_tokens &&
-           st->image_slots_freed == s->refused_slots;
+    const eng_sched_stats_t *was = &s->refused;
+    return s->refused_at > 0 && now - s->refused_at < 1.0 && st->requests == was->requests &&
+           st->queued_jobs == was->queued_jobs && st->queued_tokens == was->queued_tokens &&
+           st->image_slots_freed == was->image_slots_freed;
 }
 
 bool ops_serve_job_submit(serve_t *s) {
@@ -201,7 +196,7 @@ bool ops_serve_job_submit(serve_t *s) {
         return true;
     eng_sched_stats_t st; /* before the try: a change during it is seen next time */
     eng_sched_stats(s->sched, &st);
-    double now = mono_s();
+    double now = ops_serve_now_s();
     if (queue_as_refused(s, &st, now))
         return false;
     sch_error_t reject;
@@ -209,16 +204,16 @@ bool ops_serve_job_submit(serve_t *s) {
     svc_err_t err = eng_sched_submit(s->sched, j->req, engine_done, j, &reject);
     if (err == SVC_ERR_RETRIABLE) {
         sch_error_fini(&reject);
-        s->refused_requests = st.requests, s->refused_jobs = st.queued_jobs;
-        s->refused_tokens = st.queued_tokens, s->refused_slots = st.image_slots_freed;
+        s->refused = st;
         s->refused_at = now;
         return false;
     }
     s->refused_at = 0;
     s->blocked = NULL;
-    /* an image the contract refuses (its 400), or a request too large ever
-     * to be queued (its 429): that answer, committed, never retried */
-    if ((err == SVC_ERR_INVALID || err == SVC_ERR_TOO_LARGE) && reject.code) {
+    /* the contract's answer the engine gave (an image refused: 400; a
+     * request too large ever to be queued: 429 or 413), committed, never
+     * retried */
+    if (reject.code) {
         sch_request_free(j->req);
         j->req = NULL;
         svc_buf_reset(&j->out);
@@ -489,8 +484,8 @@ static void publish(serve_t *s, job_t *j) {
     const void *value;
     size_t      value_len;
     svc_buf_init(&avro, SIZE_MAX / 2);
-    size_t klen = 0;
-    (void)cons_msg_key(j->msg, &klen);
+    size_t      klen = 0;
+    const void *key = cons_msg_key(j->msg, &klen);
     if (j->status < 0 || !result_value(s, j, &avro, &value, &value_len) ||
         !fit_result(s, j, klen, &avro, &value, &value_len)) {
         if (job_log(&l, OPS_LOG_ERROR, "abandoned (consumed again later)", j)) {
@@ -526,7 +521,6 @@ static void publish(serve_t *s, job_t *j) {
             s->txn_failed = s->o->eos;
         }
     }
-    const void   *key = cons_msg_key(j->msg, &klen);
     prod_result_t r = {.key = key,
                        .key_len = klen,
                        .value = value,
