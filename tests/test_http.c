@@ -1032,6 +1032,8 @@ Test(http, disconnect_cancels_and_is_499, .timeout = 240) {
     char *body = slow_request(12, 1000); /* ~1 s of the tiny package's engine */
     int   a = post_raw(&s, body, "kept");
     wait_metric(&s, "d3stream_http_engine_requests", 1);
+    /* the worker took A's questions: B cannot join that take */
+    wait_metric(&s, "d3stream_engine_batch_questions_sum", 12);
     int b = post_raw(&s, body, "gone");
     wait_metric(&s, "d3stream_http_engine_requests", 2);
     close(b);
