@@ -561,12 +561,13 @@ static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr,
 
 /* model.q4nx: config.json after the file is open, since FastFlowLM's may
  * leave the layer kinds to the tensors (eng_model_cfg.c). */
-static svc_err_t load_q4nx(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+static svc_err_t load_q4nx(const char *dir, const eng_q4nx_layout_t *lay, eng_model_t *m,
+                           char *errstr, size_t n) {
     char *path = eng_path_join(dir, "model.q4nx");
     if (!path)
         return SVC_ERR_NOMEM;
     eng_q4nx_t *q = NULL;
-    svc_err_t   err = eng_q4nx_open(path, &q, errstr, n);
+    svc_err_t   err = eng_q4nx_open_with(path, lay, &q, errstr, n);
     if (!err)
         err = eng_model_cfg_load(dir, q, &m->cfg, errstr, n);
     if (!err) {
@@ -622,20 +623,34 @@ static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, siz
     return err;
 }
 
+svc_err_t eng_load_opts_check(const eng_load_opts_t *opts, char *errstr, size_t errstr_size) {
+    eng_q4nx_layout_t lay;
+    return eng_q4nx_layout_parse(opts ? opts->q4nx_layout : NULL, &lay, errstr, errstr_size);
+}
+
 svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr, size_t errstr_size) {
+    return eng_model_load_with(dir, NULL, out, errstr, errstr_size);
+}
+
+svc_err_t eng_model_load_with(const char *dir, const eng_load_opts_t *opts, eng_model_t **out,
+                              char *errstr, size_t errstr_size) {
     *out = NULL;
     if (errstr_size)
         errstr[0] = '\0';
+    eng_q4nx_layout_t lay;
+    svc_err_t         err =
+        eng_q4nx_layout_parse(opts ? opts->q4nx_layout : NULL, &lay, errstr, errstr_size);
+    if (err)
+        return err;
     eng_model_t *m = calloc(1, sizeof *m);
     if (!m)
         return SVC_ERR_NOMEM;
     /* An upstream package (single file or sharded) wins when both kinds of
      * weights are present; with neither, the message names model.safetensors. */
-    bool      single = eng_dir_has_file(dir, ST_SINGLE);
-    bool      sharded = !single && eng_dir_has_file(dir, ST_INDEX);
-    svc_err_t err;
+    bool single = eng_dir_has_file(dir, ST_SINGLE);
+    bool sharded = !single && eng_dir_has_file(dir, ST_INDEX);
     if (!single && !sharded && eng_dir_has_file(dir, "model.q4nx"))
-        err = load_q4nx(dir, m, errstr, errstr_size);
+        err = load_q4nx(dir, &lay, m, errstr, errstr_size);
     else if (!(err = eng_model_cfg_load(dir, NULL, &m->cfg, errstr, errstr_size)))
         err = load_weights(dir, sharded, m, errstr, errstr_size);
     if (!err)

@@ -567,6 +567,16 @@ svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t err
         svc_errf(errstr, errstr_size, "a twin package is written for --format q4nx only");
         return SVC_ERR_INVALID;
     }
+    const eng_make_q4nx_t *q = &opts->q4nx;
+    if ((q->tiles || q->raster_a || q->embed_bf16 || q->alpha_tiles) &&
+        opts->format != ENG_MAKE_Q4NX) {
+        svc_errf(errstr, errstr_size, "a model.q4nx layout is written for --format q4nx only");
+        return SVC_ERR_INVALID;
+    }
+    if ((unsigned)q->tiles > ENG_MAKE_TILES_Q4_0) {
+        svc_errf(errstr, errstr_size, "model.q4nx tiles %d: not a kind", (int)q->tiles);
+        return SVC_ERR_INVALID;
+    }
     pw_ctx_t  c = {.opts = opts,
                    .shape = pw_shape_get(opts->size),
                    .errstr = errstr,

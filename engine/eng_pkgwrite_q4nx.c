@@ -72,13 +72,36 @@ svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_l
     return err;
 }
 
+bool eng_make_tiles_parse(const char *s, eng_make_tiles_t *out) {
+    static const char *const names[] = {"q4_k", "q4_1", "q4_0"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = (eng_make_tiles_t)i;
+            return true;
+        }
+    return false;
+}
+
+/* The writer's layout for opts->q4nx. */
+static eng_q4nx_wlayout_t q4nx_layout(const eng_make_q4nx_t *o) {
+    static const eng_q4nx_kind_t kinds[] = {ENG_Q4NX_Q4_K, ENG_Q4NX_Q4_1, ENG_Q4NX_Q4_0};
+    eng_q4nx_kind_t              proj = kinds[o->tiles];
+    return (eng_q4nx_wlayout_t){proj, o->alpha_tiles ? proj : ENG_Q4NX_Q8,
+                                o->raster_a ? ENG_Q4NX_RASTER_A : ENG_Q4NX_RASTER_B, o->embed_bf16};
+}
+
 /* model.q4nx, tensor by tensor. */
 static svc_err_t write_q4nx(const pw_ctx_t *c) {
     pw_list_t          l = {0};
     eng_q4nx_writer_t *w = NULL;
+    eng_q4nx_wlayout_t lay = q4nx_layout(&c->opts->q4nx);
     svc_err_t          err = pw_tensors(c->shape, c->vocab, &l);
     if (!err)
         err = eng_q4nx_writer_new(c->shape->head_dim, &w);
+    if (!err && eng_q4nx_writer_set_layout(w, &lay)) {
+        svc_errf(c->errstr, c->errstr_size, "model.q4nx: layout refused by the writer");
+        err = SVC_ERR_INVALID;
+    }
     if (!err)
         err = pw_q4nx_write_list(c, w, &l, "model.q4nx", true);
     eng_q4nx_writer_free(w);

@@ -20,14 +20,13 @@
 #define NAME_MAX_LEN 256
 
 struct eng_q4nx {
-    eng_st_t         *st;
-    eng_q4nx_info_t  *info; /* eng_st order (by name) */
-    size_t            n;
-    eng_q4nx_gen_t    gen;
-    eng_q4nx_raster_t q8_raster;
-    eng_q4nx_raster_t q41_raster;
-    size_t            n_vision;
-    size_t            vis_mm_n, vis_mm_k; /* 0: §5's fallback per tensor */
+    eng_st_t           *st;
+    eng_q4nx_info_t    *info; /* eng_st order (by name) */
+    size_t              n;
+    eng_q4nx_gen_t      gen;
+    eng_q4nx_decision_t dec[ENG_Q4NX_FAM_COUNT]; /* eng_q4nx_layout.c */
+    size_t              n_vision;
+    size_t              vis_mm_n, vis_mm_k; /* 0: §5's fallback per tensor */
 };
 
 /* ---------------------------------------------------------------------
@@ -274,78 +273,26 @@ static const eng_q4nx_info_t *find_q(const eng_q4nx_t *q, const char *name) {
 }
 
 /* ---------------------------------------------------------------------
- * Generation and raster (§8 step 3)
+ * Generation (§0.2); the code orders are eng_q4nx_layout.c's
  * --------------------------------------------------------------------- */
 
-/* Sum of |decoded - twin| over the twin's rows under one raster. */
-static double probe_err(const eng_q4nx_info_t *a, const float *twin, size_t r, size_t k,
-                        eng_q4nx_raster_t ra, float *buf) {
-    eng_q4nx_decode_ref(ENG_Q4NX_Q8, ra, a->st->data, a->st->shape[0], a->st->shape[1], r, k, buf);
-    double e = 0;
-    for (size_t i = 0; i < r * k; i++)
-        e += fabs((double)buf[i] - (double)twin[i]);
-    return e;
-}
-
-/* Rows 16-31 duplicate rows 0-15: which raster shows that in every tile. */
-static int probe_dup(const eng_q4nx_info_t *a) {
-    const uint8_t *d = a->st->data;
-    size_t         nt = a->st->nbytes / ENG_Q4NX_B_Q8;
-    bool           okA = true, okB = true;
-    for (size_t t = 0; t < nt; t++) {
-        const uint8_t *c = d + t * ENG_Q4NX_B_Q8 + 512;
-        okA = okA && memcmp(c, c + 4096, 4096) == 0;
-        for (size_t kt = 0; okB && kt < ENG_Q4NX_COLS; kt++)
-            okB = memcmp(c + kt * 32, c + kt * 32 + 16, 16) == 0;
-    }
-    return okA == okB ? -1 : okA ? ENG_Q4NX_RASTER_A : ENG_Q4NX_RASTER_B;
-}
-
-/* The alpha probe: decode a Q8 alpha/beta under both rasters and keep the
- * one that matches its BF16 twin; without a twin, the duplicate-row test. */
-static int probe_raster(const eng_q4nx_t *q) {
-    for (size_t i = 0; i < q->n; i++) {
-        const eng_q4nx_info_t *a = &q->info[i];
-        if (a->xform != ENG_Q4NX_X_ROW_DUP || a->kind != ENG_Q4NX_Q8)
-            continue;
-        char   twin_name[NAME_MAX_LEN];
-        size_t len = strlen(a->name) - strlen(".weight");
-        if (snprintf(twin_name, sizeof twin_name, "%.*s.bf16.weight", (int)len, a->name) >=
-            (int)sizeof twin_name)
-            continue;
-        const eng_q4nx_info_t *tw = find_q(q, twin_name);
-        if (!tw || tw->kind != ENG_Q4NX_BF16 || tw->st->rank != 2 || !tw->st->shape[0] ||
-            tw->st->shape[0] > a->st->shape[0] * ENG_Q4NX_ROWS ||
-            (tw->st->shape[1] + ENG_Q4NX_COLS - 1) / ENG_Q4NX_COLS != a->st->shape[1])
-            return probe_dup(a);
-        size_t r = tw->st->shape[0], k = tw->st->shape[1];
-        float *twin = malloc(r * k * sizeof *twin), *buf = malloc(r * k * sizeof *buf);
-        int    verdict = -1;
-        if (twin && buf && eng_st_to_f32(tw->st, twin) == SVC_OK) {
-            double eA = probe_err(a, twin, r, k, ENG_Q4NX_RASTER_A, buf);
-            double eB = probe_err(a, twin, r, k, ENG_Q4NX_RASTER_B, buf);
-            verdict = eA < eB ? ENG_Q4NX_RASTER_A : eB < eA ? ENG_Q4NX_RASTER_B : -1;
-        }
-        free(twin);
-        free(buf);
-        return verdict;
-    }
-    return -1;
-}
-
+/* Q4_K tiles or no BF16 embedding table: the Q4_K era. Only the name of
+ * the format follows from it (eng_model_format), never how a tile is read:
+ * the converter writes both code orders in both (§8.1). */
 static void detect(eng_q4nx_t *q) {
     bool any_q4k = false;
     for (size_t i = 0; i < q->n; i++)
         any_q4k = any_q4k || q->info[i].kind == ENG_Q4NX_Q4_K;
     q->gen = (any_q4k || !eng_st_find(q->st, "model.embed_tokens.weight")) ? ENG_Q4NX_GEN_B
                                                                            : ENG_Q4NX_GEN_A;
-    /* Q4_1 in a Gen-B file would be raster B per the converter only [unconfirmed, §3.2]. */
-    q->q41_raster = q->gen == ENG_Q4NX_GEN_B ? ENG_Q4NX_RASTER_B : ENG_Q4NX_RASTER_A;
-    int probe = probe_raster(q); /* §4.4: settles the Gen-B Q8 raster question */
-    q->q8_raster = probe >= 0 ? (eng_q4nx_raster_t)probe : q->q41_raster;
 }
 
 svc_err_t eng_q4nx_open(const char *path, eng_q4nx_t **out, char *errstr, size_t errstr_size) {
+    return eng_q4nx_open_with(path, NULL, out, errstr, errstr_size);
+}
+
+svc_err_t eng_q4nx_open_with(const char *path, const eng_q4nx_layout_t *forced, eng_q4nx_t **out,
+                             char *errstr, size_t errstr_size) {
     *out = NULL;
     eng_q4nx_t *q = calloc(1, sizeof *q);
     if (!q) {
@@ -355,6 +302,8 @@ svc_err_t eng_q4nx_open(const char *path, eng_q4nx_t **out, char *errstr, size_t
     svc_err_t err = eng_st_open(path, &q->st, errstr, errstr_size);
     if (!err)
         err = build_info(q, errstr, errstr_size);
+    if (!err)
+        err = eng_q4nx_layout_decide(q->st, q->info, q->n, forced, q->dec, errstr, errstr_size);
     if (err) {
         eng_q4nx_close(q);
         return err;
@@ -379,7 +328,11 @@ eng_q4nx_gen_t eng_q4nx_generation(const eng_q4nx_t *q) {
 }
 
 eng_q4nx_raster_t eng_q4nx_q8_raster(const eng_q4nx_t *q) {
-    return q->q8_raster;
+    return q->dec[ENG_Q4NX_FAM_Q8].raster;
+}
+
+const eng_q4nx_decision_t *eng_q4nx_decision(const eng_q4nx_t *q, eng_q4nx_family_t f) {
+    return &q->dec[f];
 }
 
 size_t eng_q4nx_count(const eng_q4nx_t *q) {
@@ -477,7 +430,9 @@ static uint64_t ceil_div(uint64_t a, uint64_t b) {
 }
 
 /* Which 5120-byte reading fits the logical K (§4.5): an exact K/128 tile
- * count means legacy Q8, then the padded Q4_1 grid, then padded legacy. */
+ * count means legacy Q8, then the padded Q4_1 grid, then padded legacy.
+ * Q4_0 codes were told by their all-zero mins, which legacy Q8 tiles
+ * (codes at those bytes) do not have. */
 static eng_q4nx_kind_t kind_for_k(eng_q4nx_kind_t kind, uint64_t Q, uint64_t K) {
     if (kind != ENG_Q4NX_Q4_1 && kind != ENG_Q4NX_Q8_LEGACY)
         return kind;
@@ -521,7 +476,8 @@ static svc_err_t rd_grid(const rd_t *r, size_t rank, const uint64_t *dims, eng_q
                        (unsigned long long)t->shape[2], eng_q4nx_kind_name(*kind), want,
                        (unsigned long long)ceil_div(R, ENG_Q4NX_ROWS),
                        (unsigned long long)ceil_div(K, tc), eng_q4nx_tile_bytes(*kind));
-    *ra = *kind == ENG_Q4NX_Q8 ? r->q->q8_raster : r->q->q41_raster;
+    /* Q4_K and legacy Q8 have one order each (the decoders ignore ra) */
+    *ra = r->q->dec[*kind == ENG_Q4NX_Q8 ? ENG_Q4NX_FAM_Q8 : ENG_Q4NX_FAM_Q4].raster;
     *hd = 0;
     if (r->in->xform != ENG_Q4NX_X_Q_REGROUP)
         return SVC_OK;

@@ -6,9 +6,10 @@
  * A model.q4nx is a plain safetensors file (§1). Quantized projections are
  * I8 tensors of shape [R/32, K/256, B]: a C-order stream of fixed-size
  * tiles, each holding 32 rows x 256 columns (§3.1). B names the tile kind:
- *     5120  Q4_1, W = d*n + m            (Gen-A, raster A; §3.2)
+ *     5120  Q4_1, W = d*n + m            (raster A or B; §3.2)
+ *     5120  Q4_0-sourced, W = d*s        (signed nibbles, no min; §3.3)
  *     4736  Q4_K, W = S*s8*n + M*m8      (Gen-B, raster B; §3.4)
- *     8704  Q8,   W = d*c                (raster A in Gen-A, B in Gen-B; §4.2)
+ *     8704  Q8,   W = d*c                (raster A or B; §4.2)
  *     5120  legacy Q8, 32 x 128 columns  (shape [R/32, K/128, 5120]; §4.5)
  * Norms, conv1d and the alpha/beta copies are BF16; ssm_a and dt_bias F32.
  *
@@ -69,6 +70,11 @@ typedef enum eng_q4nx_kind {
     ENG_Q4NX_Q4_K = 5,
     ENG_Q4NX_Q8 = 6,
     ENG_Q4NX_Q8_LEGACY = 7,
+    /* 5120-byte tiles written from a GGUF Q4_0 source (Q4NX.md §3.3): the
+     * Q4_1 byte map, but two's-complement signed nibbles s and every min 0,
+     * W = d*s (d may be negative). The file has no flag for it: open()
+     * tells it from Q4_1 by its group parameters (eng_q4nx_layout.c). */
+    ENG_Q4NX_Q4_0 = 8,
     ENG_Q4NX_KIND_COUNT
 } eng_q4nx_kind_t;
 
@@ -108,11 +114,18 @@ void eng_q4nx_decode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const v
  *   fp32, with w = d * u + m (fp32 product, then sum) the very value
  *   eng_q4nx_decode_ref gives. Q4_1: u the nibble, (d, m) the bf16 pair;
  *   Q4_K: d = S*s8, m = M*m8 (exact in fp32); Q8 and legacy Q8: u = c + 128
- *   and m = -128 d.
+ *   and m = -128 d; Q4_0: u = s + 8 and m = -8 d (d*u and -8d are exact,
+ *   so their sum is d*s exactly, whatever the sign of d).
  */
 void eng_q4nx_decode_groups_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const void *packed,
                                 size_t P, size_t Q, size_t rows, size_t cols, uint8_t *u, float *d,
                                 float *m);
+
+/* The code of tile row rt, tile column kt (< the kind's tile columns) in
+ * one tile: Q4_1 and Q4_K 0..15, Q4_0 -8..7, Q8 and legacy Q8 -128..127.
+ * raster as for eng_q4nx_decode_ref. */
+int eng_q4nx_tile_code(const void *tile, eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, size_t rt,
+                       size_t kt);
 
 /* Packed bytes for a (rows, cols) matrix: ceil(rows/32) * ceil(cols/tc) tiles. */
 size_t eng_q4nx_packed_bytes(eng_q4nx_kind_t kind, size_t rows, size_t cols);
@@ -140,6 +153,15 @@ SVC_WUR svc_err_t eng_q4nx_encode_q8_ref(const float *w, size_t rows, size_t col
 /* Q4_1 (§3.2, gguf-py's reference Q4_1 rounding per 32 values); used by
  * tests to exercise both rasters, and for writers of Gen-A style files. */
 SVC_WUR svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t cols,
+                                          eng_q4nx_raster_t raster, void *packed);
+
+/* Q4_0-sourced tiles (§3.3): ggml's reference Q4_0 per 32 values (d =
+ * v / -8, v the value of largest magnitude, so the group's extreme gets
+ * code -8; codes clipped to [-8, 7]) with |d| rounded up to bf16, stored
+ * as the public converter writes a Q4_0 GGUF: signed nibbles, mins 0.
+ * Every element decodes to within |d|/2, but an element of -v within |d|
+ * (clipped to 7, as in ggml). */
+SVC_WUR svc_err_t eng_q4nx_encode_q40_ref(const float *w, size_t rows, size_t cols,
                                           eng_q4nx_raster_t raster, void *packed);
 
 /* ======================================================================
@@ -185,31 +207,104 @@ typedef enum eng_q4nx_gen {
 
 typedef struct eng_q4nx eng_q4nx_t;
 
+/* ----------------------------------------------------------------------
+ * Layouts the file does not name (Q4NX.md §3.2, §3.3, §4.2, §8, §8.1)
+ *
+ * Q4NX has no version or layout field. Two tile families exist in both
+ * code orders (rasters): the 5120-byte nibble tiles (Q4_1, and the same
+ * bytes holding signed Q4_0 codes) and the 8704-byte Q8 tiles; the public
+ * converter's revisions write A (two 16-row planes) or B (plain column
+ * major) with or without Q4_K tiles beside them (§8.1), so the generation
+ * says nothing. Q4_K (B) and legacy Q8 (A) have one known order each.
+ * open() decides each family from evidence in the file, strongest first:
+ *   twin   a packed tensor against the same values stored BF16 (alpha or
+ *          beta and its .bf16 copy; the Q8 lm_head and the BF16 embedding
+ *          it is tied to), decoded both ways: one order must be at least
+ *          4x closer than the other;
+ *   dup    alpha/beta rows 16-31 duplicate rows 0-15 under one order only;
+ *   codes  the quantizer's extremes: under the right order every group of
+ *          a reference quantizer holds them (Q4_1: codes 0 and 15; Q4_0:
+ *          -8; Q8: |c| >= 126), under the wrong one a group mixes pieces
+ *          of several and often misses them. One order must reach 95% of
+ *          the sampled groups and lead the other by 10 points.
+ * Votes that disagree, or no vote for a family the file holds, refuse the
+ * file with a message that names the ambiguity and the --q4nx-layout
+ * setting that settles it; a setting the evidence contradicts is refused
+ * too. Whether 5120-byte tiles hold Q4_1 or Q4_0 codes is read off their
+ * group parameters, which sit at the same bytes in both orders: Q4_1 has
+ * d >= 0 and mins below 0, Q4_0 every min 0 and d of either sign.
+ * ---------------------------------------------------------------------- */
+
+typedef enum eng_q4nx_family {
+    ENG_Q4NX_FAM_Q4 = 0, /* 5120-byte Q4_1 and Q4_0-sourced tiles */
+    ENG_Q4NX_FAM_Q8 = 1, /* 8704-byte Q8 tiles */
+    ENG_Q4NX_FAM_COUNT
+} eng_q4nx_family_t;
+
+/* What the caller settles (--q4nx-layout); -1 leaves a field to the file. */
+typedef struct eng_q4nx_layout {
+    int raster[ENG_Q4NX_FAM_COUNT]; /* an eng_q4nx_raster_t, or -1 */
+    int q4_signed;                  /* 1: Q4_0 codes, 0: Q4_1, -1 */
+} eng_q4nx_layout_t;
+
+/* Nothing settled: everything from the file. */
+void eng_q4nx_layout_none(eng_q4nx_layout_t *l);
+
+/**
+ * @brief Parses a --q4nx-layout setting: comma-separated "q4=A|B",
+ *   "q8=A|B" and "q4-codes=signed|unsigned", each at most once (an empty
+ *   string settles nothing).
+ * @returns SVC_OK; SVC_ERR_INVALID with errstr naming the part at fault.
+ */
+SVC_WUR svc_err_t eng_q4nx_layout_parse(const char *spec, eng_q4nx_layout_t *out, char *errstr,
+                                        size_t errstr_size);
+
+/* How open() settled one family. */
+typedef struct eng_q4nx_decision {
+    bool              present;  /* the file holds tiles of the family */
+    eng_q4nx_raster_t raster;   /* meaningful when present */
+    char              how[320]; /* the evidence, one line */
+} eng_q4nx_decision_t;
+
 /* One stored tensor, as listed by eng_q4nx_at. Strings live until close. */
 typedef struct eng_q4nx_info {
     const char            *name;    /* Q4NX name */
     const char            *hf_name; /* HF name, or NULL (auxiliary copies, unknown names) */
-    eng_q4nx_kind_t        kind;    /* 5120-byte tiles: Q4_1 unless they look legacy (§4.5) */
+    eng_q4nx_kind_t        kind; /* 5120-byte tiles: Q4_1 or Q4_0, or legacy Q8 by look (§4.5) */
     eng_q4nx_xform_t       xform;
     const eng_st_tensor_t *st; /* stored dtype, shape, bytes */
 } eng_q4nx_info_t;
 
+/* eng_q4nx_layout.c, for open(): sorts each 5120-byte Q4_1-looking tensor
+ * of info into Q4_1 or Q4_0 (info[i].kind) and settles both families into
+ * dec. Refusals are SVC_ERR_FORMAT, one line naming the file, the tensor or
+ * family and the setting that settles it. */
+SVC_WUR svc_err_t eng_q4nx_layout_decide(const eng_st_t *st, eng_q4nx_info_t *info, size_t n,
+                                         const eng_q4nx_layout_t *forced,
+                                         eng_q4nx_decision_t dec[ENG_Q4NX_FAM_COUNT], char *errstr,
+                                         size_t errstr_size);
+
 /**
- * @brief Maps a model.q4nx, validates every packed tensor's geometry and
- *   detects the generation and Q8 raster (§8).
+ * @brief Maps a model.q4nx, validates every packed tensor's geometry,
+ *   detects the generation (§0.2) and settles the layouts the file does not
+ *   name (above: the code order of each tile family, Q4_1 or Q4_0 codes).
  * @returns SVC_OK with *out set (free with eng_q4nx_close); otherwise the
  *   eng_st_open codes or SVC_ERR_FORMAT, with one line in errstr naming the
  *   file, the tensor and the expectation.
  */
 SVC_WUR svc_err_t eng_q4nx_open(const char *path, eng_q4nx_t **out, char *errstr,
                                 size_t errstr_size);
+/* As eng_q4nx_open, with what the caller settles (NULL: nothing). */
+SVC_WUR svc_err_t eng_q4nx_open_with(const char *path, const eng_q4nx_layout_t *forced,
+                                     eng_q4nx_t **out, char *errstr, size_t errstr_size);
 void              eng_q4nx_close(eng_q4nx_t *q); /* NULL is a no-op */
 
 eng_q4nx_gen_t eng_q4nx_generation(const eng_q4nx_t *q);
-/* Raster used for 8704-byte Q8 tiles: the alpha probe's verdict where the
- * file has an alpha/beta pair, otherwise the generation's default (§4.4). */
+/* Raster used for 8704-byte Q8 tiles (B when the file holds none). */
 eng_q4nx_raster_t eng_q4nx_q8_raster(const eng_q4nx_t *q);
-size_t            eng_q4nx_count(const eng_q4nx_t *q);
+/* How the open settled family f (eng_q4nx_layout_decide). */
+const eng_q4nx_decision_t *eng_q4nx_decision(const eng_q4nx_t *q, eng_q4nx_family_t f);
+size_t                     eng_q4nx_count(const eng_q4nx_t *q);
 /* Tensors 0..count-1 in name order; NULL past the end. */
 const eng_q4nx_info_t *eng_q4nx_at(const eng_q4nx_t *q, size_t i);
 /* The stored tensor behind an HF name, or NULL (follows the tied embed). */
@@ -247,25 +342,41 @@ SVC_WUR svc_err_t eng_q4nx_tensor_groups(const eng_q4nx_t *q, const char *hf_nam
                                          char *errstr, size_t errstr_size);
 
 /* ======================================================================
- * Writer (Gen-B)
+ * Writer
  * ====================================================================== */
 
 typedef struct eng_q4nx_writer eng_q4nx_writer_t;
 
 /**
- * @brief A writer for a Gen-B model.q4nx.
+ * @brief A writer for a model.q4nx, laid out as official Gen-B files until
+ *   eng_q4nx_writer_set_layout says otherwise.
  * @param head_dim full-attention head size, needed to regroup q_proj (§2.2).
  */
 SVC_WUR svc_err_t eng_q4nx_writer_new(size_t head_dim, eng_q4nx_writer_t **out);
 void              eng_q4nx_writer_free(eng_q4nx_writer_t *w); /* NULL is a no-op */
 
+/* What a writer holds besides official Gen-B's layout: the files the
+ * public converter makes from other GGUF types (Q4NX.md §2.6, §3.3, §8.1). */
+typedef struct eng_q4nx_wlayout {
+    eng_q4nx_kind_t   proj;       /* the 4-bit projections: Q4_K (default), Q4_1, Q4_0 */
+    eng_q4nx_kind_t   alpha;      /* alpha/beta: Q8 (default) or proj */
+    eng_q4nx_raster_t raster;     /* the code order of Q4_1, Q4_0 and Q8 tiles (default B) */
+    bool              embed_bf16; /* also the BF16 embedding beside the tied Q8 lm_head (Gen-A) */
+} eng_q4nx_wlayout_t;
+
+/* Sets the layout before the first add. SVC_ERR_INVALID: a kind above
+ * not allowed, or tensors already added. */
+SVC_WUR svc_err_t eng_q4nx_writer_set_layout(eng_q4nx_writer_t *w, const eng_q4nx_wlayout_t *l);
+
 /**
  * @brief Encodes one HF tensor (applying the §2.2 transforms) into the writer.
- * @param kind ENG_Q4NX_AUTO picks what official Gen-B files hold (§2.6):
- *   Q4_K for 2-D projections, Q8 for alpha/beta/out_proj/embed, BF16 or F32
+ * @param kind ENG_Q4NX_AUTO picks what official Gen-B files hold (§2.6),
+ *   or the writer's layout: Q4_K (layout: proj) for 2-D projections, Q8
+ *   (alpha/beta: layout alpha) for alpha/beta/out_proj/embed, BF16 or F32
  *   for the rest; a packed kind forces it for a 2-D weight.
  * @remark data is copied/encoded before returning. embed_tokens.weight is
- *   written as the tied Q8 lm_head.weight, so adding both is refused;
+ *   written as the tied Q8 lm_head.weight (and, with embed_bf16, as the
+ *   BF16 model.embed_tokens.weight too), so adding both is refused;
  *   in_proj_a/b also get their ".bf16" copy.
  * @returns SVC_OK; SVC_ERR_INVALID (unknown name, wrong rank, duplicate,
  *   non-finite value), SVC_ERR_NOMEM.

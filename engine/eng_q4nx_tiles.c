@@ -39,6 +39,7 @@ static const struct {
     [ENG_Q4NX_Q4_K] = {"q4_k", ENG_Q4NX_B_Q4_K, ENG_Q4NX_COLS},
     [ENG_Q4NX_Q8] = {"q8", ENG_Q4NX_B_Q8, ENG_Q4NX_COLS},
     [ENG_Q4NX_Q8_LEGACY] = {"q8_legacy", ENG_Q4NX_B_Q8_LEGACY, ENG_Q4NX_COLS_LEGACY},
+    [ENG_Q4NX_Q4_0] = {"q4_0", ENG_Q4NX_B_Q4_1, ENG_Q4NX_COLS},
 };
 
 const char *eng_q4nx_kind_name(eng_q4nx_kind_t kind) {
@@ -160,11 +161,36 @@ static unsigned get_nib(const uint8_t *t, size_t byte, size_t rt) {
     return (rt & 1) ? (unsigned)(t[byte] >> 4) : (unsigned)(t[byte] & 15u);
 }
 
+/* A Q4_0-sourced nibble as the signed code the converter packed (§3.3). */
+static int sext4(unsigned n) {
+    return (int)(n ^ 8u) - 8;
+}
+
 static void put_nib(uint8_t *t, size_t byte, size_t rt, unsigned n) {
     if (rt & 1)
         t[byte] = (uint8_t)((t[byte] & 0x0fu) | (n << 4));
     else
         t[byte] = (uint8_t)((t[byte] & 0xf0u) | n);
+}
+
+int eng_q4nx_tile_code(const void *tile, eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, size_t rt,
+                       size_t kt) {
+    const uint8_t *t = tile;
+    switch (kind) {
+    case ENG_Q4NX_Q4_1:
+        return (int)get_nib(t, q41_nib(raster, rt, kt), rt);
+    case ENG_Q4NX_Q4_0:
+        return sext4(get_nib(t, q41_nib(raster, rt, kt), rt));
+    case ENG_Q4NX_Q4_K:
+        return (int)get_nib(t, q4k_nib(rt, kt), rt);
+    case ENG_Q4NX_Q8:
+        return (int8_t)t[q8_code(raster, rt, kt)];
+    case ENG_Q4NX_Q8_LEGACY:
+        return (int8_t)t[q8l_code(rt, kt)];
+    default:
+        SVC_ASSERT(!"eng_q4nx_tile_code: not a packed kind");
+        return 0;
+    }
 }
 
 /* ---------------------------------------------------------------------
@@ -177,6 +203,15 @@ static void dec_q41(const uint8_t *t, eng_q4nx_raster_t ra, float *o) {
             size_t s = par_idx(rt, kt);
             float  d = bf16(rd16(t + 2 * s)), m = bf16(rd16(t + 512 + 2 * s));
             o[rt * ENG_Q4NX_COLS + kt] = d * (float)get_nib(t, q41_nib(ra, rt, kt), rt) + m;
+        }
+}
+
+/* Q4_0-sourced: the Q4_1 byte map, W = d*s, no min (§3.3). */
+static void dec_q40(const uint8_t *t, eng_q4nx_raster_t ra, float *o) {
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++)
+        for (size_t kt = 0; kt < ENG_Q4NX_COLS; kt++) {
+            float d = bf16(rd16(t + 2 * par_idx(rt, kt)));
+            o[rt * ENG_Q4NX_COLS + kt] = d * (float)sext4(get_nib(t, q41_nib(ra, rt, kt), rt));
         }
 }
 
@@ -214,6 +249,9 @@ static void dec_tile(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const uint8_t *
     switch (kind) {
     case ENG_Q4NX_Q4_1:
         dec_q41(t, ra, o);
+        break;
+    case ENG_Q4NX_Q4_0:
+        dec_q40(t, ra, o);
         break;
     case ENG_Q4NX_Q4_K:
         dec_q4k(t, o);
@@ -290,7 +328,8 @@ void eng_q4nx_decode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const v
  * offset uc0) and groups [0, ceil(nc / 32)) into d, m (row stride G,
  * group offset g0). Q8's signed code c becomes u = c + 128 with m = -128 d:
  * d*u + m is then d*c exactly (both products and the sum fit bf16's 8 bits
- * times 8 bits), as dec_q8 gives it. */
+ * times 8 bits), as dec_q8 gives it; a Q4_0-sourced code s likewise
+ * u = s + 8 with m = -8 d. */
 typedef struct grp_out {
     uint8_t *u;
     float   *d, *m;
@@ -306,6 +345,9 @@ static void dgrp_par(const uint8_t *t, eng_q4nx_kind_t kind, size_t rt, size_t g
     } else if (kind == ENG_Q4NX_Q4_K) {
         *d = bf16(rd16(t + 4608 + 2 * rt)) * (float)t[s];
         *m = bf16(rd16(t + 4672 + 2 * rt)) * (float)t[256 + s];
+    } else if (kind == ENG_Q4NX_Q4_0) {
+        *d = bf16(rd16(t + 2 * s));
+        *m = -8.0f * *d;
     } else { /* Q8, legacy Q8 */
         *d = bf16(rd16(t + 2 * s));
         *m = -128.0f * *d;
@@ -317,6 +359,8 @@ static uint8_t dgrp_code(const uint8_t *t, eng_q4nx_kind_t kind, eng_q4nx_raster
     switch (kind) {
     case ENG_Q4NX_Q4_1:
         return (uint8_t)get_nib(t, q41_nib(ra, rt, kt), rt);
+    case ENG_Q4NX_Q4_0:
+        return (uint8_t)(get_nib(t, q41_nib(ra, rt, kt), rt) ^ 8u); /* s + 8 */
     case ENG_Q4NX_Q4_K:
         return (uint8_t)get_nib(t, q4k_nib(rt, kt), rt);
     case ENG_Q4NX_Q8:
@@ -453,6 +497,30 @@ static void enc_q41_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t
     }
 }
 
+/* ggml's reference Q4_0: d = v / -8 for v the value of largest magnitude,
+ * code round(x / d) clipped to [-8, 7]; |d| rounded up to bf16 so that v
+ * still gets -8 and nothing else passes it. Mins stay 0 (§3.3). */
+static void enc_q40_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
+    for (size_t g = 0; g < 8; g++) {
+        const float *xg = x + g * ENG_Q4NX_GROUP;
+        float        v = 0;
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++)
+            if (fabsf(xg[j]) > fabsf(v))
+                v = xg[j];
+        uint16_t hd = step_up(fabsf(v), 8.0f);
+        if (v > 0)
+            hd ^= 0x8000u; /* d = v / -8 */
+        float d = bf16(hd);
+        wr16(t + 2 * (g * ENG_Q4NX_ROWS + rt), hd);
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
+            float c = d != 0 ? roundf(xg[j] / d) : 0;
+            c = c < -8 ? -8 : c > 7 ? 7 : c;
+            size_t kt = g * ENG_Q4NX_GROUP + j;
+            put_nib(t, q41_nib(ra, rt, kt), rt, (unsigned)(int)c & 15u);
+        }
+    }
+}
+
 /* gguf-py Q8_0 (d = max|x| / 127, c = round(x / d)) with d rounded up to
  * bf16 first, so |c| <= 127 without clipping (§4.3). */
 static void enc_q8_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
@@ -494,6 +562,8 @@ static svc_err_t encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float 
                     enc_q4k_row(x, rt, t);
                 else if (kind == ENG_Q4NX_Q4_1)
                     enc_q41_row(x, rt, ra, t);
+                else if (kind == ENG_Q4NX_Q4_0)
+                    enc_q40_row(x, rt, ra, t);
                 else
                     enc_q8_row(x, rt, ra, t);
             }
@@ -514,4 +584,9 @@ svc_err_t eng_q4nx_encode_q8_ref(const float *w, size_t rows, size_t cols, eng_q
 svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t cols,
                                   eng_q4nx_raster_t raster, void *packed) {
     return encode(ENG_Q4NX_Q4_1, raster, w, rows, cols, packed);
+}
+
+svc_err_t eng_q4nx_encode_q40_ref(const float *w, size_t rows, size_t cols,
+                                  eng_q4nx_raster_t raster, void *packed) {
+    return encode(ENG_Q4NX_Q4_0, raster, w, rows, cols, packed);
 }

@@ -1,6 +1,8 @@
 /*
- * eng_q4nx_write.c -- builds a Gen-B (Q4_K era) model.q4nx from f32
- * tensors in Hugging Face convention (eng_q4nx_int.h).
+ * eng_q4nx_write.c -- builds a model.q4nx from f32 tensors in Hugging Face
+ * convention (eng_q4nx_int.h): by default as official Gen-B (Q4_K era)
+ * files are, or in the other layouts the public converter writes
+ * (eng_q4nx_writer_set_layout), so the reader is tested on each.
  *
  * Each add() applies the converter's transforms (Q4NX.md §2.2) and encodes
  * at once, so the writer holds the output bytes, never the caller's f32.
@@ -26,10 +28,11 @@ typedef struct wr_tensor {
 } wr_tensor_t;
 
 struct eng_q4nx_writer {
-    size_t       head_dim;
-    size_t       vis_mm_n, vis_mm_k; /* vision tiles (§5) */
-    wr_tensor_t *t;
-    size_t       n, cap;
+    size_t             head_dim;
+    eng_q4nx_wlayout_t lay;
+    size_t             vis_mm_n, vis_mm_k; /* vision tiles (§5) */
+    wr_tensor_t       *t;
+    size_t             n, cap;
 };
 
 /* One add() call: what is written and where messages go. */
@@ -59,6 +62,7 @@ svc_err_t eng_q4nx_writer_new(size_t head_dim, eng_q4nx_writer_t **out) {
     if (!w)
         return SVC_ERR_NOMEM;
     w->head_dim = head_dim;
+    w->lay = (eng_q4nx_wlayout_t){ENG_Q4NX_Q4_K, ENG_Q4NX_Q8, ENG_Q4NX_RASTER_B, false};
     w->vis_mm_n = ENG_Q4NX_VISION_MM_N;
     w->vis_mm_k = ENG_Q4NX_VISION_MM_K;
     *out = w;
@@ -70,6 +74,15 @@ svc_err_t eng_q4nx_writer_set_vision_tiles(eng_q4nx_writer_t *w, size_t mm_n, si
         return SVC_ERR_INVALID;
     w->vis_mm_n = mm_n;
     w->vis_mm_k = mm_k;
+    return SVC_OK;
+}
+
+svc_err_t eng_q4nx_writer_set_layout(eng_q4nx_writer_t *w, const eng_q4nx_wlayout_t *l) {
+    bool four = l->proj == ENG_Q4NX_Q4_K || l->proj == ENG_Q4NX_Q4_1 || l->proj == ENG_Q4NX_Q4_0;
+    if (!four || (l->alpha != ENG_Q4NX_Q8 && l->alpha != l->proj) ||
+        (l->raster != ENG_Q4NX_RASTER_A && l->raster != ENG_Q4NX_RASTER_B) || w->n)
+        return SVC_ERR_INVALID;
+    w->lay = *l;
     return SVC_OK;
 }
 
@@ -178,9 +191,11 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
         }
         memcpy(m + r * K, x + src * K, K * sizeof *m);
     }
-    svc_err_t err = kind == ENG_Q4NX_Q4_K ? eng_q4nx_encode_q4k_ref(m, Rp, K, p)
-                    : kind == ENG_Q4NX_Q8 ? eng_q4nx_encode_q8_ref(m, Rp, K, ENG_Q4NX_RASTER_B, p)
-                                          : eng_q4nx_encode_q41_ref(m, Rp, K, ENG_Q4NX_RASTER_B, p);
+    eng_q4nx_raster_t ra = c->w->lay.raster;
+    svc_err_t         err = kind == ENG_Q4NX_Q4_K   ? eng_q4nx_encode_q4k_ref(m, Rp, K, p)
+                            : kind == ENG_Q4NX_Q8   ? eng_q4nx_encode_q8_ref(m, Rp, K, ra, p)
+                            : kind == ENG_Q4NX_Q4_0 ? eng_q4nx_encode_q40_ref(m, Rp, K, ra, p)
+                                                    : eng_q4nx_encode_q41_ref(m, Rp, K, ra, p);
     if (err) {
         free(m);
         free(p);
@@ -190,7 +205,7 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
         /* The copy holds the dequantized values, as the converter's does, so
          * the §8 alpha probe finds its raster in our files too. */
         char tw[WR_NAME_MAX];
-        eng_q4nx_decode_ref(kind, ENG_Q4NX_RASTER_B, p, P, Q, R, K, m);
+        eng_q4nx_decode_ref(kind, ra, p, P, Q, R, K, m);
         uint64_t shape[2] = {R, K};
         err = twin_name(c->qname, tw, sizeof tw);
         if (!err)
@@ -207,14 +222,19 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
 
 /* What official Gen-B files hold for a 2-D weight (§2.6): Q8 for alpha,
  * beta, ssm_out (its 2B type is [unconfirmed]; C-37d writes it as 8704-byte
- * Q8 "matching the official") and the tied lm_head; Q4_K elsewhere. */
-static eng_q4nx_kind_t auto_kind(const char *qname, eng_q4nx_xform_t xf) {
-    if (xf == ENG_Q4NX_X_ROW_DUP || strcmp(qname, "lm_head.weight") == 0)
+ * Q8 "matching the official") and the tied lm_head; Q4_K elsewhere. The
+ * writer's layout may name other kinds for the projections and alpha/beta
+ * (a GGUF source's own type, kept by the converter: §2.6). */
+static eng_q4nx_kind_t auto_kind(const eng_q4nx_wlayout_t *l, const char *qname,
+                                 eng_q4nx_xform_t xf) {
+    if (xf == ENG_Q4NX_X_ROW_DUP)
+        return l->alpha;
+    if (strcmp(qname, "lm_head.weight") == 0)
         return ENG_Q4NX_Q8;
     size_t n = strlen(qname), s = strlen("ssm_out_proj.weight");
     if (n >= s && strcmp(qname + n - s, "ssm_out_proj.weight") == 0)
         return ENG_Q4NX_Q8;
-    return ENG_Q4NX_Q4_K;
+    return l->proj;
 }
 
 static svc_err_t wr_check(const wr_ctx_t *c, size_t rank, const uint64_t *dims, const float *x,
@@ -271,8 +291,10 @@ svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t 
                        "not a Qwen3.5 text- or vision-tower name (Q4NX.md §2.3-§2.5, §2.7)");
     if (eng_q4nx_vision_name(hf_name))
         return wr_vision(&c, rank, dims, data, xf, kind);
-    if (strcmp(qname, "model.embed_tokens.weight") == 0) {
-        /* Gen-B keeps one tied table: the Q8 lm_head (§0.2, §2.3). */
+    bool embed = strcmp(qname, "model.embed_tokens.weight") == 0;
+    if (embed) {
+        /* Gen-B keeps one tied table: the Q8 lm_head (§0.2, §2.3); Gen-A
+         * also the BF16 embedding, added below */
         snprintf(qname, sizeof qname, "lm_head.weight");
         if (wr_has(w, qname))
             return wr_fail(&c, SVC_ERR_INVALID, "the tied lm_head.weight is already written");
@@ -281,6 +303,12 @@ svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t 
     svc_err_t err = wr_check(&c, rank, dims, data, &n);
     if (err)
         return err;
+    if (embed && w->lay.embed_bf16 && rank == 2) {
+        err = wr_plain(&c, "model.embed_tokens.weight", ENG_DT_BF16, 2, dims, data, n,
+                       ENG_Q4NX_X_NONE);
+        if (err)
+            return err;
+    }
     if (xf == ENG_Q4NX_X_CONV_T) { /* HF [C, 1, K] -> stored [K, C] BF16 (§2.2) */
         if (!((rank == 3 && dims[1] == 1) || rank == 2))
             return wr_fail(&c, SVC_ERR_INVALID, "conv1d must be [C, 1, K] or [C, K]");
@@ -299,7 +327,7 @@ svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t 
     bool matrix = rank == 2 &&
                   (xf == ENG_Q4NX_X_NONE || xf == ENG_Q4NX_X_ROW_DUP || xf == ENG_Q4NX_X_Q_REGROUP);
     if (kind == ENG_Q4NX_AUTO && matrix)
-        kind = auto_kind(qname, xf);
+        kind = auto_kind(&w->lay, qname, xf);
     if (eng_q4nx_kind_packed(kind)) {
         if (!matrix || kind == ENG_Q4NX_Q8_LEGACY)
             return wr_fail(&c, SVC_ERR_INVALID, "cannot be stored as %s", eng_q4nx_kind_name(kind));

@@ -217,6 +217,28 @@ typedef struct eng_model eng_model_t;
  */
 SVC_WUR svc_err_t eng_model_load(const char *dir, eng_model_t **out, char *errstr,
                                  size_t errstr_size);
+
+/* What the caller settles about a package's weights (the commands'
+ * --q4nx-layout). Zero-initialised: nothing. */
+typedef struct eng_load_opts {
+    /* What a model.q4nx leaves unsaid, where its own bytes do not settle it
+     * (Q4NX.md §3.2, §3.3, §4.2, §8): comma-separated "q4=A|B" and
+     * "q8=A|B" (the code order of the 5120-byte Q4_1/Q4_0 and of the
+     * 8704-byte Q8 tiles) and "q4-codes=signed|unsigned" (Q4_0 or Q4_1
+     * codes in 5120-byte tiles). A setting the file's evidence contradicts
+     * is refused. NULL or "": nothing. */
+    const char *q4nx_layout;
+} eng_load_opts_t;
+
+/* Whether opts parse; SVC_ERR_INVALID with errstr naming the part at fault. */
+SVC_WUR svc_err_t eng_load_opts_check(const eng_load_opts_t *opts, char *errstr,
+                                      size_t errstr_size);
+
+/* As eng_model_load, with opts (NULL: none). A model.q4nx whose layout is
+ * neither settled by its bytes nor by opts is refused (SVC_ERR_FORMAT, the
+ * message names the setting that settles it). */
+SVC_WUR svc_err_t eng_model_load_with(const char *dir, const eng_load_opts_t *opts,
+                                      eng_model_t **out, char *errstr, size_t errstr_size);
 /* Frees everything the model owns. NULL is a no-op. */
 void eng_model_free(eng_model_t *m);
 
@@ -675,6 +697,25 @@ typedef enum eng_make_format {
     ENG_MAKE_Q4NX = 1,        /* the D3-Nano-NPU2 file set: Gen-B model.q4nx, MANIFEST.sha256 */
 } eng_make_format_t;
 
+/* ENG_MAKE_Q4NX only: model.q4nx laid out as the public converter writes
+ * it from other GGUF types (Q4NX.md §2.6, §3.3, §8.1), so the reader is
+ * tested on each; all zero is what official Gen-B packages hold. */
+typedef enum eng_make_tiles {
+    ENG_MAKE_TILES_Q4_K = 0, /* 4736-byte Q4_K (official Gen-B) */
+    ENG_MAKE_TILES_Q4_1 = 1, /* 5120-byte Q4_1 (Gen-A, or a Q4_1 GGUF) */
+    ENG_MAKE_TILES_Q4_0 = 2, /* the Q4_1 tiles holding a Q4_0 GGUF's signed codes */
+} eng_make_tiles_t;
+
+typedef struct eng_make_q4nx {
+    eng_make_tiles_t tiles;       /* the 4-bit projections */
+    bool             raster_a;    /* Q4_1/Q4_0 and Q8 codes in order A (two 16-row planes), not B */
+    bool             embed_bf16;  /* the BF16 embedding beside the tied Q8 lm_head (Gen-A) */
+    bool             alpha_tiles; /* alpha/beta in the projections' tiles, not Q8 */
+} eng_make_q4nx_t;
+
+/* "q4_k", "q4_1", "q4_0" <-> the enum; parse returns false for anything else. */
+bool eng_make_tiles_parse(const char *s, eng_make_tiles_t *out);
+
 /* Called while model.safetensors is written: bytes done of total. */
 typedef void (*eng_make_progress_fn)(uint64_t done, uint64_t total, void *user);
 
@@ -688,6 +729,7 @@ typedef struct eng_make_opts {
      * model.safetensors (F32) holds the dequantised q4nx values, read back
      * through the q4nx reader, with the same tokenizer, readout and codes. */
     const char          *twin_dir;
+    eng_make_q4nx_t      q4nx;
     eng_make_progress_fn progress; /* optional */
     void                *progress_user;
 } eng_make_opts_t;

@@ -13,7 +13,8 @@
 #include <jansson.h>
 
 static const char ASK_HELP[] =
-    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [FILE]\n"
+    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--q4nx-layout S]\n"
+    "                    [FILE]\n"
     "\n"
     "Answers the System One request in FILE (or stdin) with the package in DIR and\n"
     "prints, as one line, the exact response body the HTTP shim sends: the 200 body\n"
@@ -36,7 +37,7 @@ static const char ASK_HELP[] =
     "                 the files are checked against MODEL_MANIFEST.json (SPEC e.3,\n"
     "                 e.4), else MANIFEST.sha256, before anything is loaded, and\n"
     "                 the loaded parameter counts against MODEL_MANIFEST.json\n"
-    "                 parameters after; a package with neither is refused\n"
+    "                 parameters after; a package with neither is refused\n" OPS_Q4NX_LAYOUT_HELP
     "\n"
     "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
     "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
@@ -233,7 +234,8 @@ static int ask_run(const ops_ask_t *a, const char *path) {
 }
 
 /* Verify, open, load, answer. */
-static int ask_package(const char *dir, bool no_verify, const char *path) {
+static int ask_package(const char *dir, bool no_verify, const eng_load_opts_t *lo,
+                       const char *path) {
     char sha[ENG_SHA256_HEX + 1];
     int  rc = ask_verify("ask", dir, no_verify, sha);
     if (rc != OPS_EXIT_OK)
@@ -245,7 +247,7 @@ static int ask_package(const char *dir, bool no_verify, const char *path) {
     /* The parameter counts are part of the manifest check, so --no-verify
      * (which already warned) skips them too. */
     if (eng_package_open(dir, &pkg, errstr, sizeof errstr) ||
-        eng_model_load(dir, &model, errstr, sizeof errstr) ||
+        eng_model_load_with(dir, lo, &model, errstr, sizeof errstr) ||
         eng_model_check_package(model, pkg, errstr, sizeof errstr) ||
         (!no_verify && eng_model_check_parameters(model, dir, errstr, sizeof errstr))) {
         ops_fail("ask", "%s", errstr);
@@ -270,20 +272,22 @@ int ops_ask_verify(const char *dir, bool no_verify, char *sha) {
 
 int ops_cmd_ask(int argc, char **argv) {
     static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"device", required_argument, NULL, 'd'},
-        {"no-verify", no_argument, NULL, 'n'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"model", required_argument, NULL, 'm'}, {"device", required_argument, NULL, 'd'},
+        {"no-verify", no_argument, NULL, 'n'},   {"q4nx-layout", required_argument, NULL, 'L'},
+        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
     };
-    const char *dir = NULL;
-    bool        no_verify = false;
-    int         c, rc;
+    const char     *dir = NULL;
+    bool            no_verify = false;
+    eng_load_opts_t lo = {0};
+    int             c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         if (c == 'n')
             no_verify = true;
-        else if (c == 'd' && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
+        else if (c == 'L') {
+            if ((rc = ops_q4nx_layout_opt("ask", optarg, &lo)) >= 0)
+                return rc;
+        } else if (c == 'd' && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
             ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)", optarg);
             return OPS_EXIT_USAGE;
         } else if (c != 'd' && (rc = ops_opt_common(c, ASK_HELP, &dir)) >= 0)
@@ -291,5 +295,5 @@ int ops_cmd_ask(int argc, char **argv) {
     }
     if ((rc = ops_opt_end(argc, ASK_HELP, dir, 1)) >= 0)
         return rc;
-    return ask_package(dir, no_verify, optind < argc ? argv[optind] : NULL);
+    return ask_package(dir, no_verify, &lo, optind < argc ? argv[optind] : NULL);
 }

@@ -23,7 +23,7 @@
 
 static const char BENCH_HELP[] =
     "Usage: d3stream bench --model DIR [--runs N] [--quick] [--json] [--max-tokens N]\n"
-    "                      [--workers N] [--row TEXT]\n"
+    "                      [--workers N] [--row TEXT] [--q4nx-layout S]\n"
     "\n"
     "Measures the package in DIR on this machine's CPU with the rows of D3-Nano-NPU2's\n"
     "text speed table (D3-NANO-NPU2.md), so the two can be read side by side:\n"
@@ -78,8 +78,7 @@ static const char BENCH_HELP[] =
     "                    (image rows always run: --max-tokens 1 runs only those)\n"
     "  --workers N       scheduler threads (default: the online CPUs)\n"
     "  --row TEXT        only the rows whose name contains TEXT (e.g. \"shared\",\n"
-    "                    \"x 330\"); the others are not run or printed\n"
-    "\n"
+    "                    \"x 330\"); the others are not run or printed\n" OPS_Q4NX_LAYOUT_HELP "\n"
     "Exit status: 0 measured, 2 usage, 3 the package could not be loaded or a\n"
     "forward pass failed.\n";
 
@@ -120,10 +119,11 @@ static const bench_row_t ROWS[] = {
 };
 
 typedef struct bench_opts {
-    const char *dir;
-    const char *row; /* --row: a substring of the rows to run, or NULL */
-    size_t      runs, max_tokens, workers;
-    bool        quick, json;
+    const char     *dir;
+    const char     *row; /* --row: a substring of the rows to run, or NULL */
+    size_t          runs, max_tokens, workers;
+    bool            quick, json;
+    eng_load_opts_t load; /* --q4nx-layout */
 } bench_opts_t;
 
 typedef struct bench {
@@ -680,7 +680,7 @@ static int bench_run(const bench_opts_t *o) {
     double t0 = now_s();
     fprintf(stderr, "d3stream bench: loading \"%s\"\n", o->dir);
     if (eng_package_open(o->dir, &pkg, bn.errstr, sizeof bn.errstr) ||
-        eng_model_load(o->dir, &model, bn.errstr, sizeof bn.errstr) ||
+        eng_model_load_with(o->dir, &o->load, &model, bn.errstr, sizeof bn.errstr) ||
         eng_model_check_package(model, pkg, bn.errstr, sizeof bn.errstr)) {
         ops_fail("bench", "%s", bn.errstr);
         rc = OPS_EXIT_FAILURE;
@@ -741,6 +741,7 @@ int ops_cmd_bench(int argc, char **argv) {
         {"max-tokens", required_argument, NULL, 't'},
         {"workers", required_argument, NULL, 'w'},
         {"row", required_argument, NULL, 'o'},
+        {"q4nx-layout", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -765,6 +766,9 @@ int ops_cmd_bench(int argc, char **argv) {
                 return OPS_EXIT_USAGE;
         } else if (c == 'o') {
             o.row = optarg;
+        } else if (c == 'L') {
+            if ((rc = ops_q4nx_layout_opt("bench", optarg, &o.load)) >= 0)
+                return rc;
         } else if ((rc = ops_opt_common(c, BENCH_HELP, &o.dir)) >= 0)
             return rc;
     }

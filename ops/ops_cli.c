@@ -422,6 +422,17 @@ int ops_cmd_version(int argc, char **argv) {
     return OPS_EXIT_OK;
 }
 
+int ops_q4nx_layout_opt(const char *cmd, const char *arg, eng_load_opts_t *lo) {
+    char            errstr[512];
+    eng_load_opts_t t = {.q4nx_layout = arg};
+    if (eng_load_opts_check(&t, errstr, sizeof errstr)) {
+        ops_fail(cmd, "%s", errstr);
+        return OPS_EXIT_USAGE;
+    }
+    lo->q4nx_layout = arg;
+    return -1;
+}
+
 bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t max, size_t *out) {
     char              *end = NULL;
     unsigned long long v = strtoull(arg, &end, 10);

@@ -94,7 +94,7 @@ static const char HTTP_HELP[] =
     "  --max-body-memory MIB request bodies and answers held at once, in MiB\n"
     "                        (default 256; at least 8, so that one body of the\n"
     "                        largest size fits); past it new bodies get 429\n"
-    "  --no-verify           skip the manifest check (a warning is printed)\n"
+    "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
     "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -319,7 +319,7 @@ void ops_http_free(http_t *h) {
 static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **model,
                       eng_sched_t **sched) {
     char errstr[1024] = "";
-    if (eng_model_load(o->dir, model, errstr, sizeof errstr) ||
+    if (eng_model_load_with(o->dir, &o->load, model, errstr, sizeof errstr) ||
         eng_model_check_package(*model, ask->pkg, errstr, sizeof errstr) ||
         (!o->no_verify && eng_model_check_parameters(*model, o->dir, errstr, sizeof errstr))) {
         ops_fail("http", "%s", errstr);
@@ -409,7 +409,8 @@ enum {
     O_TIMEOUT,
     O_BODYMEM,
     O_NOVERIFY,
-    O_LOGLEVEL
+    O_LOGLEVEL,
+    O_LAYOUT
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -423,6 +424,7 @@ static const struct option HTTP_OPTS[] = {
     {"max-body-memory", required_argument, NULL, O_BODYMEM},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
+    {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -484,6 +486,8 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;
+    case O_LAYOUT:
+        return ops_q4nx_layout_opt("http", arg, &o->load);
     case 'h':
         fputs(HTTP_HELP, stdout);
         return OPS_EXIT_OK;

@@ -32,12 +32,13 @@
 #define HTTP_INTAKE_THREADS 2
 
 typedef struct http_opts {
-    const char *dir;
-    char        host[256];
-    int         port;
-    bool        no_verify;
-    size_t      workers, max_queue, max_queued_tokens, max_connections, body_budget;
-    unsigned    timeout_s; /* idle connection timeout */
+    const char     *dir;
+    char            host[256];
+    int             port;
+    bool            no_verify;
+    eng_load_opts_t load; /* --q4nx-layout */
+    size_t          workers, max_queue, max_queued_tokens, max_connections, body_budget;
+    unsigned        timeout_s; /* idle connection timeout */
 } http_opts_t;
 
 /* The routes: index into the counters. */

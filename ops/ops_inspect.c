@@ -15,13 +15,16 @@
 #include <jansson.h>
 
 static const char INSPECT_HELP[] =
-    "Usage: d3stream inspect --model DIR [--json]\n"
+    "Usage: d3stream inspect --model DIR [--json] [--q4nx-layout S]\n"
     "\n"
     "Describes the package in DIR and checks it:\n"
     "  format          upstream safetensors (model.safetensors, or\n"
     "                  model.safetensors.index.json and its shards), or q4nx\n"
     "                  (model.q4nx, FastFlowLM's container: its generation, A or B,\n"
-    "                  and how many tensors of each storage kind it holds)\n"
+    "                  how many tensors of each storage kind it holds -- q4_0 for\n"
+    "                  Q4_1 tiles holding a Q4_0 source's signed codes -- and the\n"
+    "                  code order, A or B, of its Q4_1/Q4_0 (q4) and Q8 (q8) tiles\n"
+    "                  with the evidence in the file that settled it)\n"
     "  architecture    hidden size, layers and their kinds (L = Gated DeltaNet,\n"
     "                  F = full attention), heads, kv heads, head dims, DeltaNet\n"
     "                  heads, intermediate size, vocabulary, rope theta and\n"
@@ -37,8 +40,7 @@ static const char INSPECT_HELP[] =
     "                  ok, MISMATCH (expected vs actual sha256), missing, size,\n"
     "                  unlisted; and the identity hash (SPEC e.3, e.4)\n"
     "\n"
-    "  --json  print the same as one JSON object\n"
-    "\n"
+    "  --json              print the same as one JSON object\n" OPS_Q4NX_LAYOUT_HELP "\n"
     "Exit status: 0 everything verifies; 1 a file fails the manifest (it is named),\n"
     "the parameter counts differ from it, or there is no manifest; 2 usage; 3 the\n"
     "package cannot be read (1 instead when the manifest fails too: it names why).\n";
@@ -46,12 +48,13 @@ static const char INSPECT_HELP[] =
 #define N_CODES_SHOWN 8
 
 typedef struct insp {
-    const char *dir;
-    json_t     *root;
-    bool        manifest_bad; /* a manifest that fails: exit 1, first */
-    bool        no_manifest;  /* exit 1, unless unreadable */
-    bool        params_bad;   /* exit 1 */
-    bool        unreadable;   /* exit 3 */
+    const char            *dir;
+    const eng_load_opts_t *load; /* --q4nx-layout */
+    json_t                *root;
+    bool                   manifest_bad; /* a manifest that fails: exit 1, first */
+    bool                   no_manifest;  /* exit 1, unless unreadable */
+    bool                   params_bad;   /* exit 1 */
+    bool                   unreadable;   /* exit 3 */
 } insp_t;
 
 /* json_object_set_new that tolerates a NULL value (out of memory): the key
@@ -74,7 +77,9 @@ static void gather_q4nx(insp_t *in, json_t *f) {
     eng_q4nx_t *q = NULL;
     if (snprintf(path, sizeof path, "%s/model.q4nx", in->dir) >= (int)sizeof path)
         return;
-    if (eng_q4nx_open(path, &q, errstr, sizeof errstr)) {
+    eng_q4nx_layout_t lay;
+    if (eng_q4nx_layout_parse(in->load->q4nx_layout, &lay, errstr, sizeof errstr) ||
+        eng_q4nx_open_with(path, &lay, &q, errstr, sizeof errstr)) {
         put_error(in, "model_error", errstr);
         return;
     }
@@ -87,6 +92,17 @@ static void gather_q4nx(insp_t *in, json_t *f) {
             put(kinds, eng_q4nx_kind_name((eng_q4nx_kind_t)k), json_integer((json_int_t)counts[k]));
     put(f, "generation", json_string(eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? "A" : "B"));
     put(f, "q8_raster", json_string(eng_q4nx_q8_raster(q) == ENG_Q4NX_RASTER_A ? "A" : "B"));
+    static const char *const fam[ENG_Q4NX_FAM_COUNT] = {"q4", "q8"};
+    json_t                  *jlay = json_object();
+    for (int i = 0; i < ENG_Q4NX_FAM_COUNT; i++) {
+        const eng_q4nx_decision_t *d = eng_q4nx_decision(q, (eng_q4nx_family_t)i);
+        json_t                    *o = json_object();
+        put(o, "raster",
+            d->present ? json_string(d->raster == ENG_Q4NX_RASTER_A ? "A" : "B") : json_null());
+        put(o, "evidence", json_string(d->how));
+        put(jlay, fam[i], o);
+    }
+    put(f, "layout", jlay);
     put(f, "tensors", json_integer((json_int_t)eng_q4nx_count(q)));
     put(f, "kinds", kinds);
     eng_q4nx_close(q);
@@ -209,7 +225,7 @@ static void gather_params(insp_t *in, const eng_model_t *m, const eng_model_info
 static void gather_model(insp_t *in) {
     char         errstr[1024];
     eng_model_t *m = NULL;
-    if (eng_model_load(in->dir, &m, errstr, sizeof errstr)) {
+    if (eng_model_load_with(in->dir, in->load, &m, errstr, sizeof errstr)) {
         put_error(in, "model_error", errstr);
         return;
     }
@@ -424,6 +440,10 @@ static void print_q4nx(const json_t *fmt) {
         printf(", %s %lld", k, (long long)json_integer_value(v));
     }
     printf(")\n");
+    json_object_foreach(json_object_get(fmt, "layout"), k, v) {
+        if (json_is_string(json_object_get(v, "raster")))
+            printf("  %s order    %s: %s\n", k, gets_(v, "raster"), gets_(v, "evidence"));
+    }
 }
 
 static void print_text(const json_t *root) {
@@ -454,8 +474,8 @@ static void print_text(const json_t *root) {
 
 /* ---------------------------------------------------------------- command */
 
-static int inspect_run(const char *dir, bool as_json) {
-    insp_t in = {.dir = dir, .root = json_object()};
+static int inspect_run(const char *dir, const eng_load_opts_t *lo, bool as_json) {
+    insp_t in = {.dir = dir, .load = lo, .root = json_object()};
     if (!in.root) {
         ops_fail("inspect", "out of memory");
         return OPS_EXIT_FAILURE;
@@ -487,20 +507,25 @@ int ops_cmd_inspect(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"json", no_argument, NULL, 'j'},
+        {"q4nx-layout", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *dir = NULL;
-    bool        as_json = false;
-    int         c, rc;
+    const char     *dir = NULL;
+    bool            as_json = false;
+    eng_load_opts_t lo = {0};
+    int             c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         if (c == 'j')
             as_json = true;
-        else if ((rc = ops_opt_common(c, INSPECT_HELP, &dir)) >= 0)
+        else if (c == 'L') {
+            if ((rc = ops_q4nx_layout_opt("inspect", optarg, &lo)) >= 0)
+                return rc;
+        } else if ((rc = ops_opt_common(c, INSPECT_HELP, &dir)) >= 0)
             return rc;
     }
     if ((rc = ops_opt_end(argc, INSPECT_HELP, dir, 0)) >= 0)
         return rc;
-    return inspect_run(dir, as_json);
+    return inspect_run(dir, &lo, as_json);
 }

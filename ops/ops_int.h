@@ -44,6 +44,17 @@ int ops_opt_end(int argc, const char *help, const char *dir, int max_files);
  * whole number from 1 to <max>". */
 bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t max, size_t *out);
 
+/* --q4nx-layout, which ask, serve, http, bench and inspect take
+ * (engine.h eng_load_opts_t): its --help lines, and the option checked into
+ * *lo (-1 to go on; OPS_EXIT_USAGE after saying why). */
+#define OPS_Q4NX_LAYOUT_HELP                                                                       \
+    "  --q4nx-layout S     what a model.q4nx does not say and its own bytes do not\n"              \
+    "                      settle, which the load refuses naming this setting:\n"                  \
+    "                      q4=A|B and q8=A|B (the code order of its Q4_1/Q4_0 and Q8\n"            \
+    "                      tiles), q4-codes=signed|unsigned, comma-separated; a\n"                 \
+    "                      setting the file contradicts is refused too (Q4NX.md §8)\n"
+int ops_q4nx_layout_opt(const char *cmd, const char *arg, eng_load_opts_t *lo);
+
 /* Decodes body for the package opened from dir (ops_model_info). Returns
  * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with
  * the whole-request error written to out and its HTTP status in *status

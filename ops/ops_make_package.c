@@ -12,7 +12,8 @@
 static const char MAKE_HELP[] =
     "Usage: d3stream make-package --size tiny|lite|nano --out DIR [--seed N]\n"
     "                             [--format safetensors|q4nx] [--twin DIR] [--tokenizer DIR]\n"
-    "                             [--force]\n"
+    "                             [--force] [--q4nx-tiles q4_k|q4_1|q4_0] [--q4nx-raster A|B]\n"
+    "                             [--q4nx-embed tied|bf16] [--q4nx-alpha q8|tiles]\n"
     "\n"
     "Writes a complete decision3 package with RANDOM weights: config.json,\n"
     "model.safetensors (BF16, text and vision towers), readout.safetensors,\n"
@@ -47,6 +48,19 @@ static const char MAKE_HELP[] =
     "                 d3stream's Q4NX reader), with the\n"
     "                 same tokenizer, readout and codes, and its own MODEL_MANIFEST.json:\n"
     "                 both packages load the same numbers. Same rules as --out.\n"
+    "\n"
+    "With --format q4nx, model.q4nx as FastFlowLM's public converter writes it from\n"
+    "other GGUF types (Q4NX.md §2.6, §3.3, §8.1), to test a reader on each; the\n"
+    "defaults are the official Gen-B layout:\n"
+    "  --q4nx-tiles T   the 4-bit projections: q4_k (default), q4_1, or q4_0 (a Q4_0\n"
+    "                   GGUF's signed codes in Q4_1 tiles, mins 0)\n"
+    "  --q4nx-raster R  the code order of the Q4_1/Q4_0 and Q8 tiles: A (two 16-row\n"
+    "                   planes, the older converter) or B (plain column major,\n"
+    "                   default)\n"
+    "  --q4nx-embed E   tied (default: the embedding only as the Q8 lm_head) or bf16\n"
+    "                   (also a BF16 model.embed_tokens.weight, as Gen-A files)\n"
+    "  --q4nx-alpha A   alpha/beta in q8 tiles (default) or in the projections' tiles\n"
+    "                   (a GGUF whose alpha/beta share their type)\n"
     "\n"
     "lite and nano keep the real 248,320-row embedding whatever the tokenizer.\n"
     "Progress goes to stderr for lite and nano.\n"
@@ -114,6 +128,25 @@ static int parse_opt(int c, make_args_t *a) {
     case 'F':
         a->force = true;
         return 0;
+    case 'K':
+        return eng_make_tiles_parse(optarg, &a->opts.q4nx.tiles)
+                   ? 0
+                   : usage("--q4nx-tiles \"%s\": expected q4_k, q4_1 or q4_0", optarg);
+    case 'R':
+        if (strcmp(optarg, "A") && strcmp(optarg, "B"))
+            return usage("--q4nx-raster \"%s\": expected A or B", optarg);
+        a->opts.q4nx.raster_a = optarg[0] == 'A';
+        return 0;
+    case 'E':
+        if (strcmp(optarg, "tied") && strcmp(optarg, "bf16"))
+            return usage("--q4nx-embed \"%s\": expected tied or bf16", optarg);
+        a->opts.q4nx.embed_bf16 = optarg[0] == 'b';
+        return 0;
+    case 'A':
+        if (strcmp(optarg, "q8") && strcmp(optarg, "tiles"))
+            return usage("--q4nx-alpha \"%s\": expected q8 or tiles", optarg);
+        a->opts.q4nx.alpha_tiles = optarg[0] == 't';
+        return 0;
     }
     fputs(MAKE_HELP, stderr);
     return OPS_EXIT_USAGE;
@@ -135,6 +168,13 @@ static bool dir_non_empty(const char *dir) {
 static int make_run(make_args_t *a) {
     if (a->opts.twin_dir && a->opts.format != ENG_MAKE_Q4NX) {
         ops_fail("make-package", "--twin needs --format q4nx");
+        return OPS_EXIT_USAGE;
+    }
+    const eng_make_q4nx_t *q = &a->opts.q4nx;
+    if ((q->tiles || q->raster_a || q->embed_bf16 || q->alpha_tiles) &&
+        a->opts.format != ENG_MAKE_Q4NX) {
+        ops_fail("make-package", "--q4nx-tiles, --q4nx-raster, --q4nx-embed and --q4nx-alpha "
+                                 "need --format q4nx");
         return OPS_EXIT_USAGE;
     }
     if (a->opts.twin_dir && strcmp(a->opts.twin_dir, a->opts.out_dir) == 0) {
@@ -177,6 +217,10 @@ int ops_cmd_make_package(int argc, char **argv) {
         {"tokenizer", required_argument, NULL, 't'},
         {"twin", required_argument, NULL, 'T'},
         {"force", no_argument, NULL, 'F'},
+        {"q4nx-tiles", required_argument, NULL, 'K'},
+        {"q4nx-raster", required_argument, NULL, 'R'},
+        {"q4nx-embed", required_argument, NULL, 'E'},
+        {"q4nx-alpha", required_argument, NULL, 'A'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

@@ -48,7 +48,7 @@ static const char SERVE_HELP[] =
     "lose one. --exactly-once makes it exactly once for read_committed readers.\n"
     "\n"
     "  --model DIR         the decision3 package, loaded and checked once, as `ask`\n"
-    "  --no-verify         skip the manifest check (a warning is printed)\n"
+    "  --no-verify         skip the manifest check (a warning is printed)\n" OPS_Q4NX_LAYOUT_HELP
     "  --brokers H:P       bootstrap servers\n"
     "  --group G           consumer group id\n"
     "  --input T           the requests topic\n"
@@ -493,7 +493,7 @@ static int serve_package(const serve_opts_t *o) {
     } else if (o->http_on &&
                !(http = serve_http_start(o, &(ops_ask_t){pkg, NULL, o->dir, sha}, &snap))) {
         rc = OPS_EXIT_FAILURE;
-    } else if (eng_model_load(o->dir, &model, errstr, sizeof errstr) ||
+    } else if (eng_model_load_with(o->dir, &o->load, &model, errstr, sizeof errstr) ||
                eng_model_check_package(model, pkg, errstr, sizeof errstr) ||
                (!o->no_verify &&
                 eng_model_check_parameters(model, o->dir, errstr, sizeof errstr))) {
@@ -539,7 +539,8 @@ enum {
     O_WINDOW_MIB,
     O_METRICS,
     O_HTTP,
-    O_LOGLEVEL
+    O_LOGLEVEL,
+    O_LAYOUT
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -566,6 +567,7 @@ static const struct option SERVE_OPTS[] = {
     {"metrics-file", required_argument, NULL, O_METRICS},
     {"http", required_argument, NULL, O_HTTP},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
+    {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -644,6 +646,8 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("serve", arg, lv) ? -1 : OPS_EXIT_USAGE;
+    case O_LAYOUT:
+        return ops_q4nx_layout_opt("serve", arg, &o->load);
     case O_BEGIN:
         o->from_beginning = true;
         return -1;
@@ -714,6 +718,7 @@ static int serve_main(const ops_config_t *cfg) {
         ops_log_init("serve", lv);
         o.http.dir = o.dir;
         o.http.no_verify = o.no_verify;
+        o.http.load = o.load;
         o.http.workers = o.workers;
         if (o.max_queue)
             o.http.max_queue = o.max_queue;

@@ -25,14 +25,15 @@
 #define SERVE_RID_MAX 128
 
 typedef struct serve_opts {
-    const char  *dir, *brokers, *group, *input, *output, *dlq, *registry_url;
-    const char  *instance_id, *txn_id, *metrics_path;
-    bool         avro, from_beginning, stop_at_end, no_verify, eos;
-    size_t       workers, max_queue, max_queued_tokens, window, window_mib;
-    int          commit_ms; /* exactly-once: longest a transaction stays open */
-    const char **props;     /* NULL-terminated -X values */
-    bool         http_on;   /* --http HOST:PORT: the HTTP shim in this process */
-    http_opts_t  http;
+    const char     *dir, *brokers, *group, *input, *output, *dlq, *registry_url;
+    const char     *instance_id, *txn_id, *metrics_path;
+    bool            avro, from_beginning, stop_at_end, no_verify, eos;
+    eng_load_opts_t load; /* --q4nx-layout */
+    size_t          workers, max_queue, max_queued_tokens, window, window_mib;
+    int             commit_ms; /* exactly-once: longest a transaction stays open */
+    const char    **props;     /* NULL-terminated -X values */
+    bool            http_on;   /* --http HOST:PORT: the HTTP shim in this process */
+    http_opts_t     http;
 } serve_opts_t;
 
 /* serve's Kafka metrics as text, for the /metrics of --http: the serve

@@ -319,7 +319,7 @@ Test(config, every_option) {
         int n = 0;
         for (const char *s = help.data; (s = strstr(s, "\n  --")) != NULL; s++) {
             char name[64], line[80];
-            if (sscanf(s + 5, "%63[a-z-]", name) != 1 || !strcmp(name, "config"))
+            if (sscanf(s + 5, "%63[a-z0-9-]", name) != 1 || !strcmp(name, "config"))
                 continue;
             snprintf(line, sizeof line, "\n%s: ", name);
             cr_assert(strstr(out.data, line), "%s --%s not in `config %s`", CMDS[c], name, CMDS[c]);

@@ -12,74 +12,7 @@
 #include <unistd.h>
 
 #include "eng_q4nx_int.h"
-
-/* ------------------------------------------------------------ helpers */
-
-static uint32_t g_rng = 12345u;
-
-static float frand(void) { /* uniform [-1, 1) */
-    g_rng = g_rng * 1664525u + 1013904223u;
-    return (float)(g_rng >> 8) / (float)(1u << 23) - 1.0f;
-}
-
-static void wr16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static float bf(const uint8_t *p) {
-    return eng_bf16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
-}
-
-#define BF_ONE 0x3f80u /* bf16 1.0 */
-
-static char g_tmp[64];
-
-static const char *tmp_path(void) {
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/d3-q4nx-XXXXXX");
-    int fd = mkstemp(g_tmp);
-    cr_assert(fd >= 0);
-    close(fd);
-    return g_tmp;
-}
-
-/* A hand-made safetensors file: n entries of (name, dtype, shape, bytes). */
-typedef struct {
-    const char    *name, *dtype;
-    int            rank;
-    uint64_t       shape[3];
-    const uint8_t *data;
-    size_t         nbytes;
-} ent_t;
-
-static void write_st(const char *path, const ent_t *e, size_t n) {
-    char   h[8192];
-    size_t used = (size_t)snprintf(h, sizeof h, "{");
-    size_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        used +=
-            (size_t)snprintf(h + used, sizeof h - used, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
-                             i ? "," : "", e[i].name, e[i].dtype);
-        for (int k = 0; k < e[i].rank; k++)
-            used += (size_t)snprintf(h + used, sizeof h - used, "%s%llu", k ? "," : "",
-                                     (unsigned long long)e[i].shape[k]);
-        used += (size_t)snprintf(h + used, sizeof h - used, "],\"data_offsets\":[%zu,%zu]}", off,
-                                 off + e[i].nbytes);
-        off += e[i].nbytes;
-    }
-    used += (size_t)snprintf(h + used, sizeof h - used, "}");
-    cr_assert(used < sizeof h);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    uint8_t le[8] = {0};
-    for (int i = 0; i < 8; i++)
-        le[i] = (uint8_t)((uint64_t)used >> (8 * i));
-    fwrite(le, 1, 8, f);
-    fwrite(h, 1, used, f);
-    for (size_t i = 0; i < n; i++)
-        fwrite(e[i].data, 1, e[i].nbytes, f);
-    fclose(f);
-}
+#include "test_q4nx_util.h"
 
 /* ------------------------------------------------------------ kinds, bf16 */
 
@@ -538,7 +471,7 @@ static void check_groups(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const uint8
             cr_assert_eq(w, y[r * K + k], "%s %c (%zu, %zu): %a from the codes, %a decoded",
                          eng_q4nx_kind_name(kind), ra ? 'B' : 'A', r, k, (double)w,
                          (double)y[r * K + k]);
-            if (kind == ENG_Q4NX_Q4_1 || kind == ENG_Q4NX_Q4_K)
+            if (kind == ENG_Q4NX_Q4_1 || kind == ENG_Q4NX_Q4_K || kind == ENG_Q4NX_Q4_0)
                 cr_assert_leq(u[r * K + k], 15);
         }
     free(y), free(d), free(m), free(u);
@@ -557,6 +490,8 @@ Test(q4nx, group_codes_decode_to_the_same_values) {
         check_groups(ENG_Q4NX_Q4_1, (eng_q4nx_raster_t)ra, p, P, Q, R, K);
         cr_assert_eq(eng_q4nx_encode_q8_ref(x, R, K, (eng_q4nx_raster_t)ra, p), SVC_OK);
         check_groups(ENG_Q4NX_Q8, (eng_q4nx_raster_t)ra, p, P, Q, R, K);
+        cr_assert_eq(eng_q4nx_encode_q40_ref(x, R, K, (eng_q4nx_raster_t)ra, p), SVC_OK);
+        check_groups(ENG_Q4NX_Q4_0, (eng_q4nx_raster_t)ra, p, P, Q, R, K);
     }
     /* legacy Q8 has no encoder: random codes under finite bf16 scales */
     size_t ql = 3, nb = P * ql * ENG_Q4NX_B_Q8_LEGACY;
