@@ -183,13 +183,23 @@ static bool all_zero(const uint8_t *p, size_t n) {
     return true;
 }
 
-/* A 5120-byte tile is legacy Q8 when its second scale copy repeats the first
- * and its tail is padding (§4.5). Only the first tile is looked at, so the
- * listing stays cheap; decoding decides by the logical K instead. */
-static eng_q4nx_kind_t kind_5120(const uint8_t *tile) {
-    if (!all_zero(tile, 256) && memcmp(tile, tile + 256, 256) == 0 && all_zero(tile + 4608, 512))
-        return ENG_Q4NX_Q8_LEGACY;
-    return ENG_Q4NX_Q4_1;
+/* 5120-byte tiles are legacy Q8 when in every tile the second scale copy
+ * repeats the first and the tail is padding (§4.5), and some tile has a
+ * scale; else Q4_1 (or Q4_0, eng_q4nx_layout.c). Q4_1 tiles cannot pass
+ * that by chance: groups 4-7 would need each row's scales of groups 0-3
+ * and zero codes in their last 512 bytes. §4.5's other test, shape[1] *
+ * 128 == K, cannot tell a Q4_1 matrix of K = 128 (one tile of columns,
+ * half padding) from a legacy one: read by it, such a Q4_1 tensor came
+ * out as noise. */
+static eng_q4nx_kind_t kind_5120(const eng_st_tensor_t *t) {
+    const uint8_t *b = t->data;
+    bool           any = false;
+    for (size_t i = 0; i < t->nbytes / ENG_Q4NX_B_Q4_1; i++, b += ENG_Q4NX_B_Q4_1) {
+        if (memcmp(b, b + 256, 256) != 0 || !all_zero(b + 4608, 512))
+            return ENG_Q4NX_Q4_1;
+        any = any || !all_zero(b, 256);
+    }
+    return any ? ENG_Q4NX_Q8_LEGACY : ENG_Q4NX_Q4_1;
 }
 
 static svc_err_t classify(const eng_st_t *st, const eng_st_tensor_t *t, eng_q4nx_kind_t *kind,
@@ -224,7 +234,7 @@ static svc_err_t classify(const eng_st_t *st, const eng_st_tensor_t *t, eng_q4nx
     else if (B == ENG_Q4NX_B_Q8)
         *kind = ENG_Q4NX_Q8;
     else if (B == ENG_Q4NX_B_Q4_1)
-        *kind = (P && Q) ? kind_5120(t->data) : ENG_Q4NX_Q4_1;
+        *kind = ENG_Q4NX_Q4_1; /* kind_5120 once the byte count is checked */
     else
         return q_fail(st, errstr, n,
                       "tensor \"%s\": tile size %llu bytes, expected 4736 (Q4_K), 5120 (Q4_1 or "
@@ -236,6 +246,8 @@ static svc_err_t classify(const eng_st_t *st, const eng_st_tensor_t *t, eng_q4nx
     if (t->nbytes / B != P * Q || t->nbytes % B) /* eng_st checked numel; be explicit */
         return q_fail(st, errstr, n, "tensor \"%s\": %zu bytes, expected %llu tiles x %llu",
                       t->name, t->nbytes, (unsigned long long)(P * Q), (unsigned long long)B);
+    if (B == ENG_Q4NX_B_Q4_1)
+        *kind = kind_5120(t);
     return SVC_OK;
 }
 
@@ -429,20 +441,6 @@ static uint64_t ceil_div(uint64_t a, uint64_t b) {
     return (a + b - 1) / b;
 }
 
-/* Which 5120-byte reading fits the logical K (§4.5): an exact K/128 tile
- * count means legacy Q8, then the padded Q4_1 grid, then padded legacy.
- * Q4_0 codes were told by their all-zero mins, which legacy Q8 tiles
- * (codes at those bytes) do not have. */
-static eng_q4nx_kind_t kind_for_k(eng_q4nx_kind_t kind, uint64_t Q, uint64_t K) {
-    if (kind != ENG_Q4NX_Q4_1 && kind != ENG_Q4NX_Q8_LEGACY)
-        return kind;
-    if (Q * ENG_Q4NX_COLS_LEGACY == K)
-        return ENG_Q4NX_Q8_LEGACY;
-    if (ceil_div(K, ENG_Q4NX_COLS) == Q)
-        return ENG_Q4NX_Q4_1;
-    return ENG_Q4NX_Q8_LEGACY;
-}
-
 /* Head size of layer <i> for the q_proj regroup: its q_norm's length. */
 static size_t head_dim_of(const eng_q4nx_t *q, const char *qname) {
     size_t      layer;
@@ -466,7 +464,7 @@ static svc_err_t rd_grid(const rd_t *r, size_t rank, const uint64_t *dims, eng_q
     if (rank != 2 || !dims[0] || !dims[1])
         return rd_fail(r, SVC_ERR_INVALID, "packed matrix read as %s, expected a 2-D shape", want);
     uint64_t P = t->shape[0], Q = t->shape[1], R = dims[0], K = dims[1];
-    *kind = kind_for_k(r->in->kind, Q, K);
+    *kind = r->in->kind; /* 5120-byte tiles: by their bytes (kind_5120), checked against K below */
     uint64_t tc = eng_q4nx_tile_cols(*kind);
     if (ceil_div(R, ENG_Q4NX_ROWS) != P || ceil_div(K, tc) != Q)
         return rd_fail(r, SVC_ERR_INVALID,

@@ -534,6 +534,57 @@ Test(ops, q4nx_package_inspect_and_ask) {
     remove_tree(dir);
 }
 
+/* make-package writes the public converter's other layouts; inspect says
+ * how each code order was settled; --q4nx-layout is checked at the command
+ * line (2) and a setting the file contradicts refuses the package (3). */
+Test(ops, q4nx_layouts_through_the_binary) {
+    char dir[64], cmd[4096];
+    snprintf(dir, sizeof dir, "/tmp/d3ops-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' make-package --size tiny --format q4nx --out '%s/q' --q4nx-tiles q4_0 "
+             "--q4nx-raster B --q4nx-embed bf16 --q4nx-alpha tiles 2>&1",
+             binary(), dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect --model '%s/q'", binary(), dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_expect(strstr(out.data, "format         q4nx Gen-A") && strstr(out.data, "q4_0 "), "%s",
+              out.data);
+    cr_expect(strstr(out.data, "  q4 order    B: model.layers.0.linear_attn.ssm_alpha_proj"), "%s",
+              out.data);
+    cr_expect(strstr(out.data, "  q8 order    B: lm_head.weight against"), "%s", out.data);
+    svc_buf_fini(&out);
+    static const struct {
+        const char *cmd, *setting, *needle;
+        int         rc;
+    } cases[] = {
+        {"inspect", "q4=C", "--q4nx-layout: \"q4=C\"", 2},
+        {"ask", "q4=A,q4=B", "already set", 2},
+        {"ask", "q4=A", "--q4nx-layout q4=A contradicts the file", 3},
+        {"ask", "q4-codes=unsigned", "contradicts the file", 3},
+        {"bench", "q8=A", "q8=A contradicts", 3},
+        {"ask", "q4=B,q8=B,q4-codes=signed", "\"probabilities\"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' %s --model '%s/q' --q4nx-layout '%s' %s 2>&1 </dev/null",
+                 binary(), cases[i].cmd, dir, cases[i].setting,
+                 strcmp(cases[i].cmd, "ask") ? ""
+                                             : D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json");
+        cr_expect_eq(run_shell(cmd, &out), cases[i].rc, "%s: %s", cmd, out.data);
+        cr_expect(strstr(out.data, cases[i].needle), "%s: %s", cmd, out.data);
+        svc_buf_fini(&out);
+    }
+    /* make-package's layout options need --format q4nx */
+    snprintf(cmd, sizeof cmd, "'%s' make-package --size tiny --out '%s/s' --q4nx-tiles q4_1 2>&1",
+             binary(), dir);
+    cr_expect_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    cr_expect(strstr(out.data, "need --format q4nx"), "%s", out.data);
+    svc_buf_fini(&out);
+    remove_tree(dir);
+}
+
 /* version names the kernels a pass runs on, and follows D3_NPU_KERNELS. */
 Test(ops, version_kernels) {
     char      cmd[1024];

@@ -18,11 +18,13 @@
 #include "eng_pkgwrite_int.h"
 #include "eng_q4nx_int.h"
 #include "eng_st_int.h"
+#include "npu.h"
 #include "ops.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <criterion/parameterized.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <math.h>
@@ -36,8 +38,9 @@ typedef struct pkgs {
     char root[64], q4nx[128], twin[128], st[128];
 } pkgs_t;
 
-/* q4nx + twin, and the safetensors package of the same seed. */
-static void make_all(pkgs_t *p) {
+/* q4nx (laid out as lay says; NULL: official Gen-B) + twin, and the
+ * safetensors package of the same seed. */
+static void make_laid_out(pkgs_t *p, const eng_make_q4nx_t *lay) {
     snprintf(p->root, sizeof p->root, "/tmp/d3q4pkg.XXXXXX");
     cr_assert_not_null(mkdtemp(p->root));
     snprintf(p->q4nx, sizeof p->q4nx, "%s/q4nx", p->root);
@@ -49,9 +52,15 @@ static void make_all(pkgs_t *p) {
                          .seed = SEED,
                          .out_dir = p->q4nx,
                          .twin_dir = p->twin};
+    if (lay)
+        o.q4nx = *lay;
     cr_assert_eq(eng_package_make(&o, errstr, sizeof errstr), SVC_OK, "%s", errstr);
     eng_make_opts_t s = {.size = ENG_MAKE_TINY, .seed = SEED, .out_dir = p->st};
     cr_assert_eq(eng_package_make(&s, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+}
+
+static void make_all(pkgs_t *p) {
+    make_laid_out(p, NULL);
 }
 
 static svc_buf_t example_body(void) {
@@ -421,6 +430,178 @@ Test(q4nx_package, vision_weight_file_and_twin, .timeout = 120) {
     load(p.twin, &t);
     cr_expect_eq(eng_model_check_parameters(t.model, p.twin, errstr, sizeof errstr), SVC_OK, "%s",
                  errstr);
+    unload(&t);
+    rm_tree(p.root);
+}
+
+/* ---- the converter's other layouts (Q4NX.md §2.6, §3.3, §8.1) ---- */
+
+/* Only arrays inside: Criterion runs each case in a new process of the
+ * binary (BoxFort), where a pointer to this one's data means nothing. */
+typedef struct layout_case {
+    eng_make_q4nx_t lay;
+    char            what[64];
+    char            kernels[16], matmul[16]; /* D3_NPU_KERNELS, D3_NPU_MATMUL ("": unset) */
+    double          tol, layer_tol;          /* max |dp|; a layer's relative difference */
+} layout_case_t;
+
+/* The layout and its name; the kernel fields are the path test's. */
+#define LAYOUT(tiles, raster_a, embed_bf16, alpha_tiles, what)                                     \
+    { {tiles, raster_a, embed_bf16, alpha_tiles}, what, "", "", 0, 0 }
+
+static const layout_case_t LAYOUTS[] = {
+    /* FastFlowLM's converter fed a Q4_0 GGUF: signed codes in Q4_1 tiles */
+    LAYOUT(ENG_MAKE_TILES_Q4_0, true, true, true, "q4_0, order A, BF16 embedding, alpha q4_0"),
+    LAYOUT(ENG_MAKE_TILES_Q4_0, false, false, false, "q4_0, order B, tied"),
+    /* its ROCm-era revision fed a Q4_1 GGUF: order B, no Q4_K tile */
+    LAYOUT(ENG_MAKE_TILES_Q4_1, false, true, true, "q4_1, order B, BF16 embedding, alpha q4_1"),
+    /* official Gen-A */
+    LAYOUT(ENG_MAKE_TILES_Q4_1, true, true, false, "q4_1, order A, BF16 embedding"),
+    /* official Gen-B */
+    LAYOUT(ENG_MAKE_TILES_Q4_K, false, false, false, "q4_k, order B, tied"),
+};
+#define N_LAYOUTS (sizeof LAYOUTS / sizeof LAYOUTS[0])
+
+ParameterizedTestParameters(q4nx_package, layouts_read_as_written) {
+    return cr_make_param_array(layout_case_t, (void *)LAYOUTS, N_LAYOUTS);
+}
+
+static double cosine(const float *a, const float *b, size_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return aa && bb ? ab / sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
+}
+
+/* Every matrix the q4nx package stores in tiles, read back, is the
+ * safetensors package's (the values it was quantised from) up to the
+ * quantisation error; read with the wrong rules it would be noise
+ * (cosine 0.03, or -0.4 for Q4_0 codes read as Q4_1). */
+ParameterizedTest(const layout_case_t *c, q4nx_package, layouts_read_as_written, .timeout = 120) {
+    pkgs_t p;
+    make_laid_out(&p, &c->lay);
+    char        path[200], errstr[1024] = "";
+    eng_q4nx_t *q = NULL;
+    eng_st_t   *st = NULL;
+    snprintf(path, sizeof path, "%s/model.q4nx", p.q4nx);
+    cr_assert_eq(eng_q4nx_open(path, &q, errstr, sizeof errstr), SVC_OK, "%s: %s", c->what, errstr);
+    snprintf(path, sizeof path, "%s/model.safetensors", p.st);
+    cr_assert_eq(eng_st_open(path, &st, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    static const eng_q4nx_kind_t four[] = {ENG_Q4NX_Q4_K, ENG_Q4NX_Q4_1, ENG_Q4NX_Q4_0};
+    size_t                       n_four = 0, n_checked = 0;
+    for (size_t i = 0; i < eng_q4nx_count(q); i++) {
+        const eng_q4nx_info_t *in = eng_q4nx_at(q, i);
+        if (!eng_q4nx_kind_packed(in->kind) || !in->hf_name)
+            continue;
+        n_four += in->kind == four[c->lay.tiles];
+        bool                   lm = strcmp(in->hf_name, "lm_head.weight") == 0;
+        const eng_st_tensor_t *t =
+            eng_st_find(st, lm ? "model.language_model.embed_tokens.weight" : in->hf_name);
+        cr_assert(t && t->rank == 2, "%s: %s not in the safetensors package", c->what, in->hf_name);
+        size_t n = (size_t)(t->shape[0] * t->shape[1]);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        cr_assert_eq(eng_q4nx_tensor_f32(q, in->hf_name, 2, t->shape, x, errstr, sizeof errstr),
+                     SVC_OK, "%s: %s", c->what, errstr);
+        cr_assert_eq(eng_st_to_f32(t, y), SVC_OK);
+        double cs = cosine(x, y, n);
+        cr_expect_geq(cs, 0.98, "%s: %s (%s) cosine %.4f to the values it holds", c->what, in->name,
+                      eng_q4nx_kind_name(in->kind), cs);
+        free(x), free(y);
+        n_checked++;
+    }
+    cr_expect_gt(n_four, 20, "%s: the projections are %s tiles", c->what,
+                 eng_q4nx_kind_name(four[c->lay.tiles]));
+    cr_expect_gt(n_checked, n_four);
+    eng_q4nx_raster_t want = c->lay.raster_a ? ENG_Q4NX_RASTER_A : ENG_Q4NX_RASTER_B;
+    for (int f = 0; f < ENG_Q4NX_FAM_COUNT; f++) {
+        const eng_q4nx_decision_t *d = eng_q4nx_decision(q, (eng_q4nx_family_t)f);
+        cr_expect(!d->present || d->raster == want, "%s: family %d order %c: %s", c->what, f,
+                  "AB"[d->raster], d -> how);
+        cr_expect(d->present == (f == ENG_Q4NX_FAM_Q8 || c->lay.tiles != ENG_MAKE_TILES_Q4_K),
+                  "%s: family %d", c->what, f);
+    }
+    eng_st_close(st);
+    eng_q4nx_close(q);
+    rm_tree(p.root);
+}
+
+/* Each layout on each kernel path (Criterion runs every case in its own
+ * process, so the kernel choice, made once per process, is the case's):
+ * the q4nx package answers as its twin, which holds the reader's fp32
+ * decode as F32 weights. ref, generic, avx512 and int8x3 take the same
+ * values on both sides (measured: equal bits). The default path keeps the
+ * q4nx codes (avx512-grp8x2 on VNNI, AMX tiles where the CPU has them)
+ * against the twin's int8x3: two roundings of the activations apart, which
+ * the random tiny tower amplifies to 2% by its last layer (test_npu_grp
+ * holds grp8x2 to the fp32 reference). A misread layout is off by 0.1-0.5
+ * in a probability and ~100% in every layer. */
+static const struct {
+    const char *kernels, *matmul;
+    double      tol, layer_tol;
+} PATHS[] = {
+    {"ref", NULL, 1e-6, 1e-5},   {"generic", NULL, 1e-5, 1e-4}, {"avx512", NULL, 1e-5, 1e-4},
+    {NULL, "int8x3", TOL, 1e-3}, {NULL, NULL, 5e-3, 5e-2},
+};
+#define N_PATHS (sizeof PATHS / sizeof PATHS[0])
+
+ParameterizedTestParameters(q4nx_package, layouts_on_every_kernel_path) {
+    static layout_case_t cases[N_LAYOUTS * N_PATHS];
+    for (size_t i = 0; i < N_LAYOUTS; i++)
+        for (size_t k = 0; k < N_PATHS; k++) {
+            layout_case_t *c = &cases[i * N_PATHS + k];
+            *c = LAYOUTS[i];
+            snprintf(c->kernels, sizeof c->kernels, "%s", PATHS[k].kernels ? PATHS[k].kernels : "");
+            snprintf(c->matmul, sizeof c->matmul, "%s", PATHS[k].matmul ? PATHS[k].matmul : "");
+            c->tol = PATHS[k].tol;
+            c->layer_tol = PATHS[k].layer_tol;
+        }
+    return cr_make_param_array(layout_case_t, cases, N_LAYOUTS * N_PATHS);
+}
+
+ParameterizedTest(const layout_case_t *c, q4nx_package, layouts_on_every_kernel_path,
+                  .timeout = 120) {
+    if (c->kernels[0])
+        cr_assert_eq(setenv("D3_NPU_KERNELS", c->kernels, 1), 0);
+    else
+        cr_assert_eq(unsetenv("D3_NPU_KERNELS"), 0);
+    if (c->matmul[0])
+        cr_assert_eq(setenv("D3_NPU_MATMUL", c->matmul, 1), 0);
+    else
+        cr_assert_eq(unsetenv("D3_NPU_MATMUL"), 0);
+    pkgs_t p;
+    make_laid_out(&p, &c->lay);
+    loaded_t q, t;
+    load(p.q4nx, &q);
+    load(p.twin, &t);
+    double pq[3], pt[3], dp = 0, tol = c->tol;
+    answer(&q, pq);
+    answer(&t, pt);
+    for (size_t i = 0; i < 3; i++)
+        dp = fmax(dp, fabs(pq[i] - pt[i]));
+    cr_log_info("%s on %s/%s (%s): q4nx vs twin max |dp| %.3g", c->what,
+                c->kernels[0] ? c->kernels : "default", c->matmul[0] ? c->matmul : "default",
+                npu_matmul_groups_name(), dp);
+    cr_expect_leq(dp, tol, "%s on %s/%s: max |dp| %.3g", c->what, c->kernels, c->matmul, dp);
+    eng_prompt_t pr;
+    eng_prompt_init(&pr);
+    prompt_ids(&q, &pr);
+    trace_t tq, tt;
+    float   fq[64], ft[64];
+    run_trace(&q, &pr, &tq, fq);
+    run_trace(&t, &pr, &tt, ft);
+    for (size_t layer = 0; layer <= tq.n_layers; layer++) {
+        size_t n = tq.T * tq.H;
+        double d = rel_diff(tq.v + layer * n, tt.v + layer * n, n);
+        cr_expect(d <= c->layer_tol, "%s: layer %d: relative difference %.3g", c->what,
+                  (int)layer - 1, d);
+    }
+    free(tq.v);
+    free(tt.v);
+    eng_prompt_fini(&pr);
+    unload(&q);
     unload(&t);
     rm_tree(p.root);
 }
