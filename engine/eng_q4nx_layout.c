@@ -21,7 +21,7 @@
 
 #define TWIN_RATIO 4.0  /* one order at least this much closer to the twin */
 #define TWIN_ROWS  256  /* rows of lm_head compared with the embedding */
-#define CODE_TILES 64   /* tiles sampled per tensor for the code vote */
+#define CODE_TILES 16   /* tiles sampled per tensor for the code vote */
 #define CODE_MIN   0.95 /* share of groups the right order must reach */
 #define CODE_LEAD  0.10 /* and its lead over the other */
 #define MAX_VOTES  8    /* kept per family; the count goes on */
