@@ -284,9 +284,10 @@ svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
                 err = eng_answer_expand(&pr, eng_model_image_token_id(model),
                                         ri.slots + ri.first[p], ri.tokens + ri.first[p],
                                         part->n_images, &ids, errstr, errstr_size);
-            if (!err && run)
-                err = answer_one(pkg, model, req, p, i, ans, &dl, part->n_images ? &ids : &pr.ids,
-                                 &ri.media, hidden, errstr, errstr_size);
+            if (!err && run) /* the images are the exact tower's under both profiles */
+                err = answer_one(pkg, eng_model_profile(model, eng_request_profile(req)), req, p, i,
+                                 ans, &dl, part->n_images ? &ids : &pr.ids, &ri.media, hidden,
+                                 errstr, errstr_size);
         }
     }
     free(hidden);

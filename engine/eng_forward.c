@@ -336,6 +336,12 @@ static float softplusf_(float v) {
     return v > 20.0f ? v : log1pf(expf(v));
 }
 
+/* A projection under the pass's profile: the exact packs, or their fast
+ * companions (eng_model_profile). */
+static void fwd_mm(const fwd_t *f, const float *x, const npu_wpack_t *w, size_t T, float *out) {
+    (f->m->fast ? npu_matmul_packed_fast : npu_matmul_packed)(x, w, T, out);
+}
+
 /* f->h = the block input norm w of rows [t0, t0 + n) of the residual. */
 static void norm_rows(fwd_t *f, const float *w, size_t t0, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
@@ -345,10 +351,10 @@ static void norm_rows(fwd_t *f, const float *w, size_t t0, size_t n) {
 /* Qwen3_5MLP on f->h (n, H): down(silu(gate(h)) * up(h)) -> f->c (n, H). */
 static void mlp(fwd_t *f, const eng_layer_t *l, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    npu_matmul_packed(f->h, l->mlp_gate, n, f->a);
-    npu_matmul_packed(f->h, l->mlp_up, n, f->b);
+    fwd_mm(f, f->h, l->mlp_gate, n, f->a);
+    fwd_mm(f, f->h, l->mlp_up, n, f->b);
     npu_silu_mul(f->a, f->b, n, c->inter, f->a);
-    npu_matmul_packed(f->a, l->mlp_down, n, f->c);
+    fwd_mm(f, f->a, l->mlp_down, n, f->c);
 }
 
 /* The second half of a block on rows [t0, t0 + n), after the mixer's
@@ -384,7 +390,7 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
     const float           *conv_in, *rec_in;
     float                 *conv_out, *rec_out;
     /* mixed qkv (T, C) -> causal depthwise conv + silu -> f->b (T, C) */
-    npu_matmul_packed(f->h, l->in_qkv, T, f->a);
+    fwd_mm(f, f->h, l->in_qkv, T, f->a);
     for (size_t p = ch->p0; p < ch->p0 + ch->np; p++) {
         const fwd_piece_t *pc = &f->piece[p];
         size_t             r = pc->r - ch->r;
@@ -404,8 +410,8 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
     npu_l2norm(q, T * c->lin_nk, c->lin_dk, 1e-6f, q);
     npu_l2norm(k, T * c->lin_nk, c->lin_dk, 1e-6f, k);
     /* beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both (T, nv) */
-    npu_matmul_packed(f->h, l->in_b, T, f->s1);
-    npu_matmul_packed(f->h, l->in_a, T, f->s2);
+    fwd_mm(f, f->h, l->in_b, T, f->s1);
+    fwd_mm(f, f->h, l->in_a, T, f->s2);
     for (size_t j = 0; j < nv; j++) {
         float decay = -expf(l->a_log[j]); /* once per head, not per token */
         for (size_t t = 0; t < T; t++) {
@@ -425,9 +431,9 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
             return err;
     }
     /* gated norm per value head with z = in_proj_z(h) (T, nv, dv), then out_proj */
-    npu_matmul_packed(f->h, l->in_z, T, f->c);
+    fwd_mm(f, f->h, l->in_z, T, f->c);
     npu_rmsnorm_gated(f->d, f->c, l->lin_norm, T * nv, c->lin_dv, c->eps, f->d);
-    npu_matmul_packed(f->d, l->out_proj, T, f->b);
+    fwd_mm(f, f->d, l->out_proj, T, f->b);
     return SVC_OK;
 }
 
@@ -485,8 +491,8 @@ static void kv_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
     size_t                 hd = c->head_dim, kvd = c->n_kv * hd;
     float                 *k = f->kn + t0 * kvd, *v = f->vn + t0 * kvd;
     norm_rows(f, l->in_norm, t0, n);
-    npu_matmul_packed(f->h, l->k_proj, n, k);
-    npu_matmul_packed(f->h, l->v_proj, n, v);
+    fwd_mm(f, f->h, l->k_proj, n, k);
+    fwd_mm(f, f->h, l->v_proj, n, v);
     npu_rmsnorm(k, l->k_norm, n * c->n_kv, hd, c->eps, k, true);
     npu_mrope_ref(k, f->pos3 + 3 * t0, n, c->n_kv, hd, c->rot_dim, c->theta, c->section,
                   c->interleaved);
@@ -537,7 +543,7 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_
     /* q_proj (n, nh, [2] hd): with the output gate, transformers views it as
      * (n, nh, 2 * hd) and chunks the last dim: query first, gate second. */
     norm_rows(f, l->in_norm, ch->r, n);
-    npu_matmul_packed(f->h, l->q_proj, n, f->a);
+    fwd_mm(f, f->h, l->q_proj, n, f->a);
     float *q = f->b, *gate = f->c;
     for (size_t t = 0; t < n; t++)
         for (size_t i = 0; i < nh; i++) {
@@ -569,7 +575,7 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_
         return SVC_OK;
     if (c->attn_gate)
         npu_sigmoid_mul(gate, f->a, n * qd);
-    npu_matmul_packed(f->a, l->o_proj, n, f->b);
+    fwd_mm(f, f->a, l->o_proj, n, f->b);
     return SVC_OK;
 }
 

@@ -204,9 +204,8 @@ svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const
      * why); a bf16 one stays exact on the bf16 tiles. Decided by the
      * values, so a q4nx package and its F32 twin (the same dequantised
      * values) get the same packs. */
-    err = bf16_exact(w, (size_t)dims[0] * (size_t)k)
-              ? npu_wpack_new(w, (size_t)dims[0], (size_t)k, dst)
-              : npu_wpack_new_quantised(w, (size_t)dims[0], (size_t)k, dst);
+    err = npu_wpack_new_for(w, (size_t)dims[0], (size_t)k,
+                            !bf16_exact(w, (size_t)dims[0] * (size_t)k), !ld->exact_only, dst);
     if (err) {
         free(w);
         return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);
@@ -492,7 +491,7 @@ static svc_err_t load_vision(const char *dir, const eng_ld_t *ld, eng_model_t *m
  * same loader either way, only the lookup of a name differs (eng_st_set.c). */
 static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, char *errstr,
                               size_t n) {
-    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params};
+    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params, false};
     svc_err_t   err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
                               : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
     const char *vprefix = NULL;
@@ -546,7 +545,7 @@ static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr,
         if (!err)
             err = eng_q4nx_set_vision_tiles(q, mm_n, mm_k, errstr, n);
         if (!err) {
-            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL};
+            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL, true};
             err = load_vision(dir, &ld, m);
         }
         if (err == SVC_ERR_INVALID)
@@ -574,7 +573,7 @@ static svc_err_t load_q4nx(const char *dir, const eng_q4nx_layout_t *lay, eng_mo
         m->format =
             eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? ENG_MODEL_Q4NX_GEN_A : ENG_MODEL_Q4NX_GEN_B;
         eng_ld_t ld = {NULL,   q, "model.q4nx", path, "model.language_model.",
-                       errstr, n, &m->n_params};
+                       errstr, n, &m->n_params, false};
         err = ld_tower(&ld, m);
     }
     eng_q4nx_close(q);
@@ -606,7 +605,7 @@ static float to_bf16(float x) {
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5),
  * its values rounded to bf16 when the readout is loaded as bfloat16. */
 static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
+    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL, true};
     svc_err_t err = eng_st_set_open_file(dir, ld.file, &ld.set, errstr, n);
     if (err)
         return err;
@@ -655,6 +654,14 @@ svc_err_t eng_model_load_with(const char *dir, const eng_load_opts_t *opts, eng_
         err = load_weights(dir, sharded, m, errstr, errstr_size);
     if (!err)
         err = load_readout(dir, m, errstr, errstr_size);
+    if (!err && !(m->fast_view = malloc(sizeof *m->fast_view)))
+        err = SVC_ERR_NOMEM;
+    if (!err) { /* the fast profile's view: this struct, sharing everything */
+        *m->fast_view = *m;
+        m->fast_view->fast = true;
+        m->fast_view->fast_view = NULL;
+        m->fast_view->base = m;
+    }
     if (err) {
         if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
             svc_errf(errstr, errstr_size, "out of memory loading \"%s\"", dir);
@@ -679,6 +686,8 @@ static void layer_free(eng_layer_t *l) {
 void eng_model_free(eng_model_t *m) {
     if (!m)
         return;
+    SVC_ASSERT(!m->fast); /* views are the model's own */
+    free(m->fast_view);
     for (size_t i = 0; m->layers && i < m->cfg.n_layers; i++)
         layer_free(&m->layers[i]);
     free(m->layers);
@@ -691,6 +700,44 @@ void eng_model_free(eng_model_t *m) {
     free(m->readout);
     eng_vision_free(m->vision);
     free(m);
+}
+
+static const char *const PROFILE_NAMES[ENG_PROFILE_COUNT] = {"exact", "fast"};
+
+bool eng_profile_parse(const char *s, eng_profile_t *out) {
+    for (size_t i = 0; s && i < ENG_PROFILE_COUNT; i++)
+        if (strcmp(s, PROFILE_NAMES[i]) == 0) {
+            *out = (eng_profile_t)i;
+            return true;
+        }
+    return false;
+}
+
+const char *eng_profile_name(eng_profile_t p) {
+    return (unsigned)p < ENG_PROFILE_COUNT ? PROFILE_NAMES[p] : "?";
+}
+
+const char *const *eng_profile_names(void) {
+    return PROFILE_NAMES; /* sorted: "exact" < "fast" */
+}
+
+const eng_model_t *eng_model_profile(const eng_model_t *m, eng_profile_t p) {
+    const eng_model_t *b = m->fast ? m->base : m;
+    return p == ENG_PROFILE_FAST ? b->fast_view : b;
+}
+
+eng_profile_t eng_request_profile(const sch_request_t *req) {
+    eng_profile_t p = ENG_PROFILE_EXACT;
+    (void)eng_profile_parse(sch_request_options(req)->profile, &p); /* unknown: exact */
+    return p;
+}
+
+eng_profile_t eng_model_profile_of(const eng_model_t *m) {
+    return m->fast ? ENG_PROFILE_FAST : ENG_PROFILE_EXACT;
+}
+
+const char *eng_profile_numerics(eng_profile_t p) {
+    return p == ENG_PROFILE_FAST && npu_fast_usable() ? "approximate" : "exact";
 }
 
 size_t eng_model_hidden_size(const eng_model_t *m) {

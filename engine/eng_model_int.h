@@ -104,6 +104,13 @@ struct eng_model {
     bool               readout_bf16; /* decision_config readout_dtype bfloat16 (SPEC d.5) */
     uint64_t           n_params;     /* elements of the text tensors loaded (not the readout) */
     struct eng_vision *vision;       /* the vision tower, or NULL (eng_vision_int.h) */
+    /* Profiles (eng_model_profile): fast_view is this model under the fast
+     * profile, a copy of this struct sharing every weight, whose passes
+     * take the packs' fast companions (npu_matmul_packed_fast); fast is
+     * true in it. Only the loaded model owns anything (and fast_view). */
+    bool                    fast;
+    struct eng_model       *fast_view;
+    const struct eng_model *base; /* in fast_view: the loaded model; else NULL */
 };
 
 struct eng_q4nx;
@@ -123,6 +130,8 @@ typedef struct eng_ld {
     char                  *errstr;
     size_t                 errstr_size;
     uint64_t              *numel; /* optional: adds the elements of every tensor taken */
+    bool exact_only; /* eng_ld_pack: no fast companion (npu_wpack_new_for): the vision tower,
+                      * whose passes run exact under both profiles */
 } eng_ld_t;
 
 /* Fails with err and `<file> "<path>": <message>` in ld->errstr. */

@@ -69,13 +69,14 @@ typedef struct sreq sreq_t;
 
 /* One queued question: ids owned, results go to r->ans. */
 typedef struct squ {
-    sreq_t     *r;
-    size_t      p, i;  /* part and question index */
-    int32_t    *ids;   /* (n) */
-    size_t      n;     /* ids */
-    uint64_t    seq;   /* FIFO order, ties in sorting */
-    struct squ *next;  /* queue link */
-    size_t      depth; /* tokens its state already holds (while running) */
+    sreq_t       *r;
+    size_t        p, i;  /* part and question index */
+    int32_t      *ids;   /* (n) */
+    size_t        n;     /* ids */
+    uint64_t      seq;   /* FIFO order, ties in sorting */
+    struct squ   *next;  /* queue link */
+    size_t        depth; /* tokens its state already holds (while running) */
+    eng_profile_t prof;  /* its request's profile: a batch holds one */
 } squ_t;
 
 struct sreq {
@@ -119,7 +120,12 @@ struct eng_sched {
     size_t               n_layers;  /* the model's L */
     size_t               n_shared;  /* layers a prefix state keeps per token (F or L) */
     eng_ids_t            head;      /* the constant head's ids */
-    eng_fwd_state_t     *head_st;   /* state after head, read-only */
+    /* state after head under each profile, read-only (a state is continued
+     * only by the profile's model view that made it): exact's at start,
+     * another profile's when a batch of it first runs (head_state) */
+    eng_fwd_state_t *head_st[ENG_PROFILE_COUNT];
+    bool             head_tried[ENG_PROFILE_COUNT]; /* under head_mu */
+    pthread_mutex_t  head_mu;
 
     pthread_mutex_t   mu;
     pthread_cond_t    cv;
@@ -322,6 +328,7 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char 
             q->r = r;
             q->p = p;
             q->i = i;
+            q->prof = eng_request_profile(r->req);
             r->n_qs++;
             r->n_jobs += r->job_left[p]++ == 0;
             r->job_tok[p] += q->n;
@@ -350,14 +357,16 @@ typedef struct leaf {
 
 /* Per-worker buffers. */
 typedef struct wctx {
-    eng_sched_t   *s;
-    float         *hidden; /* (max_group, hidden_size) final hidden states */
-    sreq_t       **done;   /* requests finished by this batch, to complete unlocked */
-    size_t         n_done;
-    leaf_t        *pend; /* (max_group) questions to run in one batched pass */
-    eng_fwd_seq_t *seqs; /* (max_group) */
-    size_t         n_pend, pend_rows;
-    char           errstr[512];
+    eng_sched_t       *s;
+    const eng_model_t *model; /* the batch's profile's view of s->model */
+    eng_profile_t      prof;
+    float             *hidden; /* (max_group, hidden_size) final hidden states */
+    sreq_t           **done;   /* requests finished by this batch, to complete unlocked */
+    size_t             n_done;
+    leaf_t            *pend; /* (max_group) questions to run in one batched pass */
+    eng_fwd_seq_t     *seqs; /* (max_group) */
+    size_t             n_pend, pend_rows;
+    char               errstr[512];
 } wctx_t;
 
 /* r is no longer found by eng_sched_cancel. @locks s->mu held. */
@@ -434,7 +443,7 @@ static svc_err_t leaf_forward(wctx_t *w, const leaf_t *lf, float *hidden) {
     squ_t       *q = lf->q;
     w->errstr[0] = '\0';
     svc_err_t err = eng_model_forward_media(
-        s->model, (eng_fwd_state_t *)lf->st, false, q->ids + lf->depth, q->n - lf->depth,
+        w->model, (eng_fwd_state_t *)lf->st, false, q->ids + lf->depth, q->n - lf->depth,
         sched_media(s), s->noncausal, hidden, NULL, NULL, w->errstr, sizeof w->errstr);
     if (err)
         eng_answer_blame(&sch_request_part(q->r->req, q->p)->questions[q->i], w->errstr,
@@ -492,7 +501,7 @@ static void leaf_flush(wctx_t *w) {
     double    t0 = eng_now_ms();
     svc_err_t err = SVC_ERR_INVALID;
     if (n > 1)
-        err = eng_model_forward_batch(s->model, w->seqs, n, sched_media(s), s->noncausal, w->errstr,
+        err = eng_model_forward_batch(w->model, w->seqs, n, sched_media(s), s->noncausal, w->errstr,
                                       sizeof w->errstr);
     double dt = eng_now_ms() - t0;
     pthread_mutex_lock(&s->mu);
@@ -568,9 +577,9 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
         double    t0 = eng_now_ms();
         svc_err_t err = SVC_ERR_NOMEM;
         w->errstr[0] = '\0';
-        own = st ? eng_fwd_state_clone(st) : eng_fwd_state_new(s->model, s->noncausal);
+        own = st ? eng_fwd_state_clone(st) : eng_fwd_state_new(w->model, s->noncausal);
         if (own) /* no final_last: a noncausal pass stops at layer F */
-            err = eng_model_forward_media(s->model, own, true, v[0]->ids + depth, D - depth,
+            err = eng_model_forward_media(w->model, own, true, v[0]->ids + depth, D - depth,
                                           s->reg ? eng_imgreg_media(s->reg) : NULL, s->noncausal,
                                           NULL, NULL, NULL, w->errstr, sizeof w->errstr);
         if (err) {
@@ -612,14 +621,49 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
     eng_fwd_state_free(own);
 }
 
+/* The head's state under profile p into s->head_st[p] (nothing when the
+ * head is empty or no layer keeps a state: F = 0), counted as computed. */
+static svc_err_t head_run(eng_sched_t *s, eng_profile_t p, char *errstr, size_t errstr_size) {
+    s->head_tried[p] = true;
+    if (s->head.n == 0 || s->n_shared == 0)
+        return SVC_OK;
+    const eng_model_t *m = eng_model_profile(s->model, p);
+    eng_fwd_state_t   *st = eng_fwd_state_new(m, s->noncausal);
+    svc_err_t err = st ? eng_model_forward_from(m, st, true, s->head.v, s->head.n, s->noncausal,
+                                                NULL, NULL, NULL, errstr, errstr_size)
+                       : SVC_ERR_NOMEM;
+    if (err) {
+        eng_fwd_state_free(st);
+        return err;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->head_st[p] = st;
+    s->stats.tokens_computed += s->head.n;
+    s->stats.token_layers += s->head.n * s->n_shared;
+    pthread_mutex_unlock(&s->mu);
+    return SVC_OK;
+}
+
+/* The head's state for a batch of profile p: made by the first batch of a
+ * profile other than exact, so that the other costs nothing until asked
+ * for. If that fails, the batches run without it (slower, same answers). */
+static void head_ensure(wctx_t *w) {
+    eng_sched_t *s = w->s;
+    pthread_mutex_lock(&s->head_mu);
+    if (!s->head_tried[w->prof])
+        (void)head_run(s, w->prof, w->errstr, sizeof w->errstr);
+    pthread_mutex_unlock(&s->head_mu);
+}
+
 static bool starts_with_head(const eng_sched_t *s, const squ_t *q) {
-    return s->head_st && q->n > s->head.n &&
+    return s->head_st[q->prof] && q->n > s->head.n &&
            memcmp(q->ids, s->head.v, s->head.n * sizeof *q->ids) == 0;
 }
 
 /* A batch of n questions taken from the queue. */
 static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
     eng_sched_t *s = w->s;
+    head_ensure(w);
     qsort(v, n, sizeof *v, cmp_ids);
     for (size_t k = 0; k + 1 < n; k++)
         lc[k] = lcp(v[k], v[k + 1]);
@@ -629,7 +673,7 @@ static void run_batch(wctx_t *w, squ_t **v, size_t n, size_t *lc) {
         size_t b = a + 1;
         while (b < n && starts_with_head(s, v[b]) == head)
             b++;
-        run_range(w, v + a, lc + a, b - a, head ? s->head_st : NULL, head ? s->head.n : 0,
+        run_range(w, v + a, lc + a, b - a, head ? s->head_st[w->prof] : NULL, head ? s->head.n : 0,
                   s->n_shared ? MAX_DEPTH : 0, 0, false);
         a = b;
     }
@@ -673,6 +717,44 @@ static size_t images_ready(wctx_t *w, squ_t **v, size_t n) {
     return kept;
 }
 
+/* Takes up to max_group questions of one profile (the first live one's)
+ * off the queue into v, in queue order; the others stay queued in order.
+ * Questions of failed or expired requests are finished on the way.
+ * Returns how many were taken and sets w's model to that profile's.
+ * @locks s->mu held. */
+static size_t take_batch_locked(wctx_t *w, squ_t **v) {
+    eng_sched_t *s = w->s;
+    size_t       n = 0, finished = 0, passed = 0;
+    squ_t      **link = &s->q_head, *kept = NULL; /* kept: the last question left queued */
+    /* w->done holds max_group: finish at most that many; and pass over a
+     * bounded number of the other profile's, so the lock is held briefly */
+    while (*link && n < s->max_group && finished < s->max_group && passed < 4 * s->max_group) {
+        squ_t *q = *link;
+        if (q->r->err || q->r->dl.expired) { /* known without reading the clock */
+            *link = q->next;
+            if (!q->r->err)
+                eng_answers_put_deadline(q->r->ans, q->p, q->i);
+            finish_locked(w, q);
+            finished++;
+            continue;
+        }
+        if (n == 0)
+            w->prof = q->prof;
+        if (q->prof != w->prof) { /* another pass takes it: profiles never share one */
+            kept = q;
+            link = &q->next;
+            passed++;
+            continue;
+        }
+        *link = q->next;
+        v[n++] = q;
+    }
+    if (!*link) /* walked to the end: the tail is the last question left */
+        s->q_tail = kept;
+    w->model = eng_model_profile(s->model, w->prof);
+    return n;
+}
+
 static void *worker_main(void *arg) {
     wctx_t      *w = arg;
     eng_sched_t *s = w->s;
@@ -689,20 +771,7 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        size_t n = 0; /* w->done holds max_group: take at most that many */
-        for (size_t taken = 0; s->q_head && taken < s->max_group; taken++) {
-            squ_t *q = s->q_head;
-            s->q_head = q->next;
-            if (q->r->err || q->r->dl.expired) { /* known without reading the clock */
-                if (!q->r->err)
-                    eng_answers_put_deadline(q->r->ans, q->p, q->i);
-                finish_locked(w, q);
-                continue;
-            }
-            v[n++] = q;
-        }
-        if (!s->q_head)
-            s->q_tail = NULL;
+        size_t n = take_batch_locked(w, v);
         if (n)
             batch_note(&s->stats, n);
         pthread_mutex_unlock(&s->mu);
@@ -744,15 +813,8 @@ static svc_err_t head_init(eng_sched_t *s, char *errstr, size_t errstr_size) {
     if (at)
         err = eng_tokenizer_encode(eng_package_tokenizer(s->pkg), pr.text.data,
                                    (size_t)(at - pr.text.data) + strlen(HEAD_TEXT_START), &s->head);
-    if (!err && at && s->head.n > 0 && s->n_shared > 0) { /* F = 0: nothing to keep */
-        s->head_st = eng_fwd_state_new(s->model, s->noncausal);
-        err = s->head_st
-                  ? eng_model_forward_from(s->model, s->head_st, true, s->head.v, s->head.n,
-                                           s->noncausal, NULL, NULL, NULL, errstr, errstr_size)
-                  : SVC_ERR_NOMEM;
-        s->stats.tokens_computed += s->head.n;
-        s->stats.token_layers += s->head.n * s->n_shared;
-    }
+    if (!err && at)
+        err = head_run(s, ENG_PROFILE_EXACT, errstr, errstr_size);
     if (err && errstr_size && !errstr[0])
         svc_errf(errstr, errstr_size, "scheduler: the prompt head: %s", svc_err_name(err));
     eng_prompt_fini(&pr);
@@ -797,11 +859,13 @@ void eng_sched_free(eng_sched_t *s) {
     for (size_t k = 0; s->ctx && k < n; k++)
         wctx_fini(&s->ctx[k]);
     free(s->ctx);
-    eng_fwd_state_free(s->head_st);
+    for (size_t p = 0; p < ENG_PROFILE_COUNT; p++)
+        eng_fwd_state_free(s->head_st[p]);
     eng_imgreg_free(s->reg);
     eng_ids_fini(&s->head);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->head_mu);
     free(s->threads);
     free(s);
 }
@@ -838,6 +902,7 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     }
     eng_ids_init(&s->head);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->head_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->threads = calloc(s->n_workers, sizeof *s->threads);
     s->ctx = calloc(s->n_workers, sizeof *s->ctx);

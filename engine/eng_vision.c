@@ -88,6 +88,7 @@ svc_err_t eng_vision_load(const eng_ld_t *ld_in, const eng_vis_cfg_t *c, eng_vis
     v->cfg = *c;
     eng_ld_t ld = *ld_in;
     ld.numel = &v->n_params;
+    ld.exact_only = true; /* image encodings are shared by both profiles: exact */
     size_t    H = c->hidden, M = H * c->merge * c->merge;
     svc_err_t err = SVC_OK;
     v->blocks = calloc(c->depth, sizeof *v->blocks);

@@ -239,8 +239,43 @@ SVC_WUR svc_err_t eng_load_opts_check(const eng_load_opts_t *opts, char *errstr,
  * message names the setting that settles it). */
 SVC_WUR svc_err_t eng_model_load_with(const char *dir, const eng_load_opts_t *opts,
                                       eng_model_t **out, char *errstr, size_t errstr_size);
-/* Frees everything the model owns. NULL is a no-op. */
+/* Frees everything the model owns. NULL is a no-op. Not for the views
+ * eng_model_profile returns. */
 void eng_model_free(eng_model_t *m);
+
+/* Numerics profiles (SPEC point 6), both always enabled: exact (the
+ * default: fp32-level numerics) and fast (one integer product per weight,
+ * llama.cpp's activation precision; answers carry meta.numerics
+ * "approximate"). */
+typedef enum eng_profile {
+    ENG_PROFILE_EXACT = 0,
+    ENG_PROFILE_FAST = 1,
+} eng_profile_t;
+#define ENG_PROFILE_COUNT 2
+
+/* "exact", "fast" <-> the enum; parse returns false for anything else. */
+bool        eng_profile_parse(const char *s, eng_profile_t *out);
+const char *eng_profile_name(eng_profile_t p);
+/* The enabled profiles' names, sorted (SPEC a.8's list), ENG_PROFILE_COUNT. */
+const char *const *eng_profile_names(void);
+
+/**
+ * @brief m under profile p: the same weights (nothing copied), its passes
+ *   on the exact packs or on their fast companions (npu.h "the fast
+ *   profile"). Valid while m lives; never freed by the caller. Forward
+ *   states (eng_fwd_state_new) are per view: a state made with one is
+ *   continued with the same one.
+ */
+const eng_model_t *eng_model_profile(const eng_model_t *m, eng_profile_t p);
+/* The profile a request asks for (options.profile, or the served default
+ * the decoder filled in); exact for a name the engine does not know. */
+eng_profile_t eng_request_profile(const sch_request_t *req);
+/* The profile a model (or view) runs. */
+eng_profile_t eng_model_profile_of(const eng_model_t *m);
+/* SPEC b.8 meta.numerics of answers under profile p: "approximate" when
+ * its passes take the fast kernels (fast, on a CPU with them: npu.h
+ * npu_fast_usable), else "exact". */
+const char *eng_profile_numerics(eng_profile_t p);
 
 size_t eng_model_hidden_size(const eng_model_t *m);
 size_t eng_model_vocab_size(const eng_model_t *m);

@@ -433,6 +433,32 @@ SVC_WUR svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpac
 SVC_WUR svc_err_t npu_wpack_new_groups(uint8_t *u, float *d, float *m, size_t N, size_t K,
                                        npu_wpack_t **out);
 
+/* ---- the fast profile (SPEC point 6) ----
+ * Where npu_fast_usable() (AVX-512 VNNI with BW and VL, the AVX-512
+ * kernels in use, D3_NPU_KERNELS not "avx512"), every pack also holds its
+ * weight for the `fast` profile: one integer product per weight, the
+ * activations one signed byte per value with a scale per row and group of
+ * 32 (llama.cpp's Q8 activations; npu_matmul_vnni_grp8). A pack of group
+ * codes on VNNI without AMX (npu_wpack_new_groups) serves both profiles
+ * from its codes, nothing added; every other pack keeps a companion: the
+ * package's codes where the exact pack was dequantised from them (AMX),
+ * else the values as Q8_0 codes (d = max |w| / 127 per group of 32,
+ * c = round(w / d): 1 byte and 8 bytes a group more per weight, about
+ * 1.25 bytes a weight). npu_matmul_packed_fast multiplies by that;
+ * without it (npu_fast_usable() false) it is npu_matmul_packed. Each
+ * output row depends only on its own input row, as for the exact path. */
+bool npu_fast_usable(void);
+/* npu_wpack_new (quantised false) or npu_wpack_new_quantised, with the
+ * fast companion only when fast: a weight no fast pass multiplies (the
+ * vision tower's, for now) is better without one. */
+SVC_WUR svc_err_t npu_wpack_new_for(float *w, size_t N, size_t K, bool quantised, bool fast,
+                                    npu_wpack_t **out);
+/* "avx512-grp8" where npu_fast_usable(), else npu_matmul_groups_name(). */
+const char *npu_matmul_fast_name(void);
+/* Whether npu_matmul_packed_fast takes the fast kernel for wp. */
+bool npu_wpack_has_fast(const npu_wpack_t *wp);
+void npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out);
+
 /* Whether the pack took an int8x3 layout, AMX or VNNI, or the group codes
  * (npu_wpack_new_quantised, npu_wpack_new_groups). */
 bool npu_wpack_is_int8(const npu_wpack_t *wp);
@@ -444,8 +470,10 @@ void npu_wpack_free(npu_wpack_t *wp);
 size_t npu_wpack_n(const npu_wpack_t *wp);
 size_t npu_wpack_k(const npu_wpack_t *wp);
 
-/* Bytes the pack holds at rest (the weight's storage). */
+/* Bytes the pack holds at rest (the weight's storage); its fast
+ * companion's (0 without one) apart. */
 size_t npu_wpack_bytes(const npu_wpack_t *wp);
+size_t npu_wpack_fast_bytes(const npu_wpack_t *wp);
 
 /* out = x w^T as npu_matmul_ref (x (T, K), out (T, N), with N and K those
  * of the pack), fp32 accumulation in K blocks of 256 (partial sums added

@@ -194,6 +194,10 @@ struct npu_wpack {
     wpack_layout_t layout;
     void          *data;
     size_t         bytes;
+    /* the fast profile's companion (npu_matmul_packed_fast): the weight as
+     * group codes, or NULL where this pack's own codes serve (a
+     * WPACK_VNNI_GRP pack) or the fast kernels are not usable; owned */
+    struct npu_wpack *fast;
 };
 
 static wpack_layout_t g_layout;
@@ -319,11 +323,93 @@ static size_t wpack_size(wpack_layout_t l, size_t N, size_t K) {
     return (b + 63) / 64 * 64 + (b ? 0 : 64);
 }
 
-static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wpack_t **out) {
+/* ---- the fast profile's companions ---- */
+
+static bool           g_fast;
+static pthread_once_t g_fast_once = PTHREAD_ONCE_INIT;
+
+/* The grp8 kernel needs VNNI with BW and VL, and the AVX-512 kernels in
+ * use; D3_NPU_KERNELS=avx512 (fp32 everywhere, the accuracy reference)
+ * keeps it off too. */
+static void fast_pick(void) {
+    const char           *env = getenv("D3_NPU_KERNELS");
+    const npu_features_t *f = npu_probe();
+    g_fast = kernels() == &k_avx512 && f->avx512_vnni && f->avx512bw && f->avx512vl &&
+             !(env && strcmp(env, "avx512") == 0);
+}
+
+bool npu_fast_usable(void) {
+    pthread_once(&g_fast_once, fast_pick);
+    return g_fast;
+}
+
+const char *npu_matmul_fast_name(void) {
+    return npu_fast_usable() ? "avx512-grp8" : npu_matmul_groups_name();
+}
+
+/* A WPACK_VNNI_GRP pack of u, d, m (copied). */
+static svc_err_t grp_pack_new(const uint8_t *u, const float *d, const float *m, size_t N, size_t K,
+                              npu_wpack_t **out) {
+    npu_wpack_t *wp = calloc(1, sizeof *wp);
+    if (!wp)
+        return SVC_ERR_NOMEM;
+    wp->N = N;
+    wp->K = K;
+    wp->layout = WPACK_VNNI_GRP;
+    wp->bytes = npu_grp_pack_bytes(N, K);
+    wp->data = aligned_alloc(64, wp->bytes);
+    if (!wp->data) {
+        free(wp);
+        return SVC_ERR_NOMEM;
+    }
+    npu_grp_pack(u, d, m, N, K, wp->data);
+    *out = wp;
+    return SVC_OK;
+}
+
+/* The companion of a weight given as values: codes of one byte per
+ * weight with a scale per row and group of 32, llama.cpp's Q8_0 (d = max
+ * |w| / 127, c = round(w / d)), as group codes u = c + 128, m = -128 d.
+ * Built a row at a time, so the extra memory is the pack's alone. */
+static svc_err_t fast_from_values(const float *w, size_t N, size_t K, npu_wpack_t **out) {
+    *out = NULL;
+    if (!npu_fast_usable() || !N || !K)
+        return SVC_OK;
+    size_t   G = (K + NPU_GRP_K - 1) / NPU_GRP_K;
+    uint8_t *u = malloc(N * K);
+    float   *d = malloc(N * G * sizeof *d), *m = malloc(N * G * sizeof *m);
+    if (!u || !d || !m) {
+        free(u), free(d), free(m);
+        return SVC_ERR_NOMEM;
+    }
+    for (size_t n = 0; n < N; n++)
+        for (size_t g = 0; g < G; g++) {
+            size_t k0 = g * NPU_GRP_K, k1 = k0 + NPU_GRP_K < K ? k0 + NPU_GRP_K : K;
+            float  amax = 0;
+            for (size_t k = k0; k < k1; k++)
+                amax = fmaxf(amax, fabsf(w[n * K + k]));
+            float dd = amax / 127.0f, id = dd > 0 ? 1.0f / dd : 0.0f;
+            for (size_t k = k0; k < k1; k++)
+                u[n * K + k] = (uint8_t)((int)lrintf(w[n * K + k] * id) + 128);
+            d[n * G + g] = dd;
+            m[n * G + g] = -128.0f * dd;
+        }
+    svc_err_t err = grp_pack_new(u, d, m, N, K, out);
+    free(u), free(d), free(m);
+    return err;
+}
+
+/* with_fast: also the fast companion from w (fast_from_values). */
+static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, bool with_fast,
+                            npu_wpack_t **out) {
     *out = NULL;
     npu_wpack_t *wp = calloc(1, sizeof *wp);
     if (!wp)
         return SVC_ERR_NOMEM;
+    if (with_fast && fast_from_values(w, N, K, &wp->fast)) {
+        free(wp);
+        return SVC_ERR_NOMEM;
+    }
     wp->N = N;
     wp->K = K;
     wp->layout = layout();
@@ -340,6 +426,7 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
     wp->bytes = wpack_size(wp->layout, N, K);
     wp->data = aligned_alloc(64, wp->bytes);
     if (!wp->data) {
+        npu_wpack_free(wp->fast);
         free(wp);
         return SVC_ERR_NOMEM;
     }
@@ -355,11 +442,16 @@ static svc_err_t wpack_make(float *w, size_t N, size_t K, bool quantised, npu_wp
 }
 
 svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
-    return wpack_make(w, N, K, false, out);
+    return wpack_make(w, N, K, false, true, out);
+}
+
+svc_err_t npu_wpack_new_for(float *w, size_t N, size_t K, bool quantised, bool fast,
+                            npu_wpack_t **out) {
+    return wpack_make(w, N, K, quantised, fast, out);
 }
 
 svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out) {
-    return wpack_make(w, N, K, true, out);
+    return wpack_make(w, N, K, true, true, out);
 }
 
 /* w = d u + m, as the q4nx decoder computes it (fp32 product, then sum). */
@@ -379,33 +471,28 @@ svc_err_t npu_wpack_new_groups(uint8_t *u, float *d, float *m, size_t N, size_t 
                                npu_wpack_t **out) {
     *out = NULL;
     if (layout() == WPACK_AMX || !g_grp || N == 0 || K == 0) {
-        float *w = grp_dequant(u, d, m, N, K);
-        if (!w)
+        /* the exact pack from the values; the fast one keeps the codes */
+        float       *w = grp_dequant(u, d, m, N, K);
+        npu_wpack_t *fast = NULL;
+        if (!w || (npu_fast_usable() && N && K && grp_pack_new(u, d, m, N, K, &fast))) {
+            free(w);
             return SVC_ERR_NOMEM;
-        svc_err_t err = npu_wpack_new_quantised(w, N, K, out);
+        }
+        svc_err_t err = wpack_make(w, N, K, true, false, out);
         if (err) {
             free(w);
+            npu_wpack_free(fast);
             return err;
         }
+        (*out)->fast = fast;
         free(u), free(d), free(m);
         return SVC_OK;
     }
-    npu_wpack_t *wp = calloc(1, sizeof *wp);
-    if (!wp)
-        return SVC_ERR_NOMEM;
-    wp->N = N;
-    wp->K = K;
-    wp->layout = WPACK_VNNI_GRP;
-    wp->bytes = npu_grp_pack_bytes(N, K);
-    wp->data = aligned_alloc(64, wp->bytes);
-    if (!wp->data) {
-        free(wp);
-        return SVC_ERR_NOMEM;
-    }
-    npu_grp_pack(u, d, m, N, K, wp->data);
-    free(u), free(d), free(m);
-    *out = wp;
-    return SVC_OK;
+    /* the codes serve both profiles (npu_matmul_packed_fast) */
+    svc_err_t err = grp_pack_new(u, d, m, N, K, out);
+    if (!err)
+        free(u), free(d), free(m);
+    return err;
 }
 
 bool npu_wpack_is_int8(const npu_wpack_t *wp) {
@@ -416,6 +503,7 @@ bool npu_wpack_is_int8(const npu_wpack_t *wp) {
 void npu_wpack_free(npu_wpack_t *wp) {
     if (!wp)
         return;
+    npu_wpack_free(wp->fast);
     free(wp->data);
     free(wp);
 }
@@ -430,6 +518,22 @@ size_t npu_wpack_k(const npu_wpack_t *wp) {
 
 size_t npu_wpack_bytes(const npu_wpack_t *wp) {
     return wp->bytes;
+}
+
+size_t npu_wpack_fast_bytes(const npu_wpack_t *wp) {
+    return wp->fast ? wp->fast->bytes : 0;
+}
+
+bool npu_wpack_has_fast(const npu_wpack_t *wp) {
+    return wp->fast || (wp->layout == WPACK_VNNI_GRP && npu_fast_usable());
+}
+
+void npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out) {
+    const npu_wpack_t *f = w->fast ? w->fast : w;
+    if (f->layout == WPACK_VNNI_GRP && npu_fast_usable())
+        npu_matmul_vnni_grp8(x, f->data, T, f->K, f->N, out);
+    else
+        npu_matmul_packed(x, w, T, out);
 }
 
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out) {

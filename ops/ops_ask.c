@@ -13,8 +13,8 @@
 #include <jansson.h>
 
 static const char ASK_HELP[] =
-    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--q4nx-layout S]\n"
-    "                    [FILE]\n"
+    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--profile P]\n"
+    "                    [--q4nx-layout S] [FILE]\n"
     "\n"
     "Answers the System One request in FILE (or stdin) with the package in DIR and\n"
     "prints, as one line, the exact response body the HTTP shim sends: the 200 body\n"
@@ -37,8 +37,8 @@ static const char ASK_HELP[] =
     "                 the files are checked against MODEL_MANIFEST.json (SPEC e.3,\n"
     "                 e.4), else MANIFEST.sha256, before anything is loaded, and\n"
     "                 the loaded parameter counts against MODEL_MANIFEST.json\n"
-    "                 parameters after; a package with neither is refused\n" OPS_Q4NX_LAYOUT_HELP
-    "\n"
+    "                 parameters after; a package with neither is refused\n" OPS_PROFILE_HELP
+        OPS_Q4NX_LAYOUT_HELP "\n"
     "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
     "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
     "a warning on stderr, not refused (test packages cannot carry the real bytes).\n"
@@ -152,8 +152,8 @@ int ops_ask_encode(const ops_ask_t *a, const sch_request_t *req, const eng_answe
                        .model_id = eng_package_model_id(a->pkg),
                        .revision = NULL, /* a local directory has no Hub revision */
                        .model_sha256 = a->model_sha256 && a->model_sha256[0] ? a->model_sha256 : NULL,
-                       .profile = "exact",
-                       .numerics = "exact",
+                       .profile = eng_profile_name(eng_request_profile(req)),
+                       .numerics = eng_profile_numerics(eng_request_profile(req)),
                        .engine = "d3stream",
                        .accelerator = "cpu",
                        .queue_ms = st->queue_ms, /* 0 without the scheduler */
@@ -272,9 +272,13 @@ int ops_ask_verify(const char *dir, bool no_verify, char *sha) {
 
 int ops_cmd_ask(int argc, char **argv) {
     static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"device", required_argument, NULL, 'd'},
-        {"no-verify", no_argument, NULL, 'n'},   {"q4nx-layout", required_argument, NULL, 'L'},
-        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
+        {"model", required_argument, NULL, 'm'},
+        {"device", required_argument, NULL, 'd'},
+        {"no-verify", no_argument, NULL, 'n'},
+        {"q4nx-layout", required_argument, NULL, 'L'},
+        {"profile", required_argument, NULL, 'P'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char     *dir = NULL;
     bool            no_verify = false;
@@ -286,6 +290,9 @@ int ops_cmd_ask(int argc, char **argv) {
             no_verify = true;
         else if (c == 'L') {
             if ((rc = ops_q4nx_layout_opt("ask", optarg, &lo)) >= 0)
+                return rc;
+        } else if (c == 'P') {
+            if ((rc = ops_profile_opt("ask", optarg)) >= 0)
                 return rc;
         } else if (c == 'd' && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
             ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)", optarg);

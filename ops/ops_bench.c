@@ -23,7 +23,7 @@
 
 static const char BENCH_HELP[] =
     "Usage: d3stream bench --model DIR [--runs N] [--quick] [--json] [--max-tokens N]\n"
-    "                      [--workers N] [--row TEXT] [--q4nx-layout S]\n"
+    "                      [--workers N] [--row TEXT] [--profile P] [--q4nx-layout S]\n"
     "\n"
     "Measures the package in DIR on this machine's CPU with the rows of D3-Nano-NPU2's\n"
     "text speed table (D3-NANO-NPU2.md), so the two can be read side by side:\n"
@@ -78,7 +78,8 @@ static const char BENCH_HELP[] =
     "                    (image rows always run: --max-tokens 1 runs only those)\n"
     "  --workers N       scheduler threads (default: the online CPUs)\n"
     "  --row TEXT        only the rows whose name contains TEXT (e.g. \"shared\",\n"
-    "                    \"x 330\"); the others are not run or printed\n" OPS_Q4NX_LAYOUT_HELP "\n"
+    "                    \"x 330\"); the others are not run or printed\n" OPS_PROFILE_HELP
+        OPS_Q4NX_LAYOUT_HELP "\n"
     "Exit status: 0 measured, 2 usage, 3 the package could not be loaded or a\n"
     "forward pass failed.\n";
 
@@ -595,7 +596,9 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
     ops_matmul_desc(mm, sizeof mm);
     if (o->json) {
         print_json(json_pack(
-            "{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}", "machine", machine,
+            "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}",
+            "machine", machine, "profile", eng_profile_name(ops_profile_default()), "numerics",
+            eng_profile_numerics(ops_profile_default()), "matmul_fast", npu_matmul_fast_name(),
             "kernels", npu_kernels_name(), "matmul", npu_matmul_name(), "matmul_quantised",
             npu_matmul_quantised_name(), "matmul_groups", npu_matmul_groups_name(), "threads",
             (json_int_t)npu_threads(), "model_id", eng_package_model_id(bn->pkg), "format",
@@ -608,9 +611,12 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
            eng_package_model_id(bn->pkg), o->dir, eng_model_format(bn->model),
            eng_package_max_length(bn->pkg), load_s);
     printf("machine: %s\nkernels: %s, matmul %s, %zu threads; scheduler workers: %s; median of "
-           "%zu run%s\n",
+           "%zu run%s\nprofile: %s (%s numerics%s%s)\n",
            machine, npu_kernels_name(), mm, npu_threads(), workers, o->runs,
-           o->runs == 1 ? "" : "s");
+           o->runs == 1 ? "" : "s", eng_profile_name(ops_profile_default()),
+           eng_profile_numerics(ops_profile_default()),
+           ops_profile_default() == ENG_PROFILE_FAST ? ", projections on " : "",
+           ops_profile_default() == ENG_PROFILE_FAST ? npu_matmul_fast_name() : "");
     printf("\n%-20s %9s %8s %10s %11s %13s\n", "row", "questions", "tokens", "median s", "tokens/s",
            "peak RSS MiB");
     fflush(stdout);
@@ -690,7 +696,9 @@ static int bench_run(const bench_opts_t *o) {
     }
     if (rc == OPS_EXIT_OK) {
         bn.pkg = pkg;
-        bn.model = model;
+        /* --profile: the single rows run that view; the scheduler rows'
+         * requests get it as the served default (ops_profile_default) */
+        bn.model = eng_model_profile(model, ops_profile_default());
         print_header(&bn, machine.data, now_s() - t0);
         for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++) {
             if ((o->quick && !ROWS[i].quick) || (o->row && !strstr(ROWS[i].label, o->row)))
@@ -742,6 +750,7 @@ int ops_cmd_bench(int argc, char **argv) {
         {"workers", required_argument, NULL, 'w'},
         {"row", required_argument, NULL, 'o'},
         {"q4nx-layout", required_argument, NULL, 'L'},
+        {"profile", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -768,6 +777,9 @@ int ops_cmd_bench(int argc, char **argv) {
             o.row = optarg;
         } else if (c == 'L') {
             if ((rc = ops_q4nx_layout_opt("bench", optarg, &o.load)) >= 0)
+                return rc;
+        } else if (c == 'P') {
+            if ((rc = ops_profile_opt("bench", optarg)) >= 0)
                 return rc;
         } else if ((rc = ops_opt_common(c, BENCH_HELP, &o.dir)) >= 0)
             return rc;

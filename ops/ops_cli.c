@@ -223,9 +223,28 @@ static const char VALIDATE_HELP[] =
     "\n"
     "Exit status: 0 the request is valid (200), 1 it is not, 2 usage, 3 unreadable input.\n";
 
+static eng_profile_t g_profile = ENG_PROFILE_EXACT;
+
+void ops_profile_default_set(eng_profile_t p) {
+    g_profile = p;
+}
+
+eng_profile_t ops_profile_default(void) {
+    return g_profile;
+}
+
+int ops_profile_opt(const char *cmd, const char *arg) {
+    eng_profile_t p;
+    if (!eng_profile_parse(arg, &p)) {
+        ops_fail(cmd, "--profile \"%s\": expected exact or fast", arg);
+        return OPS_EXIT_USAGE;
+    }
+    ops_profile_default_set(p);
+    return -1;
+}
+
 void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
                     const char *names[3], char last[OPS_NAME_MAX], sch_model_info_t *info) {
-    static const char *const profiles[] = {"exact"};
     /* The last component as Python's Path(dir).name: trailing '/' dropped. */
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/')
@@ -243,8 +262,9 @@ void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
         .label = names[0],
         .has_vision = has_vision,
         .reads_videos = false,
-        .profiles = profiles,
-        .n_profiles = 1,
+        .profiles = eng_profile_names(),
+        .n_profiles = ENG_PROFILE_COUNT,
+        .default_profile = eng_profile_name(g_profile),
     };
 }
 

@@ -52,6 +52,7 @@ static const cfg_opt_t CFG_OPTS[] = {
     {"stop-at-end", CMD_SERVE, CFG_BOOL, "false"},
     {"no-verify", CMD_BOTH, CFG_BOOL, "false"},
     {"q4nx-layout", CMD_BOTH, CFG_STR, NULL},
+    {"profile", CMD_BOTH, CFG_STR, "exact"},
     {"workers", CMD_BOTH, CFG_NUM, NULL},
     {"max-queue", CMD_BOTH, CFG_NUM, "256"},
     {"max-queued-tokens", CMD_BOTH, CFG_NUM, "4194304"},

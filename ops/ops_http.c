@@ -94,7 +94,8 @@ static const char HTTP_HELP[] =
     "  --max-body-memory MIB request bodies and answers held at once, in MiB\n"
     "                        (default 256; at least 8, so that one body of the\n"
     "                        largest size fits); past it new bodies get 429\n"
-    "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_Q4NX_LAYOUT_HELP
+    "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
+        OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
     "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -410,7 +411,8 @@ enum {
     O_BODYMEM,
     O_NOVERIFY,
     O_LOGLEVEL,
-    O_LAYOUT
+    O_LAYOUT,
+    O_PROFILE
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -425,6 +427,7 @@ static const struct option HTTP_OPTS[] = {
     {"no-verify", no_argument, NULL, O_NOVERIFY},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
+    {"profile", required_argument, NULL, O_PROFILE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -488,6 +491,8 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;
     case O_LAYOUT:
         return ops_q4nx_layout_opt("http", arg, &o->load);
+    case O_PROFILE:
+        return ops_profile_opt("http", arg);
     case 'h':
         fputs(HTTP_HELP, stdout);
         return OPS_EXIT_OK;

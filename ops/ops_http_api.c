@@ -218,19 +218,21 @@ static json_t *model_card(http_t *h, int state) {
             json_integer((json_int_t)(mi.n_params_text + mi.n_params_readout + mi.n_params_vision));
     }
     const char *sha = h->ask.model_sha256 && h->ask.model_sha256[0] ? h->ask.model_sha256 : NULL;
-    json_t     *card = json_pack(
-            "{s:s, s:s, s:s, s:s, s:n, s:n, s:s?, s:n, s:[s], s:[s,s,s], s:[s], "
-                "s:{s:I, s:i, s:i, s:i, s:i}, s:n, s:s, s:[s], s:s, s:s, s:b, s:s, s:s, s:o, s:b, s:s, "
-                "s:s?, s:n, s:[]}",
-            "id", h->label, "object", "model", "owned_by", "vllm-sr", "family", "decision3", "repo",
-            "revision", "model_sha256", sha, "manifest_sha256", "surfaces", "decisions",
-            "question_types", "choice", "noul", "score", "modalities", "text", "limits",
-            "max_input_tokens", (json_int_t)eng_package_max_length(h->ask.pkg), "min_options", 2,
-            "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile", "exact",
-            "profiles", "exact", "engine", "d3stream", "accelerator", "cpu", "accelerator_validated", 0,
-            "device", h->device, "dtype",
+    _Static_assert(ENG_PROFILE_COUNT == 2, "the card below lists every profile");
+    json_t *card = json_pack(
+        "{s:s, s:s, s:s, s:s, s:n, s:n, s:s?, s:n, s:[s], s:[s,s,s], s:[s], "
+        "s:{s:I, s:i, s:i, s:i, s:i}, s:n, s:s, s:[s,s], s:s, s:s, s:b, s:s, s:s, s:o, s:b, s:s, "
+        "s:s?, s:n, s:[]}",
+        "id", h->label, "object", "model", "owned_by", "vllm-sr", "family", "decision3", "repo",
+        "revision", "model_sha256", sha, "manifest_sha256", "surfaces", "decisions",
+        "question_types", "choice", "noul", "score", "modalities", "text", "limits",
+        "max_input_tokens", (json_int_t)eng_package_max_length(h->ask.pkg), "min_options", 2,
+        "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile",
+        eng_profile_name(ops_profile_default()), "profiles", eng_profile_names()[0],
+        eng_profile_names()[1], "engine", "d3stream", "accelerator", "cpu", "accelerator_validated",
+        0, "device", h->device, "dtype",
         eng_package_readout_bf16(h->ask.pkg) ? "fp32/bf16-readout" : "fp32/fp32-readout",
-            "parameters", params, "ready", state == HTTP_READY, "status", state_name(state), "reason",
+        "parameters", params, "ready", state == HTTP_READY, "status", state_name(state), "reason",
         state == HTTP_READY ? NULL : "the model is not ready", "golden", "plugins");
     if (card && loaded)
         card_media(card, h->ask.model);

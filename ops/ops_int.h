@@ -55,6 +55,21 @@ bool ops_count_opt(const char *cmd, const char *name, const char *arg, size_t ma
     "                      setting the file contradicts is refused too (Q4NX.md §8)\n"
 int ops_q4nx_layout_opt(const char *cmd, const char *arg, eng_load_opts_t *lo);
 
+/* The served default profile (SPEC point 6: --profile), one per process:
+ * what a request without options.profile gets, and what the model card
+ * says. ops_profile_opt parses --profile into it (-1 to go on;
+ * OPS_EXIT_USAGE after saying why). */
+#define OPS_PROFILE_HELP                                                                           \
+    "  --profile P         exact (default) or fast: the numerics a request gets\n"                 \
+    "                      without options.profile; both are always enabled.\n"                    \
+    "                      fast: one integer product per weight and activations of\n"              \
+    "                      one byte per value (llama.cpp's precision), answers marked\n"           \
+    "                      meta.numerics \"approximate\" (where the CPU has AVX-512\n"             \
+    "                      VNNI; elsewhere fast runs the exact kernels)\n"
+void          ops_profile_default_set(eng_profile_t p);
+eng_profile_t ops_profile_default(void);
+int           ops_profile_opt(const char *cmd, const char *arg);
+
 /* Decodes body for the package opened from dir (ops_model_info). Returns
  * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with
  * the whole-request error written to out and its HTTP status in *status

@@ -48,8 +48,8 @@ static const char SERVE_HELP[] =
     "lose one. --exactly-once makes it exactly once for read_committed readers.\n"
     "\n"
     "  --model DIR         the decision3 package, loaded and checked once, as `ask`\n"
-    "  --no-verify         skip the manifest check (a warning is printed)\n" OPS_Q4NX_LAYOUT_HELP
-    "  --brokers H:P       bootstrap servers\n"
+    "  --no-verify         skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
+        OPS_Q4NX_LAYOUT_HELP "  --brokers H:P       bootstrap servers\n"
     "  --group G           consumer group id\n"
     "  --input T           the requests topic\n"
     "  --output T          the results topic\n"
@@ -540,7 +540,8 @@ enum {
     O_METRICS,
     O_HTTP,
     O_LOGLEVEL,
-    O_LAYOUT
+    O_LAYOUT,
+    O_PROFILE
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -568,6 +569,7 @@ static const struct option SERVE_OPTS[] = {
     {"http", required_argument, NULL, O_HTTP},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
+    {"profile", required_argument, NULL, O_PROFILE},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -648,6 +650,8 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return ops_log_level_opt("serve", arg, lv) ? -1 : OPS_EXIT_USAGE;
     case O_LAYOUT:
         return ops_q4nx_layout_opt("serve", arg, &o->load);
+    case O_PROFILE:
+        return ops_profile_opt("serve", arg);
     case O_BEGIN:
         o->from_beginning = true;
         return -1;

@@ -316,16 +316,18 @@ static svc_err_t check_deadline(sch_request_t *req, const sch_json_t *v, sch_err
     return SVC_OK;
 }
 
+/* Without model info: the profiles every model enables (SPEC point 6). */
+static const char *const DEFAULT_PROFILES[] = {"exact", "fast"};
+
 static svc_err_t refuse_profile(const sch_model_info_t *model, sch_error_t *err) {
-    sch_str_t  exact = {"exact", 5};
-    size_t     n = model && model->n_profiles ? model->n_profiles : 1;
-    sch_str_t *list = calloc(n, sizeof *list);
+    bool               own = model && model->n_profiles;
+    size_t             n = own ? model->n_profiles : 2;
+    const char *const *names = own ? model->profiles : DEFAULT_PROFILES;
+    sch_str_t         *list = calloc(n, sizeof *list);
     if (!list)
         return out_of_memory(err);
     for (size_t i = 0; i < n; i++)
-        list[i] = model && model->n_profiles
-                      ? (sch_str_t){model->profiles[i], strlen(model->profiles[i])}
-                      : exact;
+        list[i] = (sch_str_t){names[i], strlen(names[i])};
     sch_str_sort(list, n);
     svc_buf_t msg;
     svc_buf_init(&msg, SIZE_MAX / 2);
@@ -348,18 +350,21 @@ static svc_err_t check_profile(sch_request_t *req, const sch_json_t *v,
         return refuse_profile(model, err);
     size_t      n;
     const char *s = sch_json_string(v, &n);
-    bool        known = !model || model->n_profiles == 0;
-    for (size_t i = 0; !known && i < model->n_profiles; i++)
-        known = sch_str_is(s, n, model->profiles[i]);
-    if (!known)
-        return refuse_profile(model, err);
-    req->options.profile = s;
-    return SVC_OK;
+    if (!model || model->n_profiles == 0) {
+        req->options.profile = s;
+        return SVC_OK;
+    }
+    for (size_t i = 0; i < model->n_profiles; i++)
+        if (sch_str_is(s, n, model->profiles[i])) {
+            req->options.profile = model->profiles[i]; /* NUL-terminated, lives on */
+            return SVC_OK;
+        }
+    return refuse_profile(model, err);
 }
 
 static svc_err_t check_options(sch_request_t *req, const sch_json_t *opts,
                                const sch_model_info_t *model, sch_error_t *err) {
-    req->options.profile = "exact";
+    req->options.profile = model && model->default_profile ? model->default_profile : "exact";
     if (!opts || !sch_json_truthy(opts))
         return SVC_OK;
     bool ok = sch_json_type(opts) == SCH_JSON_OBJECT;

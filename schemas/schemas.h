@@ -153,7 +153,8 @@ typedef struct sch_model_info {
      * a.10), and only the engine can decode; so the aspect ratio is left to
      * the engine's resize, and a whole-request error found after images
      * whose headers passed is held (sch_request_pending), not returned. */
-    bool engine_decodes;
+    bool        engine_decodes;
+    const char *default_profile; /* when options.profile is absent; NULL: "exact" */
 } sch_model_info_t;
 
 typedef struct sch_limits {
@@ -208,10 +209,12 @@ typedef struct sch_part {
 } sch_part_t;
 
 typedef struct sch_options {
-    bool        has_deadline;
-    double      deadline_ms;
-    bool        return_meta;
-    const char *profile; /* "exact" when not given */
+    bool   has_deadline;
+    double deadline_ms;
+    bool   return_meta;
+    /* one of the model's profiles (its static string), the served default
+     * (sch_model_info_t.default_profile) when not given */
+    const char *profile;
 } sch_options_t;
 
 typedef struct sch_request sch_request_t;

@@ -466,6 +466,13 @@ Test(http, routes_and_statuses) {
     cr_assert_eq(
         json_integer_value(json_object_get(json_object_get(card, "limits"), "image_max_pixels")),
         1638400);
+    /* both profiles enabled, exact served by default (SPEC point 6, f.1) */
+    cr_assert_str_eq(json_string_value(json_object_get(card, "profile")), "exact");
+    json_t *profs = json_object_get(card, "profiles");
+    cr_assert(json_array_size(profs) == 2 &&
+                  !strcmp(json_string_value(json_array_get(profs, 0)), "exact") &&
+                  !strcmp(json_string_value(json_array_get(profs, 1)), "fast"),
+              "%s", r.body.data);
     cr_assert_eq(
         json_integer_value(json_object_get(json_object_get(j, "limits"), "max_request_bytes")),
         LIMIT);

@@ -17,6 +17,7 @@
 
 #include "ops.h"
 #include "svc.h"
+#include "npu.h"
 #include "test_cmd.h"
 
 #define GOLDEN D3_SOURCE_DIR "/tests/golden"
@@ -581,6 +582,121 @@ Test(ops, q4nx_layouts_through_the_binary) {
              binary(), dir);
     cr_expect_eq(run_shell(cmd, &out), 2, "%s", out.data);
     cr_expect(strstr(out.data, "need --format q4nx"), "%s", out.data);
+    svc_buf_fini(&out);
+    remove_tree(dir);
+}
+
+/* The example request's probabilities from `ask` on a package of
+ * make-package --size tiny --seed 3, as a JSON object's three values. */
+static void ask_probs(const char *dir, const char *env, const char *args, const char *request,
+                      double p[3], svc_buf_t *raw) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s '%s' ask --model '%s' %s '%s' 2>/dev/null", env, binary(), dir,
+             args, request);
+    cr_assert_eq(run_shell(cmd, raw), 0, "%s: %s", cmd, raw->data);
+    json_t *a = json_loads(raw->data, 0, NULL);
+    cr_assert(a, "not JSON: %s", raw->data);
+    const json_t *pr =
+        json_object_get(json_object_get(json_object_get(a, "answers"), "route"), "probabilities");
+    const char *opt[3] = {"returns", "billing", "general"};
+    for (int o = 0; o < 3; o++)
+        p[o] = json_real_value(json_object_get(pr, opt[o]));
+    json_decref(a);
+}
+
+/* The exact profile's numerics, pinned: on the scalar reference kernels
+ * (the same code on every x86-64), the probabilities the commit before
+ * the profiles gave (its binary, run on the same packages, printed these
+ * digits). 1e-12 leaves room for libm's last bit on another CPU; any
+ * change to the exact path moves them by 1e-9 or more. */
+Test(ops, exact_answers_pinned) {
+    static const struct {
+        const char *format;
+        double      p[3];
+    } PIN[] = {
+        {"safetensors", {0.5565703196126373, 0.1871504991511562, 0.2562791812362066}},
+        {"q4nx", {0.7394141296271386, 0.08700286252210905, 0.1735830078507523}},
+    };
+    char dir[64], cmd[2048];
+    snprintf(dir, sizeof dir, "/tmp/d3ops-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    for (size_t i = 0; i < 2; i++) {
+        svc_buf_t out;
+        snprintf(cmd, sizeof cmd,
+                 "'%s' make-package --size tiny --seed 3 --format %s --out '%s/%s' 2>&1", binary(),
+                 PIN[i].format, dir, PIN[i].format);
+        cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+        svc_buf_fini(&out);
+        char pkg[128];
+        snprintf(pkg, sizeof pkg, "%s/%s", dir, PIN[i].format);
+        double p[3];
+        ask_probs(pkg, "D3_NPU_KERNELS=ref", "", D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json", p,
+                  &out);
+        for (int o = 0; o < 3; o++)
+            cr_expect(fabs(p[o] - PIN[i].p[o]) <= 1e-12, "%s option %d: %.17g, pinned %.17g",
+                      PIN[i].format, o, p[o], PIN[i].p[o]);
+        svc_buf_fini(&out);
+    }
+    remove_tree(dir);
+}
+
+/* Profiles (SPEC point 6, a.8, b.8): a request picks fast, whose answers
+ * say meta.numerics "approximate"; --profile fast makes it the default and
+ * a request may still pick exact; an unknown name gets a.8's 400. */
+Test(ops, profiles_through_ask) {
+    char dir[64], cmd[2048], req[3][160];
+    snprintf(dir, sizeof dir, "/tmp/d3ops-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' make-package --size tiny --format q4nx --out '%s/q' 2>&1",
+             binary(), dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    svc_buf_fini(&out);
+    static const char *const opts[3] = {
+        "{\"profile\": \"fast\", \"return_meta\": true}",
+        "{\"profile\": \"exact\", \"return_meta\": true}",
+        "{\"profile\": \"turbo\"}",
+    };
+    for (int i = 0; i < 3; i++) {
+        snprintf(req[i], sizeof req[i], "%s/r%d.json", dir, i);
+        snprintf(cmd, sizeof cmd,
+                 "python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); "
+                 "r[\"options\"]=json.loads(sys.argv[2]); json.dump(r, open(sys.argv[3], \"w\"))' "
+                 "'%s/ops/examples/d3-nano-npu2.json' '%s' '%s'",
+                 D3_SOURCE_DIR, opts[i], req[i]);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+    }
+    char   pkg[128];
+    double fast[3], exact[3], dflt[3], pick[3];
+    snprintf(pkg, sizeof pkg, "%s/q", dir);
+    ask_probs(pkg, "", "", req[0], fast, &out);
+    cr_expect(strstr(out.data, "\"profile\":\"fast\""), "%s", out.data);
+    cr_expect(strstr(out.data,
+                     npu_fast_usable() ? "\"numerics\":\"approximate\"" : "\"numerics\":\"exact\""),
+              "%s", out.data);
+    svc_buf_fini(&out);
+    ask_probs(pkg, "", "", req[1], exact, &out);
+    cr_expect(strstr(out.data, "\"profile\":\"exact\",\"numerics\":\"exact\""), "%s", out.data);
+    svc_buf_fini(&out);
+    ask_probs(pkg, "", "--profile fast", D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json", dflt,
+              &out);
+    svc_buf_fini(&out);
+    ask_probs(pkg, "", "--profile fast", req[1], pick, &out);
+    svc_buf_fini(&out);
+    for (int o = 0; o < 3; o++) {
+        cr_expect_eq(dflt[o], fast[o], "--profile fast is the default");
+        cr_expect_eq(pick[o], exact[o], "a request still picks exact");
+    }
+    if (npu_fast_usable())
+        cr_expect_neq(fast[0], exact[0], "the profiles differ where the fast kernels run");
+    snprintf(cmd, sizeof cmd, "'%s' ask --model '%s' '%s' 2>/dev/null", binary(), pkg, req[2]);
+    cr_expect_eq(run_shell(cmd, &out), 1, "%s", out.data);
+    cr_expect(strstr(out.data, "options.profile must be one of ['exact', 'fast']"), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' ask --model '%s' --profile turbo '%s' 2>&1", binary(), pkg,
+             req[1]);
+    cr_expect_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    cr_expect(strstr(out.data, "--profile \"turbo\": expected exact or fast"), "%s", out.data);
     svc_buf_fini(&out);
     remove_tree(dir);
 }

@@ -209,11 +209,14 @@ Test(schemas, too_deep_is_not_json) {
 
 static const char *const      NAMES[] = {"d3-nano", "", "org/D3-Nano"};
 static const char *const      PROFILES[] = {"exact", "fast"};
-static const sch_model_info_t NANO = {NAMES, 3, "d3-nano", false, false, PROFILES, 2, false};
-static const sch_model_info_t VISION = {NAMES, 3, "d3-vl", true, false, NULL, 0, false};
-static const sch_model_info_t VIDEO = {NAMES, 3, "d3-vl", true, true, NULL, 0, false};
+static const sch_model_info_t NANO = {NAMES, 3, "d3-nano", false, false, PROFILES, 2, false, NULL};
+static const sch_model_info_t VISION = {NAMES, 3, "d3-vl", true, false, NULL, 0, false, NULL};
+static const sch_model_info_t VIDEO = {NAMES, 3, "d3-vl", true, true, NULL, 0, false, NULL};
 /* VISION for an engine that decodes the images (errors after them held). */
-static const sch_model_info_t VISION_ENGINE = {NAMES, 3, "d3-vl", true, false, NULL, 0, true};
+static const sch_model_info_t VISION_ENGINE = {NAMES, 3, "d3-vl", true, false, NULL, 0, true, NULL};
+/* NANO serving fast by default (--profile fast) */
+static const sch_model_info_t NANO_FAST = {NAMES,    3, "d3-nano", false, false,
+                                           PROFILES, 2, false,     "fast"};
 
 #define Q_NOUL "\"questions\": {\"q\": {\"type\": \"noul\"}}"
 
@@ -292,6 +295,19 @@ Test(schemas, model_profiles) {
     decoded_fini(&d);
     expect_error("{\"state\": \"s\", " Q_NOUL ", \"options\": {\"profile\": \"slow\"}}", &NANO, 400,
                  "invalid_request", "options.profile must be one of ['exact', 'fast']");
+    /* the served default when a request names none; a request still picks */
+    d = decode("{\"state\": \"s\", " Q_NOUL "}", &NANO_FAST);
+    cr_assert_eq(d.rc, SVC_OK);
+    cr_expect_str_eq(sch_request_options(d.req)->profile, "fast");
+    decoded_fini(&d);
+    d = decode("{\"state\": \"s\", " Q_NOUL ", \"options\": {\"profile\": \"exact\"}}", &NANO_FAST);
+    cr_assert_eq(d.rc, SVC_OK);
+    cr_expect_str_eq(sch_request_options(d.req)->profile, "exact");
+    cr_expect_eq(sch_request_options(d.req)->profile, PROFILES[0], "the model's own string");
+    decoded_fini(&d);
+    d = decode("{\"state\": \"s\", " Q_NOUL "}", &NANO);
+    cr_expect_str_eq(sch_request_options(d.req)->profile, "exact");
+    decoded_fini(&d);
 }
 
 #define PNG_1X1                                                                                    \
