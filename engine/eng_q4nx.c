@@ -165,9 +165,8 @@ svc_err_t eng_q4nx_name_from_hf(const char *hf_name, char *q4nx, size_t q4nx_siz
  * Open: kinds and geometry (§1, §8 step 2)
  * --------------------------------------------------------------------- */
 
-SVC_FMT(4, 5)
-static svc_err_t q_fail(const eng_st_t *st, char *errstr, size_t n, const char *fmt, ...) {
-    char    msg[512];
+svc_err_t eng_q4nx_failf(const eng_st_t *st, char *errstr, size_t n, const char *fmt, ...) {
+    char    msg[768];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -175,6 +174,7 @@ static svc_err_t q_fail(const eng_st_t *st, char *errstr, size_t n, const char *
     svc_errf(errstr, n, "q4nx \"%s\": %s", eng_st_path(st), msg);
     return SVC_ERR_FORMAT;
 }
+#define q_fail eng_q4nx_failf
 
 static bool all_zero(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++)

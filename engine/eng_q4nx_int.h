@@ -275,6 +275,11 @@ typedef struct eng_q4nx_info {
     const eng_st_tensor_t *st; /* stored dtype, shape, bytes */
 } eng_q4nx_info_t;
 
+/* SVC_ERR_FORMAT with `q4nx "<path>": <message>` in errstr (the reader's
+ * one way to refuse a file). */
+SVC_FMT(4, 5)
+svc_err_t eng_q4nx_failf(const eng_st_t *st, char *errstr, size_t n, const char *fmt, ...);
+
 /* eng_q4nx_layout.c, for open(): sorts each 5120-byte Q4_1-looking tensor
  * of info into Q4_1 or Q4_0 (info[i].kind) and settles both families into
  * dec. Refusals are SVC_ERR_FORMAT, one line naming the file, the tensor or

@@ -100,16 +100,7 @@ svc_err_t eng_q4nx_layout_parse(const char *spec, eng_q4nx_layout_t *out, char *
  * Q4_1 or Q4_0 codes (§3.2, §3.3)
  * --------------------------------------------------------------------- */
 
-SVC_FMT(4, 5)
-static svc_err_t refuse(const eng_st_t *st, char *errstr, size_t n, const char *fmt, ...) {
-    char    msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    svc_errf(errstr, n, "q4nx \"%s\": %s", eng_st_path(st), msg);
-    return SVC_ERR_FORMAT;
-}
+#define refuse eng_q4nx_failf
 
 static uint16_t rd16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));

@@ -13,40 +13,11 @@
 #include <unistd.h>
 
 #include "eng_q4nx_int.h"
-
-static char g_tmp[64];
-
-static const char *tmp_path(void) {
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/d3-q4nxv-XXXXXX");
-    int fd = mkstemp(g_tmp);
-    cr_assert(fd >= 0);
-    close(fd);
-    return g_tmp;
-}
+#include "test_q4nx_util.h"
 
 /* BF16-representable, distinct-ish values: (i % 251 - 125) / 64. */
 static float val(size_t i) {
     return (float)((int)(i % 251) - 125) / 64.0f;
-}
-
-/* A one-tensor BF16 safetensors file holding raw little-endian data. */
-static void write_one(const char *path, const char *name, const uint64_t *shape, int rank,
-                      const uint8_t *data, size_t nbytes) {
-    char   h[512];
-    size_t used = (size_t)snprintf(h, sizeof h, "{\"%s\":{\"dtype\":\"BF16\",\"shape\":[", name);
-    for (int k = 0; k < rank; k++)
-        used += (size_t)snprintf(h + used, sizeof h - used, "%s%llu", k ? "," : "",
-                                 (unsigned long long)shape[k]);
-    used += (size_t)snprintf(h + used, sizeof h - used, "],\"data_offsets\":[0,%zu]}}", nbytes);
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    uint8_t le[8] = {0};
-    for (int i = 0; i < 8; i++)
-        le[i] = (uint8_t)((uint64_t)used >> (8 * i));
-    fwrite(le, 1, 8, f);
-    fwrite(h, 1, used, f);
-    fwrite(data, 1, nbytes, f);
-    fclose(f);
 }
 
 /* W[N, K] = val(n * K + k) tiled into shape (any padding), as bytes. */
@@ -337,7 +308,9 @@ Test(q4nx_vision, mixed_file_text_checks_unaffected) {
 
 static eng_q4nx_t *open_one(const char *path, const char *name, const uint64_t shape[3],
                             const uint8_t *d) {
-    write_one(path, name, shape, 3, d, 2 * shape[0] * shape[1] * shape[2]);
+    ent_t e = {
+        name, "BF16", 3, {shape[0], shape[1], shape[2]}, d, 2 * shape[0] * shape[1] * shape[2]};
+    write_st(path, &e, 1);
     eng_q4nx_t *q = NULL;
     char        errstr[512] = "";
     cr_assert_eq(eng_q4nx_open(path, &q, errstr, sizeof errstr), SVC_OK, "%s", errstr);
