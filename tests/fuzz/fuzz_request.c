@@ -66,9 +66,9 @@ static void decode(const uint8_t *data, size_t size, const sch_model_info_t *inf
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    sch_model_info_t info = {NAMES, 2, "d3-nano", false, false, PROFILES, 1, false};
+    sch_model_info_t info = {NAMES, 2, "d3-nano", false, false, PROFILES, 1, false, NULL};
     /* a vision model whose engine decodes: errors held behind the images */
-    sch_model_info_t vl = {NAMES, 2, "d3-vl", true, false, PROFILES, 1, true};
+    sch_model_info_t vl = {NAMES, 2, "d3-vl", true, false, PROFILES, 1, true, NULL};
     decode(data, size, NULL);
     decode(data, size, &info);
     decode(data, size, &vl);
