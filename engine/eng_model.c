@@ -732,10 +732,6 @@ eng_profile_t eng_request_profile(const sch_request_t *req) {
     return p;
 }
 
-eng_profile_t eng_model_profile_of(const eng_model_t *m) {
-    return m->fast ? ENG_PROFILE_FAST : ENG_PROFILE_EXACT;
-}
-
 const char *eng_profile_numerics(eng_profile_t p) {
     return p == ENG_PROFILE_FAST && npu_fast_usable() ? "approximate" : "exact";
 }

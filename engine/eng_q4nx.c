@@ -174,7 +174,6 @@ svc_err_t eng_q4nx_failf(const eng_st_t *st, char *errstr, size_t n, const char 
     svc_errf(errstr, n, "q4nx \"%s\": %s", eng_st_path(st), msg);
     return SVC_ERR_FORMAT;
 }
-#define q_fail eng_q4nx_failf
 
 static bool all_zero(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -217,17 +216,18 @@ static svc_err_t classify(const eng_st_t *st, const eng_st_tensor_t *t, eng_q4nx
     case ENG_DT_I8:
         break;
     default:
-        return q_fail(st, errstr, n,
-                      "tensor \"%s\": dtype %s, expected I8, BF16 or F32 (Q4NX.md §1)", t->name,
-                      eng_dtype_name(t->dtype));
+        return eng_q4nx_failf(st, errstr, n,
+                              "tensor \"%s\": dtype %s, expected I8, BF16 or F32 (Q4NX.md §1)",
+                              t->name, eng_dtype_name(t->dtype));
     }
     /* §8 step 2 also mentions 2-D I8 tensors without saying how their tile
      * count is known [unconfirmed]: refused rather than guessed. */
     if (t->rank != 3)
-        return q_fail(st, errstr, n,
-                      "tensor \"%s\": packed I8 tensor of rank %u, expected [R/32, K/256, B] "
-                      "(Q4NX.md §1)",
-                      t->name, t->rank);
+        return eng_q4nx_failf(
+            st, errstr, n,
+            "tensor \"%s\": packed I8 tensor of rank %u, expected [R/32, K/256, B] "
+            "(Q4NX.md §1)",
+            t->name, t->rank);
     uint64_t P = t->shape[0], Q = t->shape[1], B = t->shape[2];
     if (B == ENG_Q4NX_B_Q4_K)
         *kind = ENG_Q4NX_Q4_K;
@@ -236,16 +236,19 @@ static svc_err_t classify(const eng_st_t *st, const eng_st_tensor_t *t, eng_q4nx
     else if (B == ENG_Q4NX_B_Q4_1)
         *kind = ENG_Q4NX_Q4_1; /* kind_5120 once the byte count is checked */
     else
-        return q_fail(st, errstr, n,
-                      "tensor \"%s\": tile size %llu bytes, expected 4736 (Q4_K), 5120 (Q4_1 or "
-                      "legacy Q8) or 8704 (Q8) (Q4NX.md §1)",
-                      t->name, (unsigned long long)B);
+        return eng_q4nx_failf(
+            st, errstr, n,
+            "tensor \"%s\": tile size %llu bytes, expected 4736 (Q4_K), 5120 (Q4_1 or "
+            "legacy Q8) or 8704 (Q8) (Q4NX.md §1)",
+            t->name, (unsigned long long)B);
     if (!P || !Q)
-        return q_fail(st, errstr, n, "tensor \"%s\": shape [%llu, %llu, %llu] holds no tile",
-                      t->name, (unsigned long long)P, (unsigned long long)Q, (unsigned long long)B);
+        return eng_q4nx_failf(st, errstr, n,
+                              "tensor \"%s\": shape [%llu, %llu, %llu] holds no tile", t->name,
+                              (unsigned long long)P, (unsigned long long)Q, (unsigned long long)B);
     if (t->nbytes / B != P * Q || t->nbytes % B) /* eng_st checked numel; be explicit */
-        return q_fail(st, errstr, n, "tensor \"%s\": %zu bytes, expected %llu tiles x %llu",
-                      t->name, t->nbytes, (unsigned long long)(P * Q), (unsigned long long)B);
+        return eng_q4nx_failf(st, errstr, n, "tensor \"%s\": %zu bytes, expected %llu tiles x %llu",
+                              t->name, t->nbytes, (unsigned long long)(P * Q),
+                              (unsigned long long)B);
     if (B == ENG_Q4NX_B_Q4_1)
         *kind = kind_5120(t);
     return SVC_OK;
@@ -255,7 +258,7 @@ static svc_err_t build_info(eng_q4nx_t *q, char *errstr, size_t n) {
     q->n = eng_st_count(q->st);
     q->info = calloc(q->n ? q->n : 1, sizeof *q->info);
     if (!q->info) {
-        (void)q_fail(q->st, errstr, n, "out of memory for %zu tensors", q->n);
+        (void)eng_q4nx_failf(q->st, errstr, n, "out of memory for %zu tensors", q->n);
         return SVC_ERR_NOMEM;
     }
     for (size_t i = 0; i < q->n; i++) {
@@ -271,7 +274,7 @@ static svc_err_t build_info(eng_q4nx_t *q, char *errstr, size_t n) {
         if (eng_q4nx_name_to_hf(in->name, hf, sizeof hf, &in->xform) == SVC_OK) {
             in->hf_name = strdup(hf);
             if (!in->hf_name) {
-                (void)q_fail(q->st, errstr, n, "out of memory");
+                (void)eng_q4nx_failf(q->st, errstr, n, "out of memory");
                 return SVC_ERR_NOMEM;
             }
         }
@@ -279,9 +282,20 @@ static svc_err_t build_info(eng_q4nx_t *q, char *errstr, size_t n) {
     return SVC_OK;
 }
 
+svc_err_t eng_q4nx_bf16_name(const char *qname, char *buf, size_t n) {
+    size_t len = strlen(qname), w = strlen(".weight");
+    int    k = len > w ? snprintf(buf, n, "%.*s.bf16.weight", (int)(len - w), qname) : -1;
+    return (k < 0 || (size_t)k >= n) ? SVC_ERR_INVALID : SVC_OK;
+}
+
+const eng_q4nx_info_t *eng_q4nx_info_find(const eng_st_t *st, const eng_q4nx_info_t *info,
+                                          const char *name) {
+    const eng_st_tensor_t *t = eng_st_find(st, name);
+    return t ? &info[t - eng_st_at(st, 0)] : NULL;
+}
+
 static const eng_q4nx_info_t *find_q(const eng_q4nx_t *q, const char *name) {
-    const eng_st_tensor_t *t = eng_st_find(q->st, name);
-    return t ? &q->info[t - eng_st_at(q->st, 0)] : NULL;
+    return eng_q4nx_info_find(q->st, q->info, name);
 }
 
 /* ---------------------------------------------------------------------
@@ -390,10 +404,8 @@ static const eng_q4nx_info_t *resolve(const eng_q4nx_t *q, const char *hf_name,
         *xf = ENG_Q4NX_X_TIED;
         return find_q(q, "lm_head.weight");
     }
-    if (!in && *xf == ENG_Q4NX_X_ROW_DUP) {
-        size_t len = strlen(qn) - strlen(".weight");
-        char   tw[NAME_MAX_LEN + 16];
-        snprintf(tw, sizeof tw, "%.*s.bf16.weight", (int)len, qn);
+    char tw[NAME_MAX_LEN + 16];
+    if (!in && *xf == ENG_Q4NX_X_ROW_DUP && eng_q4nx_bf16_name(qn, tw, sizeof tw) == SVC_OK) {
         *xf = ENG_Q4NX_X_NONE;
         return find_q(q, tw);
     }

@@ -155,14 +155,15 @@ SVC_WUR svc_err_t eng_q4nx_encode_q8_ref(const float *w, size_t rows, size_t col
 SVC_WUR svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t cols,
                                           eng_q4nx_raster_t raster, void *packed);
 
-/* Q4_0-sourced tiles (§3.3): ggml's reference Q4_0 per 32 values (d =
+/* The encoder of kind: Q4_1, Q4_K (raster ignored), Q8 as the ones above;
+ * Q4_0-sourced tiles (§3.3) as ggml's reference Q4_0 per 32 values (d =
  * v / -8, v the value of largest magnitude, so the group's extreme gets
  * code -8; codes clipped to [-8, 7]) with |d| rounded up to bf16, stored
- * as the public converter writes a Q4_0 GGUF: signed nibbles, mins 0.
- * Every element decodes to within |d|/2, but an element of -v within |d|
- * (clipped to 7, as in ggml). */
-SVC_WUR svc_err_t eng_q4nx_encode_q40_ref(const float *w, size_t rows, size_t cols,
-                                          eng_q4nx_raster_t raster, void *packed);
+ * as the public converter writes a Q4_0 GGUF: signed nibbles, mins 0
+ * (every element within |d|/2, but an element of -v within |d|: clipped
+ * to 7, as in ggml). SVC_ERR_INVALID for any other kind. */
+SVC_WUR svc_err_t eng_q4nx_encode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster,
+                                      const float *w, size_t rows, size_t cols, void *packed);
 
 /* ======================================================================
  * Names and transforms (§2.2-§2.5, §8 step 4)
@@ -274,6 +275,13 @@ typedef struct eng_q4nx_info {
     eng_q4nx_xform_t       xform;
     const eng_st_tensor_t *st; /* stored dtype, shape, bytes */
 } eng_q4nx_info_t;
+
+/* ".../x.weight" -> ".../x.bf16.weight", the alpha/beta BF16 copy's name
+ * (§2.4); SVC_ERR_INVALID when buf is too small or name has no .weight. */
+SVC_WUR svc_err_t eng_q4nx_bf16_name(const char *name, char *buf, size_t n);
+/* The entry of info (eng_st order of st) for the stored tensor name, or NULL. */
+const eng_q4nx_info_t *eng_q4nx_info_find(const eng_st_t *st, const eng_q4nx_info_t *info,
+                                          const char *name);
 
 /* SVC_ERR_FORMAT with `q4nx "<path>": <message>` in errstr (the reader's
  * one way to refuse a file). */

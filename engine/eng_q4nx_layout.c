@@ -100,8 +100,6 @@ svc_err_t eng_q4nx_layout_parse(const char *spec, eng_q4nx_layout_t *out, char *
  * Q4_1 or Q4_0 codes (§3.2, §3.3)
  * --------------------------------------------------------------------- */
 
-#define refuse eng_q4nx_failf
-
 static uint16_t rd16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
 }
@@ -132,24 +130,26 @@ static svc_err_t q4_codes(const eng_st_t *st, eng_q4nx_info_t *in, int forced, c
     q4_pars_t c = q4_scan(in->st);
     int       is_signed = c.m_nonzero ? 0 : c.d_neg ? 1 : !c.d_nonzero ? 0 : -1;
     if (c.m_nonzero && c.d_neg)
-        return refuse(st, errstr, n,
-                      "tensor \"%s\": 5120-byte tiles with nonzero mins (Q4_1) and negative "
-                      "scales (Q4_0 codes) in %zu and %zu of %zu groups: neither layout "
-                      "(Q4NX.md §3.2, §3.3)",
-                      in->name, c.m_nonzero, c.d_neg, c.groups);
+        return eng_q4nx_failf(
+            st, errstr, n,
+            "tensor \"%s\": 5120-byte tiles with nonzero mins (Q4_1) and negative "
+            "scales (Q4_0 codes) in %zu and %zu of %zu groups: neither layout "
+            "(Q4NX.md §3.2, §3.3)",
+            in->name, c.m_nonzero, c.d_neg, c.groups);
     if (is_signed < 0 && forced < 0)
-        return refuse(st, errstr, n,
-                      "tensor \"%s\": every min is 0 and every scale positive, so its codes may "
-                      "be Q4_1's (unsigned) or a Q4_0 source's (signed, Q4NX.md §3.3), which "
-                      "decode differently, and the file does not say which; pass --q4nx-layout "
-                      "q4-codes=unsigned or q4-codes=signed",
-                      in->name);
+        return eng_q4nx_failf(
+            st, errstr, n,
+            "tensor \"%s\": every min is 0 and every scale positive, so its codes may "
+            "be Q4_1's (unsigned) or a Q4_0 source's (signed, Q4NX.md §3.3), which "
+            "decode differently, and the file does not say which; pass --q4nx-layout "
+            "q4-codes=unsigned or q4-codes=signed",
+            in->name);
     if (is_signed >= 0 && forced >= 0 && forced != is_signed)
-        return refuse(st, errstr, n,
-                      "tensor \"%s\": --q4nx-layout q4-codes=%s contradicts the file: %s", in->name,
-                      forced ? "signed" : "unsigned",
-                      is_signed ? "every min is 0 and some scales are negative (Q4_0 codes)"
-                                : "its mins are nonzero (Q4_1 codes)");
+        return eng_q4nx_failf(st, errstr, n,
+                              "tensor \"%s\": --q4nx-layout q4-codes=%s contradicts the file: %s",
+                              in->name, forced ? "signed" : "unsigned",
+                              is_signed ? "every min is 0 and some scales are negative (Q4_0 codes)"
+                                        : "its mins are nonzero (Q4_1 codes)");
     in->kind = (is_signed < 0 ? forced : is_signed) ? ENG_Q4NX_Q4_0 : ENG_Q4NX_Q4_1;
     return SVC_OK;
 }
@@ -301,12 +301,6 @@ static void vote_codes(ballot_t *b) {
 
 /* --- gathering --- */
 
-static const eng_q4nx_info_t *find(const eng_st_t *st, const eng_q4nx_info_t *info,
-                                   const char *name) {
-    const eng_st_tensor_t *t = eng_st_find(st, name);
-    return t ? &info[t - eng_st_at(st, 0)] : NULL;
-}
-
 /* Every vote the file holds, per family. */
 static void gather(const eng_st_t *st, const eng_q4nx_info_t *info, size_t n, ballot_t b[2]) {
     for (size_t i = 0; i < n; i++) {
@@ -318,17 +312,17 @@ static void gather(const eng_st_t *st, const eng_q4nx_info_t *info, size_t n, ba
         b[f].tiles += a->st->nbytes / eng_q4nx_tile_bytes(a->kind);
         code_sample(&b[f], a);
         if (a->xform == ENG_Q4NX_X_ROW_DUP) {
-            char   tw[320];
-            size_t len = strlen(a->name) - strlen(".weight");
-            snprintf(tw, sizeof tw, "%.*s.bf16.weight", (int)len, a->name);
-            const eng_q4nx_info_t *t = find(st, info, tw);
+            char                   tw[320];
+            const eng_q4nx_info_t *t = eng_q4nx_bf16_name(a->name, tw, sizeof tw) == SVC_OK
+                                           ? eng_q4nx_info_find(st, info, tw)
+                                           : NULL;
             if (t && t->st->rank == 2)
                 vote_twin(&b[f], a, t->st, (size_t)t->st->shape[0]);
             int r = dup_verdict(a);
             cast(&b[f], r, "%s: rows 16-31 repeat rows 0-15 only in order %c", a->name, rch(r));
         }
         if (strcmp(a->name, "lm_head.weight") == 0) {
-            const eng_q4nx_info_t *e = find(st, info, "model.embed_tokens.weight");
+            const eng_q4nx_info_t *e = eng_q4nx_info_find(st, info, "model.embed_tokens.weight");
             if (e && e->st->rank == 2)
                 vote_twin(&b[f], a, e->st,
                           e->st->shape[0] < TWIN_ROWS ? (size_t)e->st->shape[0] : TWIN_ROWS);
@@ -358,25 +352,28 @@ static svc_err_t settle(const eng_st_t *st, int f, const ballot_t *b, int forced
         return SVC_OK;
     const vote_t *va = first_of(b, ENG_Q4NX_RASTER_A), *vb = first_of(b, ENG_Q4NX_RASTER_B);
     if (va && vb)
-        return refuse(st, errstr, n,
-                      "the code order of its %s tiles is contradictory: order A by %s; order B "
-                      "by %s (Q4NX.md §8)",
-                      FAM_WHAT[f], va->how, vb->how);
+        return eng_q4nx_failf(
+            st, errstr, n,
+            "the code order of its %s tiles is contradictory: order A by %s; order B "
+            "by %s (Q4NX.md §8)",
+            FAM_WHAT[f], va->how, vb->how);
     const vote_t *v = va ? va : vb;
     if (forced >= 0 && v && v->raster != forced)
-        return refuse(st, errstr, n, "--q4nx-layout %s=%c contradicts the file: order %c by %s",
-                      FAM_NAME[f], rch(forced), rch(v->raster), v->how);
+        return eng_q4nx_failf(st, errstr, n,
+                              "--q4nx-layout %s=%c contradicts the file: order %c by %s",
+                              FAM_NAME[f], rch(forced), rch(v->raster), v->how);
     if (forced < 0 && !v)
-        return refuse(st, errstr, n,
-                      "the code order of its %zu %s tiles (%zu tensors) is not settled by the "
-                      "file: no tensor of theirs has a BF16 twin or duplicated rows, and their "
-                      "codes fit both orders (%zu groups sampled: extremes in %.1f%% under A, "
-                      "%.1f%% under B); pass --q4nx-layout %s=A (two 16-row planes) or %s=B "
-                      "(plain column major) (Q4NX.md §3.2, §4.2)",
-                      b->tiles, FAM_WHAT[f], b->tensors, b->sampled,
-                      b->sampled ? 100.0 * (double)b->hits[0] / (double)b->sampled : 0.0,
-                      b->sampled ? 100.0 * (double)b->hits[1] / (double)b->sampled : 0.0,
-                      FAM_NAME[f], FAM_NAME[f]);
+        return eng_q4nx_failf(
+            st, errstr, n,
+            "the code order of its %zu %s tiles (%zu tensors) is not settled by the "
+            "file: no tensor of theirs has a BF16 twin or duplicated rows, and their "
+            "codes fit both orders (%zu groups sampled: extremes in %.1f%% under A, "
+            "%.1f%% under B); pass --q4nx-layout %s=A (two 16-row planes) or %s=B "
+            "(plain column major) (Q4NX.md §3.2, §4.2)",
+            b->tiles, FAM_WHAT[f], b->tensors, b->sampled,
+            b->sampled ? 100.0 * (double)b->hits[0] / (double)b->sampled : 0.0,
+            b->sampled ? 100.0 * (double)b->hits[1] / (double)b->sampled : 0.0, FAM_NAME[f],
+            FAM_NAME[f]);
     d->raster = (eng_q4nx_raster_t)(v ? v->raster : forced);
     size_t votes = b->n_a + b->n_b;
     if (!v)

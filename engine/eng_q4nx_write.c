@@ -157,13 +157,6 @@ static svc_err_t wr_plain(const wr_ctx_t *c, const char *name, eng_dtype_t dt, u
     return wr_push(c, name, dt, rank, shape, d, n * es);
 }
 
-/* ".../x.weight" -> ".../x.bf16.weight", the alpha/beta prefill copy (§2.4). */
-static svc_err_t twin_name(const char *qname, char *buf, size_t n) {
-    size_t len = strlen(qname) - strlen(".weight");
-    int    k = snprintf(buf, n, "%.*s.bf16.weight", (int)len, qname);
-    return (k < 0 || (size_t)k >= n) ? SVC_ERR_INVALID : SVC_OK;
-}
-
 /* A 2-D weight: row transforms, then tiles; alpha/beta also get their copy. */
 static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float *x,
                            eng_q4nx_xform_t xf, eng_q4nx_kind_t kind) {
@@ -192,10 +185,7 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
         memcpy(m + r * K, x + src * K, K * sizeof *m);
     }
     eng_q4nx_raster_t ra = c->w->lay.raster;
-    svc_err_t         err = kind == ENG_Q4NX_Q4_K   ? eng_q4nx_encode_q4k_ref(m, Rp, K, p)
-                            : kind == ENG_Q4NX_Q8   ? eng_q4nx_encode_q8_ref(m, Rp, K, ra, p)
-                            : kind == ENG_Q4NX_Q4_0 ? eng_q4nx_encode_q40_ref(m, Rp, K, ra, p)
-                                                    : eng_q4nx_encode_q41_ref(m, Rp, K, ra, p);
+    svc_err_t         err = eng_q4nx_encode_ref(kind, ra, m, Rp, K, p);
     if (err) {
         free(m);
         free(p);
@@ -207,7 +197,7 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
         char tw[WR_NAME_MAX];
         eng_q4nx_decode_ref(kind, ra, p, P, Q, R, K, m);
         uint64_t shape[2] = {R, K};
-        err = twin_name(c->qname, tw, sizeof tw);
+        err = eng_q4nx_bf16_name(c->qname, tw, sizeof tw);
         if (!err)
             err = wr_plain(c, tw, ENG_DT_BF16, 2, shape, m, R * K, ENG_Q4NX_X_NONE);
     }

@@ -122,7 +122,7 @@ struct eng_sched {
     eng_ids_t            head;      /* the constant head's ids */
     /* state after head under each profile, read-only (a state is continued
      * only by the profile's model view that made it): exact's at start,
-     * another profile's when a batch of it first runs (head_state) */
+     * another profile's when a batch of it first runs (head_ensure) */
     eng_fwd_state_t *head_st[ENG_PROFILE_COUNT];
     bool             head_tried[ENG_PROFILE_COUNT]; /* under head_mu */
     pthread_mutex_t  head_mu;

@@ -270,8 +270,6 @@ const eng_model_t *eng_model_profile(const eng_model_t *m, eng_profile_t p);
 /* The profile a request asks for (options.profile, or the served default
  * the decoder filled in); exact for a name the engine does not know. */
 eng_profile_t eng_request_profile(const sch_request_t *req);
-/* The profile a model (or view) runs. */
-eng_profile_t eng_model_profile_of(const eng_model_t *m);
 /* SPEC b.8 meta.numerics of answers under profile p: "approximate" when
  * its passes take the fast kernels (fast, on a CPU with them: npu.h
  * npu_fast_usable), else "exact". */

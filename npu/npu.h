@@ -455,9 +455,7 @@ SVC_WUR svc_err_t npu_wpack_new_for(float *w, size_t N, size_t K, bool quantised
                                     npu_wpack_t **out);
 /* "avx512-grp8" where npu_fast_usable(), else npu_matmul_groups_name(). */
 const char *npu_matmul_fast_name(void);
-/* Whether npu_matmul_packed_fast takes the fast kernel for wp. */
-bool npu_wpack_has_fast(const npu_wpack_t *wp);
-void npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out);
+void        npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out);
 
 /* Whether the pack took an int8x3 layout, AMX or VNNI, or the group codes
  * (npu_wpack_new_quantised, npu_wpack_new_groups). */
@@ -470,10 +468,9 @@ void npu_wpack_free(npu_wpack_t *wp);
 size_t npu_wpack_n(const npu_wpack_t *wp);
 size_t npu_wpack_k(const npu_wpack_t *wp);
 
-/* Bytes the pack holds at rest (the weight's storage); its fast
- * companion's (0 without one) apart. */
+/* Bytes the pack holds at rest (the weight's storage; not its fast
+ * companion's). */
 size_t npu_wpack_bytes(const npu_wpack_t *wp);
-size_t npu_wpack_fast_bytes(const npu_wpack_t *wp);
 
 /* out = x w^T as npu_matmul_ref (x (T, K), out (T, N), with N and K those
  * of the pack), fp32 accumulation in K blocks of 256 (partial sums added

@@ -370,7 +370,8 @@ static svc_err_t grp_pack_new(const uint8_t *u, const float *d, const float *m, 
 /* The companion of a weight given as values: codes of one byte per
  * weight with a scale per row and group of 32, llama.cpp's Q8_0 (d = max
  * |w| / 127, c = round(w / d)), as group codes u = c + 128, m = -128 d.
- * Built a row at a time, so the extra memory is the pack's alone. */
+ * The codes are made whole, then packed: while it runs, the load holds
+ * them beside the pack (N K bytes and 8 per group). */
 static svc_err_t fast_from_values(const float *w, size_t N, size_t K, npu_wpack_t **out) {
     *out = NULL;
     if (!npu_fast_usable() || !N || !K)
@@ -518,14 +519,6 @@ size_t npu_wpack_k(const npu_wpack_t *wp) {
 
 size_t npu_wpack_bytes(const npu_wpack_t *wp) {
     return wp->bytes;
-}
-
-size_t npu_wpack_fast_bytes(const npu_wpack_t *wp) {
-    return wp->fast ? wp->fast->bytes : 0;
-}
-
-bool npu_wpack_has_fast(const npu_wpack_t *wp) {
-    return wp->fast || (wp->layout == WPACK_VNNI_GRP && npu_fast_usable());
 }
 
 void npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out) {

@@ -225,10 +225,6 @@ static const char VALIDATE_HELP[] =
 
 static eng_profile_t g_profile = ENG_PROFILE_EXACT;
 
-void ops_profile_default_set(eng_profile_t p) {
-    g_profile = p;
-}
-
 eng_profile_t ops_profile_default(void) {
     return g_profile;
 }
@@ -239,7 +235,7 @@ int ops_profile_opt(const char *cmd, const char *arg) {
         ops_fail(cmd, "--profile \"%s\": expected exact or fast", arg);
         return OPS_EXIT_USAGE;
     }
-    ops_profile_default_set(p);
+    g_profile = p;
     return -1;
 }
 

@@ -66,7 +66,6 @@ int ops_q4nx_layout_opt(const char *cmd, const char *arg, eng_load_opts_t *lo);
     "                      one byte per value (llama.cpp's precision), answers marked\n"           \
     "                      meta.numerics \"approximate\" (where the CPU has AVX-512\n"             \
     "                      VNNI; elsewhere fast runs the exact kernels)\n"
-void          ops_profile_default_set(eng_profile_t p);
 eng_profile_t ops_profile_default(void);
 int           ops_profile_opt(const char *cmd, const char *arg);
 

@@ -32,12 +32,16 @@ static float *rand_mat(size_t R, size_t K) {
 /* Encodes x (R x K) as kind in raster ra into a new buffer. */
 static uint8_t *encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float *x, size_t R,
                        size_t K) {
-    uint8_t  *p = malloc(eng_q4nx_packed_bytes(kind, R, K));
-    svc_err_t err = kind == ENG_Q4NX_Q4_0   ? eng_q4nx_encode_q40_ref(x, R, K, ra, p)
-                    : kind == ENG_Q4NX_Q4_1 ? eng_q4nx_encode_q41_ref(x, R, K, ra, p)
-                                            : eng_q4nx_encode_q8_ref(x, R, K, ra, p);
-    cr_assert_eq(err, SVC_OK);
+    uint8_t *p = malloc(eng_q4nx_packed_bytes(kind, R, K));
+    cr_assert_eq(eng_q4nx_encode_ref(kind, ra, x, R, K, p), SVC_OK);
     return p;
+}
+
+/* A temporary file of the n entries e; its path (test_q4nx_util.h). */
+static const char *st_file(const ent_t *e, size_t n) {
+    const char *path = tmp_path();
+    write_st(path, e, n);
+    return path;
 }
 
 /* BF16 bytes of n floats. */
@@ -132,8 +136,7 @@ Test(q4nx_layout, q40_file_is_read_signed) {
     for (int ra = 0; ra < 2; ra++) {
         uint8_t *p = encode(ENG_Q4NX_Q4_0, (eng_q4nx_raster_t)ra, x, R, K);
         ent_t    e[] = {{"model.layers.0.mlp.up_proj.weight", "I8", 3, {2, 2, 5120}, p, 4 * 5120}};
-        const char *path = tmp_path();
-        write_st(path, e, 1);
+        const char *path = st_file(e, 1);
         eng_q4nx_t *q = NULL;
         char        err[1024];
         cr_assert_eq(open_with(path, NULL, &q, err, sizeof err), SVC_OK, "%s", err);
@@ -175,8 +178,7 @@ Test(q4nx_layout, mixed_parameters_are_refused) {
     uint8_t *p = encode(ENG_Q4NX_Q4_1, ENG_Q4NX_RASTER_A, x, 32, KT);
     p[1] |= 0x80; /* d of group 0, row 0: negative */
     ent_t       e[] = {{"model.layers.0.mlp.up_proj.weight", "I8", 3, {1, 1, 5120}, p, 5120}};
-    const char *path = tmp_path();
-    write_st(path, e, 1);
+    const char *path = st_file(e, 1);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_expect_eq(open_with(path, NULL, &q, err, sizeof err), SVC_ERR_FORMAT);
@@ -197,8 +199,7 @@ Test(q4nx_layout, unsigned_or_signed_needs_the_setting) {
         x[i] = -fabsf(x[i]) - 0.01f; /* v < 0 in every group: d = v / -8 > 0 */
     uint8_t    *p = encode(ENG_Q4NX_Q4_0, ENG_Q4NX_RASTER_B, x, 32, KT);
     ent_t       e[] = {{"model.layers.0.mlp.up_proj.weight", "I8", 3, {1, 1, 5120}, p, 5120}};
-    const char *path = tmp_path();
-    write_st(path, e, 1);
+    const char *path = st_file(e, 1);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_expect_eq(open_with(path, NULL, &q, err, sizeof err), SVC_ERR_FORMAT);
@@ -230,8 +231,7 @@ Test(q4nx_layout, contradicted_codes_setting_is_refused) {
     float      *x = rand_mat(32, KT);
     uint8_t    *p = encode(ENG_Q4NX_Q4_0, ENG_Q4NX_RASTER_A, x, 32, KT);
     ent_t       e[] = {{"model.layers.0.mlp.up_proj.weight", "I8", 3, {1, 1, 5120}, p, 5120}};
-    const char *path = tmp_path();
-    write_st(path, e, 1);
+    const char *path = st_file(e, 1);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_expect_eq(open_with(path, "q4-codes=unsigned", &q, err, sizeof err), SVC_ERR_FORMAT);
@@ -249,7 +249,7 @@ static float *alpha_rows(void) {
     return a;
 }
 
-/* A file as the ROCm-era converter writes a Q4_1 GGUF (§8.1): Q4_1
+/* A temporary file as the ROCm-era converter writes a Q4_1 GGUF (§8.1): Q4_1
  * projections and alpha in order ra, alpha's BF16 copy, a BF16 embedding
  * and its tied Q8 lm_head (order ra8), no Q4_K tile. twin_ra: the order
  * the BF16 copy was decoded with (ra for an honest file); with_twin,
@@ -259,12 +259,13 @@ typedef struct d1d {
     bool              with_twin, with_embed;
 } d1d_t;
 
-static void write_d1d(const char *path, const d1d_t *o, float *up_out) {
-    float   *up = rand_mat(64, KT), *a = alpha_rows(), *emb = rand_mat(64, KT);
-    float   *adec = malloc(R16 * KT * sizeof *adec);
-    uint8_t *pu = encode(ENG_Q4NX_Q4_1, o->ra, up, 64, KT);
-    uint8_t *pa = encode(ENG_Q4NX_Q4_1, o->ra, a, 32, KT);
-    uint8_t *pl = encode(ENG_Q4NX_Q8, o->ra8, emb, 64, KT);
+static const char *d1d_file(const d1d_t *o, float *up_out) {
+    const char *path = tmp_path();
+    float      *up = rand_mat(64, KT), *a = alpha_rows(), *emb = rand_mat(64, KT);
+    float      *adec = malloc(R16 * KT * sizeof *adec);
+    uint8_t    *pu = encode(ENG_Q4NX_Q4_1, o->ra, up, 64, KT);
+    uint8_t    *pa = encode(ENG_Q4NX_Q4_1, o->ra, a, 32, KT);
+    uint8_t    *pl = encode(ENG_Q4NX_Q8, o->ra8, emb, 64, KT);
     eng_q4nx_decode_ref(ENG_Q4NX_Q4_1, o->twin_ra, pa, 1, 1, R16, KT, adec);
     uint8_t *tw = bf16_bytes(adec, R16 * KT), *eb = bf16_bytes(emb, 64 * KT);
     ent_t    all[] = {
@@ -288,6 +289,7 @@ static void write_d1d(const char *path, const d1d_t *o, float *up_out) {
     if (up_out)
         memcpy(up_out, up, 64 * KT * sizeof *up);
     free(up), free(a), free(emb), free(adec), free(pu), free(pa), free(pl), free(tw), free(eb);
+    return path;
 }
 
 /* The case the generation rule read wrong (cosine 0.025): Q4_1 in order B
@@ -297,8 +299,7 @@ Test(q4nx_layout, q41_order_by_alpha_twin) {
     float *up = malloc(64 * KT * sizeof *up), *y = malloc(64 * KT * sizeof *y);
     for (int ra = 0; ra < 2; ra++) {
         d1d_t o = {(eng_q4nx_raster_t)ra, (eng_q4nx_raster_t)ra, (eng_q4nx_raster_t)ra, true, true};
-        const char *path = tmp_path();
-        write_d1d(path, &o, up);
+        const char *path = d1d_file(&o, up);
         eng_q4nx_t *q = NULL;
         char        err[1024];
         cr_assert_eq(open_with(path, NULL, &q, err, sizeof err), SVC_OK, "%s", err);
@@ -328,8 +329,7 @@ Test(q4nx_layout, q41_order_by_alpha_twin) {
  * its codes. */
 Test(q4nx_layout, orders_by_duplicated_rows_and_codes) {
     d1d_t       o = {ENG_Q4NX_RASTER_B, ENG_Q4NX_RASTER_A, ENG_Q4NX_RASTER_B, false, false};
-    const char *path = tmp_path();
-    write_d1d(path, &o, NULL);
+    const char *path = d1d_file(&o, NULL);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_assert_eq(open_with(path, NULL, &q, err, sizeof err), SVC_OK, "%s", err);
@@ -348,8 +348,7 @@ Test(q4nx_layout, orders_by_duplicated_rows_and_codes) {
  * rows do: the file contradicts itself and is refused. */
 Test(q4nx_layout, contradictory_evidence_is_refused) {
     d1d_t       o = {ENG_Q4NX_RASTER_B, ENG_Q4NX_RASTER_B, ENG_Q4NX_RASTER_A, true, true};
-    const char *path = tmp_path();
-    write_d1d(path, &o, NULL);
+    const char *path = d1d_file(&o, NULL);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_expect_eq(open_with(path, NULL, &q, err, sizeof err), SVC_ERR_FORMAT);
@@ -363,8 +362,7 @@ Test(q4nx_layout, contradictory_evidence_is_refused) {
  * is taken, and the evidence reported. */
 Test(q4nx_layout, setting_against_the_file_is_refused) {
     d1d_t       o = {ENG_Q4NX_RASTER_B, ENG_Q4NX_RASTER_B, ENG_Q4NX_RASTER_B, true, true};
-    const char *path = tmp_path();
-    write_d1d(path, &o, NULL);
+    const char *path = d1d_file(&o, NULL);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_expect_eq(open_with(path, "q4=A", &q, err, sizeof err), SVC_ERR_FORMAT);
@@ -392,8 +390,7 @@ Test(q4nx_layout, no_evidence_needs_the_setting) {
             b[i] = (uint8_t)(frand() * 128.0f + 128.0f);
     }
     ent_t       e[] = {{"model.layers.0.mlp.up_proj.weight", "I8", 3, {1, 2, 5120}, p, 2 * 5120}};
-    const char *path = tmp_path();
-    write_st(path, e, 1);
+    const char *path = st_file(e, 1);
     eng_q4nx_t *q = NULL;
     char        err[1024];
     cr_expect_eq(open_with(path, NULL, &q, err, sizeof err), SVC_ERR_FORMAT);
