@@ -253,8 +253,9 @@ svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
     svc_err_t err = eng_answer_refuse_media(pkg, model, req, errstr, errstr_size);
     if (err)
         return err;
-    eng_req_images_t ri;
-    err = eng_req_images_load(pkg, model, req, &ri, reject, errstr, errstr_size);
+    eng_req_images_t   ri;
+    const eng_model_t *view = eng_model_profile(model, eng_request_profile(req));
+    err = eng_req_images_load(pkg, view, req, &ri, reject, errstr, errstr_size);
     if (!err) /* every image decoded: the error schemas/ held behind them */
         err = eng_answer_pending(req, reject, errstr, errstr_size);
     if (err) {
@@ -284,10 +285,9 @@ svc_err_t eng_answer_request(const eng_package_t *pkg, const eng_model_t *model,
                 err = eng_answer_expand(&pr, eng_model_image_token_id(model),
                                         ri.slots + ri.first[p], ri.tokens + ri.first[p],
                                         part->n_images, &ids, errstr, errstr_size);
-            if (!err && run) /* the images are the exact tower's under both profiles */
-                err = answer_one(pkg, eng_model_profile(model, eng_request_profile(req)), req, p, i,
-                                 ans, &dl, part->n_images ? &ids : &pr.ids, &ri.media, hidden,
-                                 errstr, errstr_size);
+            if (!err && run)
+                err = answer_one(pkg, view, req, p, i, ans, &dl, part->n_images ? &ids : &pr.ids,
+                                 &ri.media, hidden, errstr, errstr_size);
         }
     }
     free(hidden);

@@ -156,8 +156,10 @@ eng_imgreg_t *eng_imgreg_new(const eng_model_t *m, size_t max_slots);
 /* Frees every slot. No other call may be running. NULL is a no-op. */
 void eng_imgreg_free(eng_imgreg_t *g);
 /**
- * @brief A reference on the slot of prep's image (by the SHA-256 of its
- *        bytes): an existing one, or a free one that takes prep.
+ * @brief A reference on the slot of prep's image under profile p (by the
+ *        SHA-256 of its bytes; each profile encodes an image with its own
+ *        kernels, so the same bytes under two profiles are two slots): an
+ *        existing one, or a free one that takes prep.
  *        Ownership of prep passes to the registry either way.
  * @param mine distinct slots the calling request holds already.
  * @returns SVC_OK with *slot and its *tokens; SVC_ERR_RETRIABLE when the
@@ -165,11 +167,13 @@ void eng_imgreg_free(eng_imgreg_t *g);
  *          completion); SVC_ERR_TOO_LARGE when the request alone needs more
  *          than ENG_IMGREG_CAP distinct images.
  */
-SVC_WUR svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t mine,
-                                     size_t *slot, size_t *tokens);
-/* A reference on the live slot of the image with digest sha, if there is
- * one (true, *slot and its *tokens): no decode, no new memory. */
-bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], size_t *slot, size_t *tokens);
+SVC_WUR svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, eng_profile_t p,
+                                     size_t mine, size_t *slot, size_t *tokens);
+/* A reference on the live slot of the image with digest sha under profile
+ * p, if there is one (true, *slot and its *tokens): no decode, no new
+ * memory. */
+bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], eng_profile_t p, size_t *slot,
+                    size_t *tokens);
 /* true when a request holding no slot would be refused one now (the soft
  * bound is reached): the scheduler then waits before decoding. */
 bool eng_imgreg_would_wait(const eng_imgreg_t *g);

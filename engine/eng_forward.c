@@ -566,8 +566,9 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_
         size_t    Tk = noncausal ? sq->P + sq->T : sq->P + pc->t + pc->n;
         svc_err_t err = li == f->f_layer && sq->fst
                             ? attn_shared(f, pc, q + r * qd, K, V, Tk, f->a + r * qd)
-                            : npu_attention(q + r * qd, K, V, pc->n, Tk, nh, c->n_kv, hd,
-                                            !noncausal, NULL, f->a + r * qd);
+                            : (f->m->fast ? npu_attention_fast : npu_attention)(
+                                  q + r * qd, K, V, pc->n, Tk, nh, c->n_kv, hd, !noncausal, NULL,
+                                  f->a + r * qd);
         if (err)
             return err;
     }

@@ -120,7 +120,7 @@ svc_err_t eng_image_encode(const eng_model_t *m, const eng_image_prep_t *p, eng_
         return SVC_ERR_INVALID;
     }
     out->rows = malloc(n * v->cfg.out_hidden * sizeof *out->rows);
-    err = out->rows ? eng_vision_forward(v, rows, gh, gw, out->rows, errstr, errstr_size)
+    err = out->rows ? eng_vision_forward(v, m->fast, rows, gh, gw, out->rows, errstr, errstr_size)
                     : SVC_ERR_NOMEM;
     free(rows);
     if (err) {

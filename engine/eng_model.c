@@ -205,7 +205,7 @@ svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const
      * values, so a q4nx package and its F32 twin (the same dequantised
      * values) get the same packs. */
     err = npu_wpack_new_for(w, (size_t)dims[0], (size_t)k,
-                            !bf16_exact(w, (size_t)dims[0] * (size_t)k), !ld->exact_only, dst);
+                            !bf16_exact(w, (size_t)dims[0] * (size_t)k), true, dst);
     if (err) {
         free(w);
         return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);
@@ -491,7 +491,7 @@ static svc_err_t load_vision(const char *dir, const eng_ld_t *ld, eng_model_t *m
  * same loader either way, only the lookup of a name differs (eng_st_set.c). */
 static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, char *errstr,
                               size_t n) {
-    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params, false};
+    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params};
     svc_err_t   err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
                               : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
     const char *vprefix = NULL;
@@ -545,7 +545,7 @@ static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr,
         if (!err)
             err = eng_q4nx_set_vision_tiles(q, mm_n, mm_k, errstr, n);
         if (!err) {
-            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL, true};
+            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL};
             err = load_vision(dir, &ld, m);
         }
         if (err == SVC_ERR_INVALID)
@@ -573,7 +573,7 @@ static svc_err_t load_q4nx(const char *dir, const eng_q4nx_layout_t *lay, eng_mo
         m->format =
             eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? ENG_MODEL_Q4NX_GEN_A : ENG_MODEL_Q4NX_GEN_B;
         eng_ld_t ld = {NULL,   q, "model.q4nx", path, "model.language_model.",
-                       errstr, n, &m->n_params, false};
+                       errstr, n, &m->n_params};
         err = ld_tower(&ld, m);
     }
     eng_q4nx_close(q);
@@ -605,7 +605,7 @@ static float to_bf16(float x) {
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5),
  * its values rounded to bf16 when the readout is loaded as bfloat16. */
 static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL, true};
+    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
     svc_err_t err = eng_st_set_open_file(dir, ld.file, &ld.set, errstr, n);
     if (err)
         return err;

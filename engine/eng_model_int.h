@@ -130,8 +130,6 @@ typedef struct eng_ld {
     char                  *errstr;
     size_t                 errstr_size;
     uint64_t              *numel; /* optional: adds the elements of every tensor taken */
-    bool exact_only; /* eng_ld_pack: no fast companion (npu_wpack_new_for): the vision tower,
-                      * whose passes run exact under both profiles */
 } eng_ld_t;
 
 /* Fails with err and `<file> "<path>": <message>` in ld->errstr. */

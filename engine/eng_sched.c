@@ -190,8 +190,9 @@ static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, s
                             size_t errstr_size) {
     unsigned char sha[32];
     size_t       *slot = &r->img_slot[r->n_img], *tok = &r->img_tok[r->n_img];
+    eng_profile_t p = eng_request_profile(r->req);
     eng_image_digest(img, sha);
-    if (!eng_imgreg_ref(s->reg, sha, slot, tok)) {
+    if (!eng_imgreg_ref(s->reg, sha, p, slot, tok)) {
         /* The header's size gives the tokens before any decode. */
         if (*tokens + eng_package_image_tokens(s->pkg, img->width, img->height) >
             ENG_REQ_MAX_IMAGE_TOKENS)
@@ -204,7 +205,7 @@ static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, s
         else if (err)
             svc_errf(errstr, errstr_size, "images[%zu]: %s", i, msg);
         if (!err)
-            err = eng_imgreg_acquire(s->reg, prep, *distinct, slot, tok);
+            err = eng_imgreg_acquire(s->reg, prep, p, *distinct, slot, tok);
         if (err == SVC_ERR_TOO_LARGE)
             return too_many_images(reject, errstr, errstr_size);
         if (err)

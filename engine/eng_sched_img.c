@@ -4,7 +4,9 @@
  * holds one slot, so that it is encoded once however many questions and
  * requests (the messages of a Kafka batch, concurrent HTTP calls) show it,
  * and its tokens have one id range (ENG_IMAGE_ID(slot, j)) that prefix
- * sharing can compare.
+ * sharing can compare. A slot is an image under one profile: the fast
+ * profile's tower gives other tokens, so the same bytes asked for under
+ * both take two slots (and never share a prefix: ids differ).
  *
  * A slot's life: acquire (at submit, with the prepared pixels; further
  * requests with the same bytes take a reference and drop their copy) ->
@@ -33,6 +35,7 @@ typedef enum slot_state {
 typedef struct slot {
     slot_state_t      state;
     unsigned char     sha[32];
+    eng_profile_t     prof;   /* the profile whose tower encodes it */
     size_t            refs;   /* requests holding it */
     size_t            tokens; /* merged tokens */
     eng_image_prep_t *prep;   /* SLOT_PREPARED / SLOT_ENCODING */
@@ -101,24 +104,26 @@ void eng_imgreg_free(eng_imgreg_t *g) {
     free(g);
 }
 
-/* The live slot of the image with digest sha, or g->n; *free_at: the
- * first free slot (g->n: none). @locks g->mu held. */
-static size_t find_slot(const eng_imgreg_t *g, const unsigned char *sha, size_t *free_at) {
+/* The live slot of the image with digest sha under profile p, or g->n;
+ * *free_at: the first free slot (g->n: none). @locks g->mu held. */
+static size_t find_slot(const eng_imgreg_t *g, const unsigned char *sha, eng_profile_t p,
+                        size_t *free_at) {
     *free_at = g->n;
     for (size_t i = 0; i < g->n; i++) {
         const slot_t *sl = &g->slots[i];
         if (sl->state == SLOT_FREE)
             *free_at = *free_at < g->n ? *free_at : i;
-        else if (memcmp(sl->sha, sha, 32) == 0 && sl->state != SLOT_FAILED)
+        else if (memcmp(sl->sha, sha, 32) == 0 && sl->prof == p && sl->state != SLOT_FAILED)
             return i;
     }
     return g->n;
 }
 
-bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], size_t *slot, size_t *tokens) {
+bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], eng_profile_t p, size_t *slot,
+                    size_t *tokens) {
     size_t free_at;
     pthread_mutex_lock(&g->mu);
-    size_t i = find_slot(g, sha, &free_at);
+    size_t i = find_slot(g, sha, p, &free_at);
     if (i < g->n) {
         g->slots[i].refs++;
         *slot = i;
@@ -128,11 +133,11 @@ bool eng_imgreg_ref(eng_imgreg_t *g, const unsigned char sha[32], size_t *slot, 
     return i < g->n;
 }
 
-svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t mine, size_t *slot,
-                             size_t *tokens) {
+svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, eng_profile_t p, size_t mine,
+                             size_t *slot, size_t *tokens) {
     size_t free_at;
     pthread_mutex_lock(&g->mu);
-    size_t i = find_slot(g, eng_image_prep_digest(prep), &free_at);
+    size_t i = find_slot(g, eng_image_prep_digest(prep), p, &free_at);
     if (i < g->n) { /* the slot has these pixels already */
         g->slots[i].refs++;
         *slot = i;
@@ -151,6 +156,7 @@ svc_err_t eng_imgreg_acquire(eng_imgreg_t *g, eng_image_prep_t *prep, size_t min
     g->held++;
     sl->state = SLOT_PREPARED;
     memcpy(sl->sha, eng_image_prep_digest(prep), 32);
+    sl->prof = p;
     sl->refs = 1;
     sl->tokens = eng_image_prep_tokens(prep);
     sl->prep = prep;
@@ -182,7 +188,8 @@ svc_err_t eng_imgreg_ready(eng_imgreg_t *g, size_t slot, bool *encoded_here, cha
         pthread_mutex_unlock(&g->mu);
         eng_image_emb_t emb;
         char            why[256] = "";
-        svc_err_t       err = eng_image_encode(g->model, sl->prep, &emb, why, sizeof why);
+        svc_err_t err = eng_image_encode(eng_model_profile(g->model, sl->prof), sl->prep, &emb, why,
+                                         sizeof why);
         pthread_mutex_lock(&g->mu);
         eng_image_prep_free(sl->prep);
         sl->prep = NULL;

@@ -88,7 +88,6 @@ svc_err_t eng_vision_load(const eng_ld_t *ld_in, const eng_vis_cfg_t *c, eng_vis
     v->cfg = *c;
     eng_ld_t ld = *ld_in;
     ld.numel = &v->n_params;
-    ld.exact_only = true; /* image encodings are shared by both profiles: exact */
     size_t    H = c->hidden, M = H * c->merge * c->merge;
     svc_err_t err = SVC_OK;
     v->blocks = calloc(c->depth, sizeof *v->blocks);
@@ -243,6 +242,7 @@ static void rope_tables(const eng_vision_t *v, size_t gh, size_t gw, float *cos_
 
 typedef struct vfwd {
     const eng_vision_t *v;
+    bool                fast; /* the fast profile: npu_matmul_packed_fast, bf16 attention */
     size_t              N;
     float              *x, *h, *q, *k, *a, *cos_t, *sin_t, *chunk, *chunk2, *vv;
 } vfwd_t;
@@ -253,12 +253,18 @@ static void vfwd_free(vfwd_t *f) {
         free(all[i]);
 }
 
-static svc_err_t vfwd_alloc(vfwd_t *f, const eng_vision_t *v, size_t N) {
+/* A projection under the pass's profile (as the text tower's fwd_mm). */
+static void vis_mm(const vfwd_t *f, const float *x, const npu_wpack_t *w, size_t n, float *out) {
+    (f->fast ? npu_matmul_packed_fast : npu_matmul_packed)(x, w, n, out);
+}
+
+static svc_err_t vfwd_alloc(vfwd_t *f, const eng_vision_t *v, bool fast, size_t N) {
     const eng_vis_cfg_t *c = &v->cfg;
     size_t               H = c->hidden, C = N < VIS_CHUNK ? N : VIS_CHUNK,
            W = c->inter > 3 * H ? c->inter : 3 * H;
     memset(f, 0, sizeof *f);
     f->v = v;
+    f->fast = fast;
     f->N = N;
     if (N > SIZE_MAX / sizeof(float) / (4 * H * c->merge * c->merge + c->head_dim))
         return SVC_ERR_NOMEM;
@@ -286,7 +292,7 @@ static svc_err_t vis_block(vfwd_t *f, const eng_vis_block_t *b) {
     /* qkv (n, 3, heads, hd): columns [0, H) are q, [H, 2H) k, [2H, 3H) v */
     for (size_t t0 = 0; t0 < N; t0 += VIS_CHUNK) {
         size_t n = N - t0 < VIS_CHUNK ? N - t0 : VIS_CHUNK;
-        npu_matmul_packed(f->h + t0 * H, b->qkv, n, f->chunk);
+        vis_mm(f, f->h + t0 * H, b->qkv, n, f->chunk);
         npu_add_bias(f->chunk, b->qkv_b, n, 3 * H);
         for (size_t t = 0; t < n; t++) {
             const float *row = f->chunk + t * 3 * H;
@@ -297,13 +303,13 @@ static svc_err_t vis_block(vfwd_t *f, const eng_vis_block_t *b) {
     }
     npu_rope_half(f->q, f->cos_t, f->sin_t, N, c->heads, c->head_dim);
     npu_rope_half(f->k, f->cos_t, f->sin_t, N, c->heads, c->head_dim);
-    svc_err_t err =
-        npu_attention(f->q, f->k, f->vv, N, N, c->heads, c->heads, c->head_dim, false, NULL, f->a);
+    svc_err_t err = (f->fast ? npu_attention_fast : npu_attention)(
+        f->q, f->k, f->vv, N, N, c->heads, c->heads, c->head_dim, false, NULL, f->a);
     if (err)
         return err;
     for (size_t t0 = 0; t0 < N; t0 += VIS_CHUNK) {
         size_t n = N - t0 < VIS_CHUNK ? N - t0 : VIS_CHUNK;
-        npu_matmul_packed(f->a + t0 * H, b->proj, n, f->chunk2);
+        vis_mm(f, f->a + t0 * H, b->proj, n, f->chunk2);
         npu_add_bias(f->chunk2, b->proj_b, n, H);
         float *xr = f->x + t0 * H;
         for (size_t i = 0; i < n * H; i++)
@@ -312,13 +318,13 @@ static svc_err_t vis_block(vfwd_t *f, const eng_vis_block_t *b) {
     npu_layernorm(f->x, b->n2_w, b->n2_b, N, H, c->eps, f->h);
     for (size_t t0 = 0; t0 < N; t0 += VIS_CHUNK) {
         size_t n = N - t0 < VIS_CHUNK ? N - t0 : VIS_CHUNK;
-        npu_matmul_packed(f->h + t0 * H, b->fc1, n, f->chunk);
+        vis_mm(f, f->h + t0 * H, b->fc1, n, f->chunk);
         npu_add_bias(f->chunk, b->fc1_b, n, c->inter);
         if (c->act_tanh)
             npu_gelu_tanh(f->chunk, n * c->inter);
         else
             npu_gelu_erf(f->chunk, n * c->inter);
-        npu_matmul_packed(f->chunk, b->fc2, n, f->chunk2);
+        vis_mm(f, f->chunk, b->fc2, n, f->chunk2);
         npu_add_bias(f->chunk2, b->fc2_b, n, H);
         float *xr = f->x + t0 * H;
         for (size_t i = 0; i < n * H; i++)
@@ -336,17 +342,17 @@ static svc_err_t vis_merge(vfwd_t *f, float *out) {
     float *z = malloc(n * M * sizeof *z);
     if (!z)
         return SVC_ERR_NOMEM;
-    npu_matmul_packed(f->h, f->v->m_fc1, n, z);
+    vis_mm(f, f->h, f->v->m_fc1, n, z);
     npu_add_bias(z, f->v->m_fc1_b, n, M);
     npu_gelu_erf(z, n * M);
-    npu_matmul_packed(z, f->v->m_fc2, n, out);
+    vis_mm(f, z, f->v->m_fc2, n, out);
     npu_add_bias(out, f->v->m_fc2_b, n, c->out_hidden);
     free(z);
     return SVC_OK;
 }
 
-svc_err_t eng_vision_forward(const eng_vision_t *v, const float *rows, size_t gh, size_t gw,
-                             float *out, char *errstr, size_t errstr_size) {
+svc_err_t eng_vision_forward(const eng_vision_t *v, bool fast, const float *rows, size_t gh,
+                             size_t gw, float *out, char *errstr, size_t errstr_size) {
     const eng_vis_cfg_t *c = &v->cfg;
     if (!gh || !gw || gh % c->merge || gw % c->merge) {
         svc_errf(errstr, errstr_size,
@@ -356,11 +362,11 @@ svc_err_t eng_vision_forward(const eng_vision_t *v, const float *rows, size_t gh
     }
     size_t    N = gh * gw, H = c->hidden;
     vfwd_t    f;
-    svc_err_t err = vfwd_alloc(&f, v, N);
+    svc_err_t err = vfwd_alloc(&f, v, fast, N);
     if (!err) {
         for (size_t t0 = 0; t0 < N; t0 += VIS_CHUNK) {
             size_t n = N - t0 < VIS_CHUNK ? N - t0 : VIS_CHUNK;
-            npu_matmul_packed(rows + t0 * eng_vis_patch_elems(c), v->patch, n, f.x + t0 * H);
+            vis_mm(&f, rows + t0 * eng_vis_patch_elems(c), v->patch, n, f.x + t0 * H);
         }
         npu_add_bias(f.x, v->patch_b, N, H);
         add_pos(v, f.x, gh, gw);

@@ -108,6 +108,8 @@ void eng_vision_free(eng_vision_t *v);
 
 /**
  * @brief Runs the tower over one image's patch rows.
+ * @param fast the fast profile's kernels (npu_matmul_packed_fast for every
+ *        projection, bf16 products in attention); false: exact.
  * @param rows (gh * gw, eng_vis_patch_elems) in the processor's order
  *        (merge-block order, eng_image_int.h).
  * @param gh, gw the patch grid; both multiples of merge.
@@ -116,7 +118,7 @@ void eng_vision_free(eng_vision_t *v);
  * @returns SVC_OK; SVC_ERR_INVALID (a bad grid) or SVC_ERR_NOMEM, with errstr.
  * @remark Memory O(patches * hidden), never patches^2.
  */
-SVC_WUR svc_err_t eng_vision_forward(const eng_vision_t *v, const float *rows, size_t gh, size_t gw,
-                                     float *out, char *errstr, size_t errstr_size);
+SVC_WUR svc_err_t eng_vision_forward(const eng_vision_t *v, bool fast, const float *rows, size_t gh,
+                                     size_t gw, float *out, char *errstr, size_t errstr_size);
 
 #endif /* D3STREAM_ENG_VISION_INT_H */

@@ -600,6 +600,14 @@ void npu_matmul_bf16_avx512(const float *x, const uint16_t *pk, size_t T, size_t
 SVC_WUR svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t Tq,
                                 size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                 bool causal, const uint8_t *key_mask, float *out);
+/* npu_attention for the fast profile (npu_matmul_packed_fast's
+ * companion): heads wider than 32 in NPU_ATTN_BF16 (q, k, v and the
+ * softmax's p rounded to bf16, fp32 sums; ~7e-3 max-norm error against
+ * npu_attention's ~1e-5, at about half its time without AMX) where
+ * npu_fast_usable() and the CPU has bf16 products; else npu_attention. */
+SVC_WUR svc_err_t npu_attention_fast(const float *q, const float *k, const float *v, size_t Tq,
+                                     size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
+                                     bool causal, const uint8_t *key_mask, float *out);
 /* npu_attention, noncausal, with each query's log-sum-exp into lse
  * (Tq, n_heads; required): npu_attention_ref's lse. Tk may be 0 (zeros,
  * lse -inf). */
@@ -683,7 +691,8 @@ svc_err_t npu_attention_small_avx512(const float *q, const float *k, const float
 /* Arithmetic of npu_attention_tiled_mode. */
 typedef enum npu_attn_mode {
     NPU_ATTN_FP32,   /* AVX-512 fp32 FMAs throughout */
-    NPU_ATTN_BF16,   /* AMX: q, k, v and p rounded to bf16, fp32 accumulation */
+    NPU_ATTN_BF16,   /* q, k, v and p rounded to bf16, fp32 accumulation: AMX tiles,
+                      * or AVX512_BF16 vectors (VDPBF16PS) without AMX */
     NPU_ATTN_BF16X3, /* AMX: each value split hi + lo bf16, three products */
 } npu_attn_mode_t;
 
@@ -705,14 +714,17 @@ typedef enum npu_attn_mode {
 svc_err_t npu_attention_tiled(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                               size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
                               const uint8_t *key_mask, float *out);
-/* The same with the arithmetic chosen; the BF16 modes fall back to FP32
- * when npu_attention_amx_usable() is false. For tests and benchmarks. */
+/* The same with the arithmetic chosen: BF16X3 falls back to FP32 when
+ * npu_attention_amx_usable() is false, BF16 when
+ * npu_attention_bf16_usable() is (AMX where usable, else vectors). */
 svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *v, size_t Tq,
                                    size_t Tk, size_t n_heads, size_t n_kv_heads, size_t head_dim,
                                    bool causal, const uint8_t *key_mask, float *out, float *lse,
                                    npu_attn_mode_t mode);
 /* amx_tile, amx_bf16 and amx_usable, and avx512_bf16 (the AMX modes). */
 bool npu_attention_amx_usable(void);
+/* avx512_bf16 with F, BW and VL: NPU_ATTN_BF16 on vectors. */
+bool npu_attention_bf16_usable(void);
 /* NULL when oneDNN's sgemm runs here, else why not (its kernels are
  * written at run time, then executed: MemoryDenyWriteExecute= and
  * PR_SET_MDWE refuse that). Probed once with a checked product; the

@@ -17,13 +17,16 @@
  * pool (npu_parallel_for); the causal ones last in the prompt have the
  * most keys, so items are handed out from the end backwards.
  *
- * Two engines behind the same loop:
+ * Three engines behind the same loop:
  *  - AMX-BF16 (TDPBF16PS, 16x16 fp32 tiles): q, k, v and the softmax's p
  *    rounded to bf16, products accumulated in fp32. K and V are packed
  *    into tile layout once per call (per KV head, AT_KB keys a block, the
  *    VNNI pair order TDPBF16PS wants). NPU_ATTN_BF16X3 splits each value x
  *    into hi = bf16(x) and lo = bf16(x - hi) and sums hi*hi + hi*lo +
  *    lo*hi, three products for near-fp32 accuracy.
+ *  - AVX-512 BF16 (VDPBF16PS) where there is no AMX, NPU_ATTN_BF16 only:
+ *    the AMX engine's operands and packing, one vector of 16 keys (scores)
+ *    or 16 dims (P V) per pair of bf16 products.
  *  - AVX-512 fp32: K transposed once per call to (block, d, key) so a score
  *    vector of 16 keys is D broadcast FMAs; 8 rows x 32 keys (scores) and
  *    8 rows x 32 dims (P V) register tiles.
@@ -577,12 +580,158 @@ static void at_item_amx(void *ctx, size_t it) {
     at_store(c, acc, ld, m, l, nr, qoff);
 }
 
+/* ---- AVX-512 BF16 engine (no AMX) ----------------------------------------- */
+
+/* The AMX engine's operands, multiplied by VDPBF16PS instead of tiles: a K
+ * tile row is 16 keys x one pair of dims, a V tile row 16 dims x one pair
+ * of keys -- each a 512-bit vector whose dword lanes VDPBF16PS takes as
+ * pairs -- and a Q or P row's pair is one broadcast dword. Half the
+ * instructions of the fp32 engine's FMAs for the same products; used for
+ * NPU_ATTN_BF16 (the fast profile) where the CPU has AVX512_BF16 but no
+ * AMX. */
+
+static inline __m512 at_dp(__m512 acc, __m512i a, __m512i b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+static inline __m512i at_pair(const uint16_t *p) {
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return _mm512_set1_epi32((int)w);
+}
+
+/* S rows [r0, r0 + 8) x keys [32 kh, 32 kh + 32) = Q K^T (bf16 products,
+ * fp32 sums); Q (AT_QR x Dq) bf16, kb this block's K tiles. */
+static inline void at_vdp_scores8(const uint16_t *Q, size_t Dq, const uint16_t *kb, float *S,
+                                  size_t r0, size_t kh) {
+    size_t nck = Dq / 32;
+    __m512 a[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        a[i][0] = a[i][1] = _mm512_setzero_ps();
+    const uint16_t *k0 = kb + (2 * kh) * nck * AT_TILE, *k1 = k0 + nck * AT_TILE;
+    for (size_t ch = 0; ch < nck; ch++)
+        for (size_t rr = 0; rr < 16; rr++) {
+            __m512i kv0 = _mm512_loadu_si512(k0 + ch * AT_TILE + rr * 32);
+            __m512i kv1 = _mm512_loadu_si512(k1 + ch * AT_TILE + rr * 32);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                __m512i qv = at_pair(Q + (r0 + (size_t)i) * Dq + ch * 32 + 2 * rr);
+                a[i][0] = at_dp(a[i][0], qv, kv0);
+                a[i][1] = at_dp(a[i][1], qv, kv1);
+            }
+        }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        _mm512_storeu_ps(S + (r0 + (size_t)i) * AT_KB + 32 * kh, a[i][0]);
+        _mm512_storeu_ps(S + (r0 + (size_t)i) * AT_KB + 32 * kh + 16, a[i][1]);
+    }
+}
+
+/* acc rows [r0, r0 + 8), dims [16 dc, 16 dc + 16 nd) += P V over the
+ * block's np key pairs; P (AT_QR x AT_KB) bf16, vb this block's V tiles. */
+static inline void at_vdp_pv8(float *acc, size_t ld, const uint16_t *P, const uint16_t *vb,
+                              size_t ncv, size_t np, size_t r0, size_t dc, size_t nd) {
+    __m512 a[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        float *ar = acc + (r0 + (size_t)i) * ld + dc * 16;
+        a[i][0] = _mm512_loadu_ps(ar);
+        a[i][1] = nd == 2 ? _mm512_loadu_ps(ar + 16) : _mm512_setzero_ps();
+    }
+    for (size_t jp = 0; jp < np; jp++) {
+        const uint16_t *row = vb + ((jp / 16) * ncv + dc) * AT_TILE + (jp % 16) * 32;
+        __m512i         v0 = _mm512_loadu_si512(row);
+        __m512i         v1 = nd == 2 ? _mm512_loadu_si512(row + AT_TILE) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m512i pv = at_pair(P + (r0 + (size_t)i) * AT_KB + 2 * jp);
+            a[i][0] = at_dp(a[i][0], pv, v0);
+            a[i][1] = at_dp(a[i][1], pv, v1);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        float *ar = acc + (r0 + (size_t)i) * ld + dc * 16;
+        _mm512_storeu_ps(ar, a[i][0]);
+        if (nd == 2)
+            _mm512_storeu_ps(ar + 16, a[i][1]);
+    }
+}
+
+static void at_item_vdp(void *ctx, size_t it) {
+    at_ctx_t *c = ctx;
+    size_t    kvh, qb, jend[AT_QR], qoff[AT_QR];
+    uint64_t  vis[AT_QR];
+    at_item(c, it, &kvh, &qb);
+    size_t nr = at_rows(c, kvh, qb, jend, qoff), nr8 = (nr + 7) / 8 * 8, D = c->D;
+    size_t Dq = c->Dq, ld = c->D16;
+    /* bf16: Q (AT_QR, Dq), P (AT_QR, AT_KB); fp32: S, acc, m, l, corr. */
+    size_t nh = AT_QR * (Dq + AT_KB), nf = AT_QR * AT_KB + AT_QR * ld + 3 * AT_QR;
+    char  *buf = npu_scratch(NPU_SCRATCH_ATTN_ITEM, nh * 2 + nf * 4);
+    if (!buf) {
+        atomic_store(&c->nomem, true);
+        return;
+    }
+    float    *S = (float *)(void *)buf, *acc = S + AT_QR * AT_KB, *m = acc + AT_QR * ld;
+    float    *l = m + AT_QR, *corr = l + AT_QR;
+    uint16_t *qh = (uint16_t *)(void *)(corr + AT_QR), *ph = qh + AT_QR * Dq;
+    memset(qh, 0, AT_QR * Dq * sizeof *qh);
+    memset(ph, 0, AT_QR * AT_KB * sizeof *ph);
+    memset(acc, 0, AT_QR * ld * sizeof *acc);
+    for (size_t r = 0; r < AT_QR; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    const __m512 qs = _mm512_set1_ps(c->qscale);
+    for (size_t r = 0; r < nr; r++)
+        for (size_t d = 0; d < D; d += 16) {
+            __mmask16 dm = npu_mask16(D - d);
+            _mm256_mask_storeu_epi16(
+                qh + r * Dq + d, dm,
+                at_bf16(_mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c->q + qoff[r] + d), qs)));
+        }
+    size_t nck = Dq / 32, ncv = ld / 16;
+    size_t kblk = 4 * nck * AT_TILE, vblk = 2 * ncv * AT_TILE;
+    size_t jmax = jend[nr - 1];
+    for (size_t b = 0; b * AT_KB < jmax; b++) {
+        if (!at_block_vis(c, b, jend, nr, vis))
+            continue;
+        size_t          blk = kvh * c->nkb + b;
+        const uint16_t *kb = c->kp + blk * kblk, *vb = c->vp + blk * vblk;
+        for (size_t r0 = 0; r0 < nr8; r0 += 8) {
+            at_vdp_scores8(qh, Dq, kb, S, r0, 0);
+            at_vdp_scores8(qh, Dq, kb, S, r0, 1);
+        }
+        /* Padding rows keep p = 0 (never written). */
+        if (at_softmax(S, vis, nr, m, l, corr, NULL, ph, 1))
+            for (size_t r = 0; r < nr; r++) {
+                if (corr[r] == 1.0f)
+                    continue;
+                __m512 cr = _mm512_set1_ps(corr[r]);
+                for (size_t d = 0; d < ld; d += 16)
+                    _mm512_storeu_ps(acc + r * ld + d,
+                                     _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld + d), cr));
+            }
+        size_t j0 = b * AT_KB, nk = jmax - j0 < AT_KB ? jmax - j0 : AT_KB;
+        for (size_t r0 = 0; r0 < nr8; r0 += 8)
+            for (size_t dc = 0; dc < ncv; dc += 2)
+                at_vdp_pv8(acc, ld, ph, vb, ncv, (nk + 1) / 2, r0, dc, ncv - dc >= 2 ? 2 : 1);
+    }
+    at_store(c, acc, ld, m, l, nr, qoff);
+}
+
 /* ---- entry points --------------------------------------------------------- */
 
 bool npu_attention_amx_usable(void) {
     const npu_features_t *f = npu_probe();
     return f->amx_tile && f->amx_bf16 && f->amx_usable && f->avx512_bf16 && f->avx512f &&
            f->avx512bw && f->avx512vl;
+}
+
+bool npu_attention_bf16_usable(void) {
+    const npu_features_t *f = npu_probe();
+    return f->avx512_bf16 && f->avx512f && f->avx512bw && f->avx512vl;
 }
 
 svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *v, size_t Tq,
@@ -593,7 +742,11 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
                head_dim > 0);
     if (Tq == 0 || n_heads == 0)
         return SVC_OK;
-    if (mode != NPU_ATTN_FP32 && !npu_attention_amx_usable())
+    /* BF16X3 is AMX's alone (three products on vectors would lose to fp32);
+     * BF16 runs on AVX512_BF16 vectors where there are no tiles */
+    bool amx = npu_attention_amx_usable();
+    if ((mode == NPU_ATTN_BF16X3 && !amx) ||
+        (mode == NPU_ATTN_BF16 && !npu_attention_bf16_usable()))
         mode = NPU_ATTN_FP32;
     size_t   nkb = (Tk + AT_KB - 1) / AT_KB, G = n_heads / n_kv_heads;
     at_ctx_t c = {
@@ -647,7 +800,11 @@ svc_err_t npu_attention_tiled_mode(const float *q, const float *k, const float *
         return SVC_ERR_NOMEM;
     }
     npu_parallel_for(n_kv_heads * nkb, mode == NPU_ATTN_FP32 ? at_pack_f32 : at_pack_bf16, &c);
-    npu_parallel_for(n_kv_heads * c.nqb, mode == NPU_ATTN_FP32 ? at_item_f32 : at_item_amx, &c);
+    npu_parallel_for(n_kv_heads * c.nqb,
+                     mode == NPU_ATTN_FP32 ? at_item_f32
+                     : amx                 ? at_item_amx
+                                           : at_item_vdp,
+                     &c);
     free(kbits);
     return atomic_load(&c.nomem) ? SVC_ERR_NOMEM : SVC_OK;
 }

@@ -129,6 +129,18 @@ svc_err_t npu_attention(const float *q, const float *k, const float *v, size_t T
                                 out, NULL);
 }
 
+svc_err_t npu_attention_fast(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
+                             size_t n_heads, size_t n_kv_heads, size_t head_dim, bool causal,
+                             const uint8_t *key_mask, float *out) {
+    /* the AVX-512 kernels only: D3_NPU_KERNELS=ref keeps every profile on
+     * the references */
+    if (kernels() == &k_avx512 && head_dim > 32 && npu_fast_usable() &&
+        (npu_attention_amx_usable() || npu_attention_bf16_usable()))
+        return npu_attention_tiled_mode(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal,
+                                        key_mask, out, NULL, NPU_ATTN_BF16);
+    return npu_attention(q, k, v, Tq, Tk, n_heads, n_kv_heads, head_dim, causal, key_mask, out);
+}
+
 svc_err_t npu_attention_lse(const float *q, const float *k, const float *v, size_t Tq, size_t Tk,
                             size_t n_heads, size_t n_kv_heads, size_t head_dim,
                             const uint8_t *key_mask, float *out, float *lse) {

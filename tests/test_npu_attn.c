@@ -178,6 +178,29 @@ Test(npu_attn, default_is_bf16) {
     free(q), free(k), free(v), free(a), free(b);
 }
 
+/* The fast profile's attention: the BF16 mode for wide heads where the CPU
+ * has bf16 products and the fast kernels run (bit-identical), the
+ * dispatched npu_attention otherwise and for heads of 32 or fewer. */
+Test(npu_attn, fast_is_bf16_where_usable) {
+    rng_t        r = {10};
+    const size_t Ds[] = {16, 64, 256};
+    for (size_t di = 0; di < 3; di++) {
+        size_t T = 70, H = 4, Hkv = 2, D = Ds[di];
+        float *q = rand_vec(&r, T * H * D, -2, 2), *k = rand_vec(&r, T * Hkv * D, -2, 2);
+        float *v = rand_vec(&r, T * Hkv * D, -1, 1), *a = nans(T * H * D), *b = nans(T * H * D);
+        cr_assert_eq(npu_attention_fast(q, k, v, T, T, H, Hkv, D, false, NULL, a), SVC_OK);
+        bool bf16 = D > 32 && npu_fast_usable() && !strcmp(npu_kernels_name(), "avx512") &&
+                    (npu_attention_amx_usable() || npu_attention_bf16_usable());
+        svc_err_t err = bf16 ? npu_attention_tiled_mode(q, k, v, T, T, H, Hkv, D, false, NULL, b,
+                                                        NULL, NPU_ATTN_BF16)
+                             : npu_attention(q, k, v, T, T, H, Hkv, D, false, NULL, b);
+        cr_assert_eq(err, SVC_OK);
+        cr_expect(memcmp(a, b, T * H * D * sizeof *a) == 0, "D=%zu: %s", D,
+                  bf16 ? "the bf16 mode" : "npu_attention");
+        free(q), free(k), free(v), free(a), free(b);
+    }
+}
+
 /* d3-nano's full-attention shape at 2048 tokens, non-causal (the prompt
  * case), against the reference once. */
 Test(npu_attn, model_shape_2048, .timeout = 600) {

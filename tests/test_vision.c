@@ -200,8 +200,8 @@ static void tower_from_pixels(const char *name) {
     float *ref = array(role(c, "tower"), 4, &m);
     cr_assert_eq(m, T * v->cfg.out_hidden);
     char errstr[512] = "";
-    cr_assert_eq(eng_vision_forward(v, rows, gh, gw, out, errstr, sizeof errstr), SVC_OK, "%s",
-                 errstr);
+    cr_assert_eq(eng_vision_forward(v, false, rows, gh, gw, out, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
     double e = rel_err(out, ref, m);
     cr_log_info("%s: tower from the reference pixels: %.3g", name, e);
     cr_expect(e <= TOWER_TOL, "%s: tower %.3g", name, e);
@@ -689,13 +689,14 @@ Test(vision, image_slots_share_by_content) {
         cr_assert_eq(eng_image_prepare(g_l.model, k == 2 ? &ib : &ia, &p[k], errstr, sizeof errstr),
                      SVC_OK, "%s", errstr);
     size_t s0, s1, s2, t;
-    cr_assert_eq(eng_imgreg_acquire(g, p[0], 0, &s0, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[0], ENG_PROFILE_EXACT, 0, &s0, &t), SVC_OK);
     cr_assert_eq(t, 70);
-    cr_assert_eq(eng_imgreg_acquire(g, p[1], 1, &s1, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[1], ENG_PROFILE_EXACT, 1, &s1, &t), SVC_OK);
     cr_assert_eq(s1, s0, "the same bytes share a slot");
-    cr_assert_eq(eng_imgreg_acquire(g, p[2], 1, &s2, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[2], ENG_PROFILE_EXACT, 1, &s2, &t), SVC_OK);
     cr_assert_neq(s2, s0);
-    cr_assert_eq(eng_imgreg_acquire(g, p[3], 2, &t, &t), SVC_OK); /* shares s0 again */
+    cr_assert_eq(eng_imgreg_acquire(g, p[3], ENG_PROFILE_EXACT, 2, &t, &t),
+                 SVC_OK); /* shares s0 again */
     bool enc = false;
     cr_assert_eq(eng_imgreg_ready(g, s0, &enc, errstr, sizeof errstr), SVC_OK, "%s", errstr);
     cr_assert(enc);
@@ -715,14 +716,15 @@ Test(vision, image_slots_share_by_content) {
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
     size_t s4;
     cr_assert(eng_imgreg_would_wait(g), "the submit waits before decoding");
-    cr_assert_eq(eng_imgreg_acquire(g, p4, 0, &s4, &t), SVC_ERR_RETRIABLE);
+    cr_assert_eq(eng_imgreg_acquire(g, p4, ENG_PROFILE_EXACT, 0, &s4, &t), SVC_ERR_RETRIABLE);
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
-    cr_assert_eq(eng_imgreg_acquire(g, p4, 2, &s4, &t), SVC_OK, "alone: past the soft bound");
+    cr_assert_eq(eng_imgreg_acquire(g, p4, ENG_PROFILE_EXACT, 2, &s4, &t), SVC_OK,
+                 "alone: past the soft bound");
     eng_imgreg_release(g, s4);
     /* three references on s0, one on s2: releasing s2 frees its slot */
     eng_imgreg_release(g, s2);
     cr_assert_eq(eng_image_prepare(g_l.model, &ic, &p4, errstr, sizeof errstr), SVC_OK);
-    cr_assert_eq(eng_imgreg_acquire(g, p4, 1, &s4, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p4, ENG_PROFILE_EXACT, 1, &s4, &t), SVC_OK);
     for (int k = 0; k < 3; k++)
         eng_imgreg_release(g, s0);
     cr_assert_null(md->slots[s0], "the last reference frees the tokens");
@@ -732,6 +734,58 @@ Test(vision, image_slots_share_by_content) {
     free(ba);
     free(bb);
     free(bc);
+}
+
+/* The same bytes under the two profiles are two slots and two encodings:
+ * the fast tower's tokens are its own (never an exact request's), close to
+ * the exact ones. */
+Test(vision, image_slots_per_profile) {
+    eng_imgreg_t *g = eng_imgreg_new(g_l.model, 4);
+    cr_assert(g);
+    sch_image_t       ia;
+    unsigned char    *ba;
+    char              errstr[512] = "";
+    eng_image_prep_t *p[3] = {NULL};
+    image_bytes(image_case("png_64x48"), &ia, &ba);
+    for (int k = 0; k < 3; k++)
+        cr_assert_eq(eng_image_prepare(g_l.model, &ia, &p[k], errstr, sizeof errstr), SVC_OK, "%s",
+                     errstr);
+    size_t se, sf, s2, t;
+    cr_assert_eq(eng_imgreg_acquire(g, p[0], ENG_PROFILE_EXACT, 0, &se, &t), SVC_OK);
+    cr_assert_eq(eng_imgreg_acquire(g, p[1], ENG_PROFILE_FAST, 1, &sf, &t), SVC_OK);
+    cr_assert_neq(sf, se, "another profile, another slot");
+    cr_assert_eq(eng_imgreg_acquire(g, p[2], ENG_PROFILE_FAST, 2, &s2, &t), SVC_OK);
+    cr_assert_eq(s2, sf, "the same profile shares it");
+    unsigned char sha[32];
+    size_t        ref;
+    eng_image_digest(&ia, sha);
+    cr_assert(eng_imgreg_ref(g, sha, ENG_PROFILE_EXACT, &ref, &t) && ref == se);
+    eng_imgreg_release(g, ref);
+    bool enc = false;
+    cr_assert_eq(eng_imgreg_ready(g, se, &enc, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_imgreg_ready(g, sf, &enc, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+    cr_assert(enc);
+    cr_assert_eq(eng_imgreg_encodings(g), 2);
+    const eng_media_t     *md = eng_imgreg_media(g);
+    const eng_image_emb_t *e = md->slots[se], *f = md->slots[sf];
+    size_t                 n = e->gh * e->gw * e->hidden;
+    double                 num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)f->rows[i] - e->rows[i]) * ((double)f->rows[i] - e->rows[i]);
+        den += (double)e->rows[i] * e->rows[i];
+    }
+    double rel = sqrt(num / den);
+    cr_log_info("fast tower against exact: relative rms %.3g (%s)", rel, npu_matmul_fast_name());
+    cr_assert_lt(rel, 0.05, "the fast tower's tokens are near the exact ones: %g", rel);
+    if (npu_fast_usable())
+        cr_assert_gt(rel, 0.0, "and its own: another kernel ran");
+    else
+        cr_assert_eq(rel, 0.0, "no fast kernels here: the exact ones");
+    for (int k = 0; k < 2; k++)
+        eng_imgreg_release(g, sf);
+    eng_imgreg_release(g, se);
+    eng_imgreg_free(g);
+    free(ba);
 }
 
 /* ------------------------------------------------------------ q4nx */

@@ -160,6 +160,19 @@ static void bench_attention_tiled(size_t T, int iters, int x3_iters, int fp32_it
     printf("\n");
 }
 
+/* The vision tower's attention (16 heads x 64 over every patch of one
+ * image, non-causal; 3,072 patches for 1024 x 768): the exact profile's
+ * npu_attention against the fast profile's npu_attention_fast. */
+static void bench_attention_vision(size_t T, int iters) {
+    const size_t H = 16, D = 64;
+    double       fl = 4.0 * (double)T * (double)T * (double)H * (double)D * 1e-6; /* MFLOP */
+    double       ex = time_attention(npu_attention, T, H, H, D, false, iters);
+    double       fa = time_attention(npu_attention_fast, T, H, H, D, false, iters);
+    printf("attention vision T=%-5zu H=16 D=64 noncausal  exact %9.1f ms (%6.1f GFLOP/s)  fast "
+           "%9.1f ms (%6.1f)  x%.2f\n",
+           T, ex, fl / ex, fa, fl / fa, ex / fa);
+}
+
 typedef svc_err_t (*delta_fn)(const float *, const float *, const float *, const float *,
                               const float *, size_t, size_t, size_t, size_t, size_t, const float *,
                               float *, float *);
@@ -261,10 +274,13 @@ int main(int argc, char **argv) {
     bench_attention(270, 8, 2, 32, false, 50 * scale, 5 * scale);
     bench_attention(512, 16, 2, 256, true, scale, scale);
     printf("tiled attention: %zu threads, AMX %s\n", npu_threads(),
-           npu_attention_amx_usable() ? "yes" : "no (bf16 rows run fp32)");
+           npu_attention_amx_usable()    ? "yes"
+           : npu_attention_bf16_usable() ? "no (bf16 rows on AVX512_BF16 vectors)"
+                                         : "no (bf16 rows run fp32)");
     bench_attention_tiled(512, 5 * scale, 5 * scale, 2 * scale, scale);
     bench_attention_tiled(1024, 3 * scale, 3 * scale, scale, scale);
     bench_attention_tiled(4096, scale, scale, scale, 0);
+    bench_attention_vision(3072, scale);
     if (getenv("D3_BENCH_32K")) /* BF16 only: tens of seconds on 2 cores */
         bench_attention_tiled(32768, 1, 0, 0, 0);
     bench_delta(260, 2, 4, 16, 100 * scale, 10 * scale);
