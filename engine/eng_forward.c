@@ -566,9 +566,9 @@ static svc_err_t attn_rows(fwd_t *f, const eng_layer_t *l, size_t li, const fwd_
         size_t    Tk = noncausal ? sq->P + sq->T : sq->P + pc->t + pc->n;
         svc_err_t err = li == f->f_layer && sq->fst
                             ? attn_shared(f, pc, q + r * qd, K, V, Tk, f->a + r * qd)
-                            : (f->m->fast ? npu_attention_fast : npu_attention)(
-                                  q + r * qd, K, V, pc->n, Tk, nh, c->n_kv, hd, !noncausal, NULL,
-                                  f->a + r * qd);
+                            : (f->m->fast ? npu_attention_fast
+                                          : npu_attention)(q + r * qd, K, V, pc->n, Tk, nh, c->n_kv,
+                                                           hd, !noncausal, NULL, f->a + r * qd);
         if (err)
             return err;
     }
@@ -1083,4 +1083,65 @@ svc_err_t eng_model_forward(const eng_model_t *m, const int32_t *ids, size_t T, 
                             size_t errstr_size) {
     return eng_model_forward_from(m, NULL, false, ids, T, noncausal, final_last, trace, user,
                                   errstr, errstr_size);
+}
+
+/* ---------------------------------------------------------------------
+ * Teacher-forced layer errors (eng_fwd_int.h)
+ * --------------------------------------------------------------------- */
+
+static bool same_shape(const eng_model_t *a, const eng_model_t *b) {
+    const eng_model_cfg_t *x = &a->cfg, *y = &b->cfg;
+    if (x->hidden != y->hidden || x->n_layers != y->n_layers || x->vocab != y->vocab ||
+        x->n_heads != y->n_heads || x->n_kv != y->n_kv || x->head_dim != y->head_dim ||
+        x->lin_nk != y->lin_nk || x->lin_nv != y->lin_nv || x->lin_dk != y->lin_dk ||
+        x->lin_dv != y->lin_dv || x->conv_k != y->conv_k || x->inter != y->inter)
+        return false;
+    for (size_t i = 0; i < x->n_layers; i++)
+        if (a->layers[i].kind != b->layers[i].kind)
+            return false;
+    return true;
+}
+
+svc_err_t eng_fwd_layer_errors(const eng_model_t *ref, const eng_model_t *alt, const int32_t *ids,
+                               size_t T, bool noncausal, double *num, double *den, char *errstr,
+                               size_t errstr_size) {
+    if (!same_shape(ref, alt)) {
+        svc_errf(errstr, errstr_size, "layer errors: the two models differ in shape");
+        return SVC_ERR_INVALID;
+    }
+    svc_err_t err = check_ids(ref, ids, T, NULL, errstr, errstr_size);
+    if (err)
+        return err;
+    fwd_seq_t in = {.ids = ids, .T = T};
+    fwd_t     f;
+    size_t    n = T * ref->cfg.hidden;
+    float    *x_in = malloc(n * sizeof *x_in), *x_ref = malloc(n * sizeof *x_ref);
+    err = fwd_alloc(&f, ref, &in, 1, false);
+    if (!err && (!x_in || !x_ref))
+        err = SVC_ERR_NOMEM;
+    if (!err)
+        embed_all(&f, NULL);
+    for (size_t li = 0; !err && li < ref->cfg.n_layers; li++) {
+        memcpy(x_in, f.x, n * sizeof *x_in);
+        f.m = ref;
+        err = layer_forward(&f, li, noncausal, false);
+        if (err)
+            break;
+        memcpy(x_ref, f.x, n * sizeof *x_ref);
+        memcpy(f.x, x_in, n * sizeof *f.x);
+        f.m = alt; /* the same shape: the pass's buffers fit it */
+        err = layer_forward(&f, li, noncausal, false);
+        for (size_t i = 0; !err && i < n; i++) {
+            double e = (double)f.x[i] - x_ref[i], c = (double)x_ref[i] - x_in[i];
+            num[li] += e * e;
+            den[li] += c * c;
+        }
+        memcpy(f.x, x_ref, n * sizeof *f.x); /* the next layer's input: ref's */
+    }
+    if (err == SVC_ERR_NOMEM)
+        svc_errf(errstr, errstr_size, "out of memory for layer errors over %zu tokens", T);
+    fwd_free(&f);
+    free(x_in);
+    free(x_ref);
+    return err;
 }

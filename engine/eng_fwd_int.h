@@ -163,4 +163,24 @@ SVC_WUR svc_err_t eng_model_forward_batch(const eng_model_t *m, const eng_fwd_se
                                           const eng_media_t *md, bool noncausal, char *errstr,
                                           size_t errstr_size);
 
+/**
+ * @brief Teacher-forced per-layer error of alt's layers against ref's, for
+ *        accuracy measurements (issue 28; tests/bench/bench_accuracy.c
+ *        `layers`): ref's pass over ids runs layer by layer; each layer's
+ *        input x_in (ref's own, exact) also goes through alt's same layer,
+ *        and the two outputs are compared. alt is another profile's view of
+ *        ref (eng_model_profile) or another model of the same shape (a
+ *        q4nx package's BF16 twin).
+ * @param num, den (n_layers): per layer, adds sum |x_alt - x_ref|^2 to
+ *        num[l] and sum |x_ref - x_in|^2 (the layer's contribution to the
+ *        residual stream) to den[l] over the T rows, so that over any
+ *        number of prompts sqrt(num / den) is the relative RMS error of what
+ *        the layer adds.
+ * @returns SVC_OK; SVC_ERR_INVALID (models of different shapes, bad ids) or
+ *          SVC_ERR_NOMEM, with errstr.
+ */
+SVC_WUR svc_err_t eng_fwd_layer_errors(const eng_model_t *ref, const eng_model_t *alt,
+                                       const int32_t *ids, size_t T, bool noncausal, double *num,
+                                       double *den, char *errstr, size_t errstr_size);
+
 #endif /* D3STREAM_ENG_FWD_INT_H */

@@ -351,36 +351,82 @@ static svc_err_t vis_merge(vfwd_t *f, float *out) {
     return SVC_OK;
 }
 
-svc_err_t eng_vision_forward(const eng_vision_t *v, bool fast, const float *rows, size_t gh,
-                             size_t gw, float *out, char *errstr, size_t errstr_size) {
+/* The grid check, then the patch rows' embedding with positions, and the
+ * rotary tables, into f (allocated here; the caller frees it). */
+static svc_err_t vis_start(vfwd_t *f, const eng_vision_t *v, bool fast, const float *rows,
+                           size_t gh, size_t gw, char *errstr, size_t errstr_size) {
     const eng_vis_cfg_t *c = &v->cfg;
     if (!gh || !gw || gh % c->merge || gw % c->merge) {
+        memset(f, 0, sizeof *f);
         svc_errf(errstr, errstr_size,
                  "vision tower: a %zu x %zu patch grid is not in %zu x %zu blocks", gh, gw,
                  c->merge, c->merge);
         return SVC_ERR_INVALID;
     }
     size_t    N = gh * gw, H = c->hidden;
-    vfwd_t    f;
-    svc_err_t err = vfwd_alloc(&f, v, fast, N);
-    if (!err) {
-        for (size_t t0 = 0; t0 < N; t0 += VIS_CHUNK) {
-            size_t n = N - t0 < VIS_CHUNK ? N - t0 : VIS_CHUNK;
-            vis_mm(&f, rows + t0 * eng_vis_patch_elems(c), v->patch, n, f.x + t0 * H);
-        }
-        npu_add_bias(f.x, v->patch_b, N, H);
-        add_pos(v, f.x, gh, gw);
-        rope_tables(v, gh, gw, f.cos_t, f.sin_t);
+    svc_err_t err = vfwd_alloc(f, v, fast, N);
+    if (err)
+        return err;
+    for (size_t t0 = 0; t0 < N; t0 += VIS_CHUNK) {
+        size_t n = N - t0 < VIS_CHUNK ? N - t0 : VIS_CHUNK;
+        vis_mm(f, rows + t0 * eng_vis_patch_elems(c), v->patch, n, f->x + t0 * H);
     }
-    for (size_t i = 0; !err && i < c->depth; i++)
-        err = vis_block(&f, &v->blocks[i]);
-    if (!err)
-        err = vis_merge(&f, out);
-    vfwd_free(&f);
+    npu_add_bias(f->x, v->patch_b, N, H);
+    add_pos(v, f->x, gh, gw);
+    rope_tables(v, gh, gw, f->cos_t, f->sin_t);
+    return SVC_OK;
+}
+
+static void vis_nomem(svc_err_t err, size_t gh, size_t gw, char *errstr, size_t errstr_size) {
     if (err == SVC_ERR_NOMEM)
         svc_errf(errstr, errstr_size, "out of memory for the vision tower over %zu x %zu patches",
                  gh, gw);
     else if (err && errstr_size && !errstr[0])
         svc_errf(errstr, errstr_size, "vision tower: %s", svc_err_name(err));
+}
+
+svc_err_t eng_vision_forward(const eng_vision_t *v, bool fast, const float *rows, size_t gh,
+                             size_t gw, float *out, char *errstr, size_t errstr_size) {
+    vfwd_t    f;
+    svc_err_t err = vis_start(&f, v, fast, rows, gh, gw, errstr, errstr_size);
+    for (size_t i = 0; !err && i < v->cfg.depth; i++)
+        err = vis_block(&f, &v->blocks[i]);
+    if (!err)
+        err = vis_merge(&f, out);
+    vfwd_free(&f);
+    vis_nomem(err, gh, gw, errstr, errstr_size);
+    return err;
+}
+
+svc_err_t eng_vision_block_errors(const eng_vision_t *v, const float *rows, size_t gh, size_t gw,
+                                  double *num, double *den, char *errstr, size_t errstr_size) {
+    vfwd_t    f;
+    svc_err_t err = vis_start(&f, v, false, rows, gh, gw, errstr, errstr_size);
+    size_t    n = gh * gw * v->cfg.hidden;
+    float    *x_in = err ? NULL : malloc(n * sizeof *x_in),
+          *x_ref = err ? NULL : malloc(n * sizeof *x_ref);
+    if (!err && (!x_in || !x_ref))
+        err = SVC_ERR_NOMEM;
+    for (size_t b = 0; !err && b < v->cfg.depth; b++) {
+        memcpy(x_in, f.x, n * sizeof *x_in);
+        f.fast = false;
+        err = vis_block(&f, &v->blocks[b]);
+        if (err)
+            break;
+        memcpy(x_ref, f.x, n * sizeof *x_ref);
+        memcpy(f.x, x_in, n * sizeof *f.x);
+        f.fast = true;
+        err = vis_block(&f, &v->blocks[b]);
+        for (size_t i = 0; !err && i < n; i++) {
+            double e = (double)f.x[i] - x_ref[i], c = (double)x_ref[i] - x_in[i];
+            num[b] += e * e;
+            den[b] += c * c;
+        }
+        memcpy(f.x, x_ref, n * sizeof *f.x);
+    }
+    vfwd_free(&f);
+    free(x_in);
+    free(x_ref);
+    vis_nomem(err, gh, gw, errstr, errstr_size);
     return err;
 }

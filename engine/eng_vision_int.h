@@ -121,4 +121,16 @@ void eng_vision_free(eng_vision_t *v);
 SVC_WUR svc_err_t eng_vision_forward(const eng_vision_t *v, bool fast, const float *rows, size_t gh,
                                      size_t gw, float *out, char *errstr, size_t errstr_size);
 
+/**
+ * @brief Teacher-forced per-block error of the fast profile's tower against
+ *        the exact one's over one image (as eng_fwd_layer_errors for the
+ *        text tower): each block's exact input also goes through the block
+ *        under fast; num[b] += sum |x_fast - x_exact|^2, den[b] += sum
+ *        |x_exact - x_in|^2 over the patches, b < depth.
+ * @returns SVC_OK; SVC_ERR_INVALID (a bad grid) or SVC_ERR_NOMEM, with errstr.
+ */
+SVC_WUR svc_err_t eng_vision_block_errors(const eng_vision_t *v, const float *rows, size_t gh,
+                                          size_t gw, double *num, double *den, char *errstr,
+                                          size_t errstr_size);
+
 #endif /* D3STREAM_ENG_VISION_INT_H */

@@ -18,6 +18,8 @@
 #include "eng_pkgwrite_int.h"
 #include "eng_q4nx_int.h"
 #include "eng_st_int.h"
+#include "eng_vision_int.h"
+#include "eng_fwd_int.h"
 #include "npu.h"
 #include "ops.h"
 #include "test_util.h"
@@ -258,6 +260,70 @@ static void layer_kinds(const eng_model_t *m, char *out, size_t n) {
     for (size_t i = 0; i + 1 < n; i++)
         out[i] = eng_model_layer_is_full(m, i) ? 'F' : 'L';
     out[n - 1] = '\0';
+}
+
+/* Issue 28's accuracy bound for the fast profile, per layer and
+ * teacher-forced (eng_fwd_layer_errors): what each text layer adds to the
+ * residual stream, from the exact input, under fast against exact on the
+ * q4nx package, is at most 1/5 as far off as what the Q4 weights
+ * themselves move it (the q4nx package against the safetensors package it
+ * was quantised from, both exact). tests/bench/bench_accuracy `layers`
+ * measures the same on nano (docs/profiles.md). The vision blocks (BF16
+ * in every package: no Q4 to compare with) are logged and held to 5%. */
+Test(q4nx_package, fast_layer_error_within_a_fifth_of_q4, .timeout = 120) {
+    pkgs_t p;
+    make_all(&p);
+    loaded_t q, st;
+    load(p.q4nx, &q);
+    load(p.st, &st);
+    const eng_model_t *fast = eng_model_profile(q.model, ENG_PROFILE_FAST);
+    size_t             L = q.model->cfg.n_layers, V = eng_model_vocab_size(q.model);
+    double             acc[4][16] = {{0}}; /* fast num, den; q4 num, den */
+    cr_assert(L <= 16);
+    char     errstr[512] = "";
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < 20; i++) {
+        int32_t ids[160];
+        size_t  T = 16 + (size_t)i * 7;
+        for (size_t t = 0; t < T; t++) {
+            s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+            ids[t] = (int32_t)((s * 0x2545F4914F6CDD1Dull >> 33) % V);
+        }
+        bool nc = eng_package_noncausal(q.pkg);
+        cr_assert_eq(
+            eng_fwd_layer_errors(q.model, fast, ids, T, nc, acc[0], acc[1], errstr, sizeof errstr),
+            SVC_OK, "%s", errstr);
+        cr_assert_eq(eng_fwd_layer_errors(st.model, q.model, ids, T, nc, acc[2], acc[3], errstr,
+                                          sizeof errstr),
+                     SVC_OK, "%s", errstr);
+    }
+    for (size_t l = 0; l < L; l++) {
+        double ef = sqrt(acc[0][l] / acc[1][l]), eq = sqrt(acc[2][l] / acc[3][l]);
+        cr_log_info("layer %zu: fast/exact %.3e, q4/bf16 %.3e, ratio %.3f (%s)", l, ef, eq, ef / eq,
+                    npu_matmul_fast_name());
+        cr_expect(ef <= 0.2 * eq, "layer %zu: fast adds %.3e, over 1/5 of Q4's %.3e", l, ef, eq);
+        if (npu_fast_usable())
+            cr_expect(ef > 0, "layer %zu: the fast kernels ran", l);
+    }
+    const eng_vision_t *v = q.model->vision;
+    cr_assert(v);
+    size_t gh = 8, gw = 6, pe = eng_vis_patch_elems(&v->cfg);
+    float *rows = malloc(gh * gw * pe * sizeof *rows);
+    double vn[8] = {0}, vd[8] = {0};
+    cr_assert(rows && v->cfg.depth <= 8);
+    for (size_t i = 0; i < gh * gw * pe; i++)
+        rows[i] = (float)((double)(i * 2654435761u % 2001) / 1000.0 - 1.0);
+    cr_assert_eq(eng_vision_block_errors(v, rows, gh, gw, vn, vd, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    for (size_t b = 0; b < v->cfg.depth; b++) {
+        double e = sqrt(vn[b] / vd[b]);
+        cr_log_info("vision block %zu: fast/exact %.3e", b, e);
+        cr_expect(e < 0.05, "vision block %zu: %.3e", b, e);
+    }
+    free(rows);
+    unload(&q);
+    unload(&st);
+    rm_tree(p.root);
 }
 
 Test(q4nx_package, both_config_layouts_load, .timeout = 120) {
