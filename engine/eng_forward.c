@@ -342,6 +342,18 @@ static void fwd_mm(const fwd_t *f, const float *x, const npu_wpack_t *w, size_t 
     (f->m->fast ? npu_matmul_packed_fast : npu_matmul_packed)(x, w, T, out);
 }
 
+/* n projections of the same x (fwd_mm each): under fast, x is quantised
+ * once for all of them (npu_matmul_packed_fast_n; the same bits). */
+static void fwd_mm_n(const fwd_t *f, const float *x, size_t T, size_t n,
+                     const npu_wpack_t *const *w, float *const *out) {
+    if (f->m->fast) {
+        npu_matmul_packed_fast_n(x, T, n, w, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        npu_matmul_packed(x, w[i], T, out[i]);
+}
+
 /* f->h = the block input norm w of rows [t0, t0 + n) of the residual. */
 static void norm_rows(fwd_t *f, const float *w, size_t t0, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
@@ -351,8 +363,8 @@ static void norm_rows(fwd_t *f, const float *w, size_t t0, size_t n) {
 /* Qwen3_5MLP on f->h (n, H): down(silu(gate(h)) * up(h)) -> f->c (n, H). */
 static void mlp(fwd_t *f, const eng_layer_t *l, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
-    fwd_mm(f, f->h, l->mlp_gate, n, f->a);
-    fwd_mm(f, f->h, l->mlp_up, n, f->b);
+    fwd_mm_n(f, f->h, n, 2, (const npu_wpack_t *const[]){l->mlp_gate, l->mlp_up},
+             (float *const[]){f->a, f->b});
     npu_silu_mul(f->a, f->b, n, c->inter, f->a);
     fwd_mm(f, f->a, l->mlp_down, n, f->c);
 }
@@ -389,8 +401,11 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
     size_t                 C = eng_lin_conv_dim(c), nv = c->lin_nv;
     const float           *conv_in, *rec_in;
     float                 *conv_out, *rec_out;
-    /* mixed qkv (T, C) -> causal depthwise conv + silu -> f->b (T, C) */
-    fwd_mm(f, f->h, l->in_qkv, T, f->a);
+    /* every projection of h at once: mixed qkv (T, C) into f->a, b and a
+     * (T, nv) into s1, s2, z (T, nv, dv) into f->c (read at the end) */
+    fwd_mm_n(f, f->h, T, 4, (const npu_wpack_t *const[]){l->in_qkv, l->in_b, l->in_a, l->in_z},
+             (float *const[]){f->a, f->s1, f->s2, f->c});
+    /* mixed qkv -> causal depthwise conv + silu -> f->b (T, C) */
     for (size_t p = ch->p0; p < ch->p0 + ch->np; p++) {
         const fwd_piece_t *pc = &f->piece[p];
         size_t             r = pc->r - ch->r;
@@ -410,8 +425,6 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
     npu_l2norm(q, T * c->lin_nk, c->lin_dk, 1e-6f, q);
     npu_l2norm(k, T * c->lin_nk, c->lin_dk, 1e-6f, k);
     /* beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both (T, nv) */
-    fwd_mm(f, f->h, l->in_b, T, f->s1);
-    fwd_mm(f, f->h, l->in_a, T, f->s2);
     for (size_t j = 0; j < nv; j++) {
         float decay = -expf(l->a_log[j]); /* once per head, not per token */
         for (size_t t = 0; t < T; t++) {
@@ -431,7 +444,6 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
             return err;
     }
     /* gated norm per value head with z = in_proj_z(h) (T, nv, dv), then out_proj */
-    fwd_mm(f, f->h, l->in_z, T, f->c);
     npu_rmsnorm_gated(f->d, f->c, l->lin_norm, T * nv, c->lin_dv, c->eps, f->d);
     fwd_mm(f, f->d, l->out_proj, T, f->b);
     return SVC_OK;
@@ -491,8 +503,8 @@ static void kv_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
     size_t                 hd = c->head_dim, kvd = c->n_kv * hd;
     float                 *k = f->kn + t0 * kvd, *v = f->vn + t0 * kvd;
     norm_rows(f, l->in_norm, t0, n);
-    fwd_mm(f, f->h, l->k_proj, n, k);
-    fwd_mm(f, f->h, l->v_proj, n, v);
+    fwd_mm_n(f, f->h, n, 2, (const npu_wpack_t *const[]){l->k_proj, l->v_proj},
+             (float *const[]){k, v});
     npu_rmsnorm(k, l->k_norm, n * c->n_kv, hd, c->eps, k, true);
     npu_mrope_ref(k, f->pos3 + 3 * t0, n, c->n_kv, hd, c->rot_dim, c->theta, c->section,
                   c->interleaved);

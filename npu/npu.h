@@ -456,6 +456,12 @@ SVC_WUR svc_err_t npu_wpack_new_for(float *w, size_t N, size_t K, bool quantised
 /* "avx512-grp8" where npu_fast_usable(), else npu_matmul_groups_name(). */
 const char *npu_matmul_fast_name(void);
 void        npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out);
+/* npu_matmul_packed_fast of one x by n <= NPU_GRP8_SHARE_MAX packs of the
+ * same K, out[i] (T, N of w[i]), bit for bit as n calls; where every pack
+ * runs grp8 the activations are quantised once for all
+ * (npu_matmul_vnni_grp8_n). */
+void npu_matmul_packed_fast_n(const float *x, size_t T, size_t n, const npu_wpack_t *const *w,
+                              float *const *out);
 
 /* Whether the pack took an int8x3 layout, AMX or VNNI, or the group codes
  * (npu_wpack_new_quantised, npu_wpack_new_groups). */
@@ -529,6 +535,14 @@ void  npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, siz
  * 2^-16 of their row's (docs/engine.md: what that costs). npu_matmul_grp8_ref: its
  * scalar reference, bit for bit. */
 void npu_matmul_vnni_grp8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+/* Weights a grp8 call may share one quantisation of x among. */
+#define NPU_GRP8_SHARE_MAX 4
+/* npu_matmul_vnni_grp8 of the same x (T, K) by n <= NPU_GRP8_SHARE_MAX
+ * packs pk[i] (N[i], K) into out[i], bit for bit as n separate calls: x
+ * is quantised once per row chunk for all of them, and their column
+ * panels run as one set of items. */
+void npu_matmul_vnni_grp8_n(const float *x, size_t T, size_t K, size_t n, const void *const *pk,
+                            const size_t *N, float *const *out);
 void npu_matmul_grp8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 
 /* Whether the fast kernels use AMX tiles in this process: the CPU has

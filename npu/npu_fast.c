@@ -541,6 +541,26 @@ void npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, floa
         npu_matmul_packed(x, w, T, out);
 }
 
+void npu_matmul_packed_fast_n(const float *x, size_t T, size_t n, const npu_wpack_t *const *w,
+                              float *const *out) {
+    SVC_ASSERT(n <= NPU_GRP8_SHARE_MAX);
+    const void *pk[NPU_GRP8_SHARE_MAX];
+    size_t      N[NPU_GRP8_SHARE_MAX];
+    bool        grp = npu_fast_usable() && n > 0;
+    for (size_t i = 0; grp && i < n; i++) {
+        const npu_wpack_t *f = w[i]->fast ? w[i]->fast : w[i];
+        grp = f->layout == WPACK_VNNI_GRP && f->K == w[0]->K;
+        pk[i] = f->data;
+        N[i] = f->N;
+    }
+    if (grp) {
+        npu_matmul_vnni_grp8_n(x, T, w[0]->K, n, pk, N, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        npu_matmul_packed_fast(x, w[i], T, out[i]);
+}
+
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out) {
     switch (w->layout) {
     case WPACK_AMX:

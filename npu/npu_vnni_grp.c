@@ -474,6 +474,75 @@ static void g_run(const float *x, const void *pk, size_t T, size_t K, size_t N, 
                     j.n_item);
 }
 
+/* grp8 over n weights that multiply the same x: one job per weight
+ * sharing the chunk's quantised activations (quantised once), their items
+ * in one run so that small products (a Gated DeltaNet's 16 gate columns)
+ * ride along with large ones instead of running alone. */
+typedef struct g_multi {
+    g_job_t j[NPU_GRP8_SHARE_MAX];
+    size_t  first[NPU_GRP8_SHARE_MAX + 1]; /* item ranges per weight */
+    size_t  n;
+} g_multi_t;
+
+static void gm_quant(void *ctx, size_t i) {
+    g8_quant(&((g_multi_t *)ctx)->j[0], i);
+}
+
+static void gm_item(void *ctx, size_t i) {
+    g_multi_t *m = ctx;
+    size_t     w = 0;
+    while (i >= m->first[w + 1])
+        w++;
+    g8_item(&m->j[w], i - m->first[w]);
+}
+
+void npu_matmul_vnni_grp8_n(const float *x, size_t T, size_t K, size_t n, const void *const *pk,
+                            const size_t *N, float *const *out) {
+    SVC_ASSERT(n <= NPU_GRP8_SHARE_MAX);
+    bool plain = T == 0 || K == 0 || n < 2;
+    for (size_t w = 0; w < n; w++)
+        plain = plain || N[w] == 0;
+    if (plain) {
+        for (size_t w = 0; w < n; w++)
+            g_run(x, pk[w], T, K, N[w], true, out[w]);
+        return;
+    }
+    g_multi_t m = {.n = n};
+    size_t    Kp = g_round_up(K, G_K), chunk = T < G_MC ? T : G_MC, G = Kp / G_K, N_all = 0;
+    char     *a = npu_scratch(NPU_SCRATCH_MM_A, chunk * Kp + 2 * chunk * G * sizeof(float));
+    if (!a) {
+        for (size_t w = 0; w < n; w++)
+            npu_matmul_grp8_ref(x, pk[w], T, K, N[w], out[w]);
+        return;
+    }
+    for (size_t w = 0; w < n; w++) {
+        size_t n_pan = g_round_up(N[w], G_NR) / G_NR;
+        m.j[w] = (g_job_t){.x = x,
+                           .pk = pk[w],
+                           .T = T,
+                           .K = K,
+                           .N = N[w],
+                           .Kp = Kp,
+                           .G = G,
+                           .n_item = (n_pan + G_NPB - 1) / G_NPB,
+                           .out = out[w],
+                           .xh = (int8_t *)a,
+                           .I = (float *)(void *)(a + chunk * Kp)};
+        m.j[w].S = m.j[w].I + chunk * G;
+        m.first[w + 1] = m.first[w] + m.j[w].n_item;
+        N_all += N[w];
+    }
+    bool par = (double)T * (double)N_all * (double)K >= 2e6;
+    for (size_t t0 = 0; t0 < T; t0 += G_MC) {
+        for (size_t w = 0; w < n; w++) {
+            m.j[w].t0 = t0;
+            m.j[w].mc = T - t0 < G_MC ? T - t0 : G_MC;
+        }
+        npu_run_items(par, (m.j[0].mc + 15) / 16, gm_quant, &m);
+        npu_run_items(par, m.first[n], gm_item, &m);
+    }
+}
+
 void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
     g_run(x, pk, T, K, N, false, out);
 }

@@ -266,3 +266,50 @@ Test(npu_grp, wpack_new_groups) {
     npu_wpack_free(wp);
     free(x), free(w), free(pk), free(a), free(b);
 }
+
+/* grp8 over several weights of one x (npu_matmul_vnni_grp8_n): each output
+ * bit for bit the single call's, across row chunks (T past the kernel's
+ * 512-row chunk), small and large N mixed (a Gated DeltaNet's 16 gate
+ * columns beside its wide projection), and through the packs'
+ * npu_matmul_packed_fast_n. */
+Test(npu_grp, grp8_shared_quantisation) {
+    if (!have_vnni())
+        cr_skip_test("no AVX-512 VNNI");
+    rng_t        r = {0x5a};
+    const size_t Ts[] = {1, 7, 600}, K = 96, Ns[] = {130, 16, 16, 48};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        size_t      T = Ts[ti];
+        grp_w_t     g[4];
+        void       *pk[4];
+        float      *one[4], *all[4];
+        float      *x = rand_vec(&r, T * K, -1, 1);
+        const void *cpk[4];
+        for (int i = 0; i < 4; i++) {
+            g[i] = grp_rand(&r, Ns[i], K, 15);
+            cpk[i] = pk[i] = grp_packed(&g[i]);
+            one[i] = nans(T * Ns[i]);
+            all[i] = nans(T * Ns[i]);
+            npu_matmul_vnni_grp8(x, pk[i], T, K, Ns[i], one[i]);
+        }
+        npu_matmul_vnni_grp8_n(x, T, K, 4, cpk, Ns, all);
+        for (int i = 0; i < 4; i++)
+            cr_expect(memcmp(one[i], all[i], T * Ns[i] * sizeof *one[i]) == 0,
+                      "T=%zu weight %d: shared quantisation differs from its own call", T, i);
+        /* the packs' entry point: the same bits as npu_matmul_packed_fast */
+        npu_wpack_t *wp[4];
+        for (int i = 0; i < 4; i++) {
+            cr_assert_eq(npu_wpack_new_groups(g[i].u, g[i].d, g[i].m, Ns[i], K, &wp[i]), SVC_OK);
+            g[i].u = NULL, g[i].d = g[i].m = NULL; /* the pack took them */
+            npu_matmul_packed_fast(x, wp[i], T, one[i]);
+        }
+        npu_matmul_packed_fast_n(x, T, 4, (const npu_wpack_t *const *)wp, all);
+        for (int i = 0; i < 4; i++) {
+            cr_expect(memcmp(one[i], all[i], T * Ns[i] * sizeof *one[i]) == 0,
+                      "T=%zu pack %d: npu_matmul_packed_fast_n differs", T, i);
+            npu_wpack_free(wp[i]);
+            grp_free(&g[i]);
+            free(pk[i]), free(one[i]), free(all[i]);
+        }
+        free(x);
+    }
+}
