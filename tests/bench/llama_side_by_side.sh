@@ -29,6 +29,8 @@
 #                   the same work; d3-nano's is noncausal_full_attention, which
 #                   llama.cpp runs as LLAMA_ATTENTION_TYPE_NON_CAUSAL with the
 #                   whole prompt in one ubatch)
+#   --profile P     our side's numerics profile, exact (default) or fast
+#                   (`d3stream bench --profile P`; docs/profiles.md)
 #   --no-peak       skip bench_amx_peak (the machine's AMX/AVX-512 peaks)
 #   --json          print one JSON object instead of the table
 #   --help
@@ -92,6 +94,7 @@ while [ $# -gt 0 ]; do
   --types) TYPES="$2"; shift 2 ;;
   --ubatch) UBATCH="$2"; shift 2 ;;
   --attention) ATTN="$2"; shift 2 ;;
+  --profile) PROFILE="$2"; shift 2 ;;
   --no-peak) PEAK=0; shift ;;
   --json) JSON=1; shift ;;
   -h | --help) usage; exit 0 ;;
@@ -184,6 +187,7 @@ for t in ${TOKENS//,/ }; do [ "$t" -gt "$MAXTOK" ] && MAXTOK=$t; done
 OURS="${OURS:-$PKG}"
 QOPT=()
 [ "$QUICK" = 1 ] && QOPT=(--quick)
+[ -n "${PROFILE:-}" ] && QOPT+=(--profile "$PROFILE")
 if [ "$SINGLES" = 1 ]; then
   log "ours: d3stream bench --runs $RUNS --row \"1 x N\" for each of $TOKENS ($OURS)"
   # one process per size, its row by name ("1 x 15,854"); the report reads
@@ -191,7 +195,8 @@ if [ "$SINGLES" = 1 ]; then
   : >"$WORK/ours.jsonl"
   for t in ${TOKENS//,/ }; do
     label="$(echo "$t" | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta')"
-    "$BIN" bench --model "$OURS" --json --runs "$RUNS" --row "1 x $label" >"$WORK/ours-$t.jsonl"
+    "$BIN" bench --model "$OURS" --json --runs "$RUNS" --row "1 x $label" \
+      ${PROFILE:+--profile "$PROFILE"} >"$WORK/ours-$t.jsonl"
     if [ -s "$WORK/ours.jsonl" ]; then grep -v '"machine"' "$WORK/ours-$t.jsonl"; else cat "$WORK/ours-$t.jsonl"; fi \
       >>"$WORK/ours.jsonl"
   done
