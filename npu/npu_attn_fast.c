@@ -440,6 +440,67 @@ static void at_item_f32(void *ctx, size_t it) {
     at_store(c, acc, ld, m, l, nr, qoff);
 }
 
+/* ---- the bf16 engines' item scratch ---------------------------------------- */
+
+/* One item's buffers: fp32 S (AT_QR x AT_KB), acc (AT_QR x D16), m, l,
+ * corr; bf16 Q planes (ns x AT_QR x Dq) and P planes (ns x AT_QR x AT_KB). */
+typedef struct at_bufs {
+    float    *S, *acc, *m, *l, *corr;
+    uint16_t *qh, *ph;
+} at_bufs_t;
+
+/* The item's scratch with acc and the planes zeroed, m = -inf, l = 0, and
+ * its nr query rows scaled into the Q planes (split hi + lo when ns is 2).
+ * False (and c->nomem) when out of memory. */
+static bool at_bf16_setup(at_ctx_t *c, size_t nr, const size_t qoff[AT_QR], size_t ns,
+                          at_bufs_t *b) {
+    size_t Dq = c->Dq, ld = c->D16, D = c->D;
+    size_t nh = ns * AT_QR * (Dq + AT_KB), nf = AT_QR * AT_KB + AT_QR * ld + 3 * AT_QR;
+    char  *buf = npu_scratch(NPU_SCRATCH_ATTN_ITEM, nh * 2 + nf * 4);
+    if (!buf) {
+        atomic_store(&c->nomem, true);
+        return false;
+    }
+    b->S = (float *)(void *)buf;
+    b->acc = b->S + AT_QR * AT_KB;
+    b->m = b->acc + AT_QR * ld;
+    b->l = b->m + AT_QR;
+    b->corr = b->l + AT_QR;
+    b->qh = (uint16_t *)(void *)(b->corr + AT_QR);
+    b->ph = b->qh + ns * AT_QR * Dq;
+    memset(b->qh, 0, ns * AT_QR * Dq * sizeof *b->qh);
+    memset(b->ph, 0, ns * AT_QR * AT_KB * sizeof *b->ph);
+    memset(b->acc, 0, AT_QR * ld * sizeof *b->acc);
+    for (size_t r = 0; r < AT_QR; r++) {
+        b->m[r] = -INFINITY;
+        b->l[r] = 0.0f;
+    }
+    const __m512 qs = _mm512_set1_ps(c->qscale);
+    for (size_t r = 0; r < nr; r++)
+        for (size_t d = 0; d < D; d += 16) {
+            __mmask16 dm = npu_mask16(D - d);
+            __m256i   h, lo;
+            at_split(_mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c->q + qoff[r] + d), qs), &h,
+                     ns == 2 ? &lo : NULL);
+            _mm256_mask_storeu_epi16(b->qh + r * Dq + d, dm, h);
+            if (ns == 2)
+                _mm256_mask_storeu_epi16(b->qh + AT_QR * Dq + r * Dq + d, dm, lo);
+        }
+    return true;
+}
+
+/* acc rows [0, nr) scaled by corr where the softmax's max grew. */
+static void at_rescale(float *acc, size_t ld, const float *corr, size_t nr) {
+    for (size_t r = 0; r < nr; r++) {
+        if (corr[r] == 1.0f)
+            continue;
+        __m512 cr = _mm512_set1_ps(corr[r]);
+        for (size_t d = 0; d < ld; d += 16)
+            _mm512_storeu_ps(acc + r * ld + d,
+                             _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld + d), cr));
+    }
+}
+
 /* ---- AMX-BF16 engine ------------------------------------------------------ */
 
 /* S rows [32 rp, 32 rp + 32) x keys [32 kp, 32 kp + 32) = sum over the
@@ -516,36 +577,13 @@ static void at_item_amx(void *ctx, size_t it) {
     size_t    kvh, qb, jend[AT_QR], qoff[AT_QR];
     uint64_t  vis[AT_QR];
     at_item(c, it, &kvh, &qb);
-    size_t nr = at_rows(c, kvh, qb, jend, qoff), nrp = (nr + 31) / 32, D = c->D;
-    size_t Dq = c->Dq, ld = c->D16, ns = c->nsplit, nterm = ns == 2 ? 3 : 1;
-    /* bf16: Q planes (AT_QR, Dq), P planes (AT_QR, AT_KB); fp32: S, acc, m, l, corr. */
-    size_t nh = ns * AT_QR * (Dq + AT_KB), nf = AT_QR * AT_KB + AT_QR * ld + 3 * AT_QR;
-    char  *buf = npu_scratch(NPU_SCRATCH_ATTN_ITEM, nh * 2 + nf * 4);
-    if (!buf) {
-        atomic_store(&c->nomem, true);
+    size_t    nr = at_rows(c, kvh, qb, jend, qoff), nrp = (nr + 31) / 32;
+    size_t    Dq = c->Dq, ld = c->D16, ns = c->nsplit, nterm = ns == 2 ? 3 : 1;
+    at_bufs_t bf;
+    if (!at_bf16_setup(c, nr, qoff, ns, &bf))
         return;
-    }
-    float    *S = (float *)(void *)buf, *acc = S + AT_QR * AT_KB, *m = acc + AT_QR * ld;
-    float    *l = m + AT_QR, *corr = l + AT_QR;
-    uint16_t *qh = (uint16_t *)(void *)(corr + AT_QR), *ph = qh + ns * AT_QR * Dq;
-    memset(qh, 0, ns * AT_QR * Dq * sizeof *qh);
-    memset(ph, 0, ns * AT_QR * AT_KB * sizeof *ph);
-    memset(acc, 0, AT_QR * ld * sizeof *acc);
-    for (size_t r = 0; r < AT_QR; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
-    const __m512 qs = _mm512_set1_ps(c->qscale);
-    for (size_t r = 0; r < nr; r++)
-        for (size_t d = 0; d < D; d += 16) {
-            __mmask16 dm = npu_mask16(D - d);
-            __m256i   h, lo;
-            at_split(_mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c->q + qoff[r] + d), qs), &h,
-                     ns == 2 ? &lo : NULL);
-            _mm256_mask_storeu_epi16(qh + r * Dq + d, dm, h);
-            if (ns == 2)
-                _mm256_mask_storeu_epi16(qh + AT_QR * Dq + r * Dq + d, dm, lo);
-        }
+    float    *S = bf.S, *acc = bf.acc, *m = bf.m, *l = bf.l, *corr = bf.corr;
+    uint16_t *qh = bf.qh, *ph = bf.ph;
     /* Each thread configures its own tiles (the state is per thread). */
     npu_tiles_16x64();
     const uint16_t *qp[2] = {qh, qh + AT_QR * Dq}, *pp[2] = {ph, ph + AT_QR * AT_KB};
@@ -564,14 +602,7 @@ static void at_item_amx(void *ctx, size_t it) {
         }
         /* Padding rows of the last row pair keep p = 0 (never written). */
         if (at_softmax(S, vis, nr, m, l, corr, NULL, ph, ns))
-            for (size_t r = 0; r < nr; r++) {
-                if (corr[r] == 1.0f)
-                    continue;
-                __m512 cr = _mm512_set1_ps(corr[r]);
-                for (size_t d = 0; d < ld; d += 16)
-                    _mm512_storeu_ps(acc + r * ld + d,
-                                     _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld + d), cr));
-            }
+            at_rescale(acc, ld, corr, nr);
         for (size_t rp = 0; rp < nrp; rp++)
             for (size_t dc = 0; dc < ncv; dc += 2)
                 at_amx_pv(pp, vb, ncv, nterm, acc, ld, rp, dc, ncv - dc >= 2 ? 2 : 1);
@@ -664,36 +695,16 @@ static void at_item_vdp(void *ctx, size_t it) {
     size_t    kvh, qb, jend[AT_QR], qoff[AT_QR];
     uint64_t  vis[AT_QR];
     at_item(c, it, &kvh, &qb);
-    size_t nr = at_rows(c, kvh, qb, jend, qoff), nr8 = (nr + 7) / 8 * 8, D = c->D;
-    size_t Dq = c->Dq, ld = c->D16;
-    /* bf16: Q (AT_QR, Dq), P (AT_QR, AT_KB); fp32: S, acc, m, l, corr. */
-    size_t nh = AT_QR * (Dq + AT_KB), nf = AT_QR * AT_KB + AT_QR * ld + 3 * AT_QR;
-    char  *buf = npu_scratch(NPU_SCRATCH_ATTN_ITEM, nh * 2 + nf * 4);
-    if (!buf) {
-        atomic_store(&c->nomem, true);
+    size_t    nr = at_rows(c, kvh, qb, jend, qoff), nr8 = (nr + 7) / 8 * 8;
+    size_t    Dq = c->Dq, ld = c->D16;
+    at_bufs_t bf;
+    if (!at_bf16_setup(c, nr, qoff, 1, &bf))
         return;
-    }
-    float    *S = (float *)(void *)buf, *acc = S + AT_QR * AT_KB, *m = acc + AT_QR * ld;
-    float    *l = m + AT_QR, *corr = l + AT_QR;
-    uint16_t *qh = (uint16_t *)(void *)(corr + AT_QR), *ph = qh + AT_QR * Dq;
-    memset(qh, 0, AT_QR * Dq * sizeof *qh);
-    memset(ph, 0, AT_QR * AT_KB * sizeof *ph);
-    memset(acc, 0, AT_QR * ld * sizeof *acc);
-    for (size_t r = 0; r < AT_QR; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
-    const __m512 qs = _mm512_set1_ps(c->qscale);
-    for (size_t r = 0; r < nr; r++)
-        for (size_t d = 0; d < D; d += 16) {
-            __mmask16 dm = npu_mask16(D - d);
-            _mm256_mask_storeu_epi16(
-                qh + r * Dq + d, dm,
-                at_bf16(_mm512_mul_ps(_mm512_maskz_loadu_ps(dm, c->q + qoff[r] + d), qs)));
-        }
-    size_t nck = Dq / 32, ncv = ld / 16;
-    size_t kblk = 4 * nck * AT_TILE, vblk = 2 * ncv * AT_TILE;
-    size_t jmax = jend[nr - 1];
+    float    *S = bf.S, *acc = bf.acc, *m = bf.m, *l = bf.l, *corr = bf.corr;
+    uint16_t *qh = bf.qh, *ph = bf.ph;
+    size_t    nck = Dq / 32, ncv = ld / 16;
+    size_t    kblk = 4 * nck * AT_TILE, vblk = 2 * ncv * AT_TILE;
+    size_t    jmax = jend[nr - 1];
     for (size_t b = 0; b * AT_KB < jmax; b++) {
         if (!at_block_vis(c, b, jend, nr, vis))
             continue;
@@ -705,14 +716,7 @@ static void at_item_vdp(void *ctx, size_t it) {
         }
         /* Padding rows keep p = 0 (never written). */
         if (at_softmax(S, vis, nr, m, l, corr, NULL, ph, 1))
-            for (size_t r = 0; r < nr; r++) {
-                if (corr[r] == 1.0f)
-                    continue;
-                __m512 cr = _mm512_set1_ps(corr[r]);
-                for (size_t d = 0; d < ld; d += 16)
-                    _mm512_storeu_ps(acc + r * ld + d,
-                                     _mm512_mul_ps(_mm512_loadu_ps(acc + r * ld + d), cr));
-            }
+            at_rescale(acc, ld, corr, nr);
         size_t j0 = b * AT_KB, nk = jmax - j0 < AT_KB ? jmax - j0 : AT_KB;
         for (size_t r0 = 0; r0 < nr8; r0 += 8)
             for (size_t dc = 0; dc < ncv; dc += 2)
