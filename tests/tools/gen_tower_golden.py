@@ -138,8 +138,9 @@ FP32_VS_FP64_REL = 3e-5
 FP32_VS_FP64_PROB = 1e-5
 
 
-def text_config_kwargs() -> dict:
-    return dict(
+def text_config_kwargs(**over) -> dict:
+    """The tiny tower's text_config; over replaces entries (train_tiny_qwen35.py's shape)."""
+    kw = dict(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
         intermediate_size=128,
@@ -168,6 +169,8 @@ def text_config_kwargs() -> dict:
         attention_dropout=0.0,
         dtype="bfloat16",
     )
+    kw.update(over)
+    return kw
 
 
 def mini_special_ids() -> dict:
@@ -326,9 +329,93 @@ def hf_text_names(torch, transformers, cfg) -> list[str]:
     return sorted(k for k in m.state_dict() if k.startswith(TEXT_PREFIX))
 
 
+def write_config_json(out: Path, text_kwargs: dict) -> None:
+    """config.json: what save_pretrained writes, minus the (absent) vision tower."""
+    from transformers import Qwen3_5Config
+
+    full = Qwen3_5Config(text_config=text_kwargs, **mini_special_ids())
+    full.architectures = ["Qwen3_5ForConditionalGeneration"]
+    with tempfile.TemporaryDirectory() as td:
+        full.save_pretrained(td)
+        conf = json.loads((Path(td) / "config.json").read_text(encoding="utf-8"))
+    conf.pop("vision_config", None)
+    conf["dtype"] = "bfloat16"
+    tc = conf["text_config"]
+    # save_pretrained writes only non-default values; state the ones the C loader reads
+    for k, v in text_kwargs.items():
+        tc.setdefault(k, v)
+    tc["model_type"] = "qwen3_5_text"
+    (out / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+
+
+def write_decision_config(out: Path, base_model: str, attention_mode: str) -> dict:
+    """decision_config.json with qwen35-mini's codes (SPEC e.2); returns it."""
+    mini_dc = json.loads((MINI / "decision_config.json").read_text(encoding="utf-8"))
+    dc = {
+        "format_version": 1,
+        "format_id": "d3-code-readout-v1",
+        "prompt": "d3",
+        "base_model": base_model,
+        "revision": "0",
+        "codes": mini_dc["codes"],
+        "token_ids": mini_dc["token_ids"],
+        "temperature": 1.0,
+        "attention_mode": attention_mode,
+        "pooling": "last",
+        "max_length": None,
+        "readout_dtype": "float32",
+    }
+    assert len(dc["codes"]) == N_CODES and len(set(dc["token_ids"])) == N_CODES
+    (out / "decision_config.json").write_text(json.dumps(dc, indent=2) + "\n", encoding="utf-8")
+    return dc
+
+
+def write_tokenizer_and_template(out: Path, name: str) -> None:
+    """qwen35-mini's tokenizer files and a placeholder chat template (never executed)."""
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(MINI / f, out / f)
+    (out / "chat_template.jinja").write_text(
+        f"{{# d3stream {name} test fixture: not a real chat template, never executed #}}\n",
+        encoding="utf-8")
+
+
+def write_manifest(out: Path, dc: dict, name: str, n_text: int, n_readout: int,
+                   components: list) -> str:
+    """MODEL_MANIFEST.json over every file in out (SPEC e.3 / e.4); returns model_sha256."""
+    files = sorted(p.name for p in out.iterdir() if p.is_file())
+    files_sha = {f: sha256_file(out / f) for f in files}
+    files_bytes = {f: (out / f).stat().st_size for f in files}
+    ident_files = {f: files_sha[f] for f in files
+                   if f.endswith(".safetensors") or f in ("tokenizer.json", "tokenizer_config.json",
+                                                          "chat_template.jinja")}
+    decision_keys = ["format_version", "format_id", "prompt", "base_model", "revision", "codes",
+                     "token_ids", "temperature", "attention_mode", "pooling", "max_length",
+                     "readout_dtype"]
+    D = {k: dc[k] for k in decision_keys if k in dc}
+    model_sha = hashlib.sha256(json.dumps({"files": ident_files, "decision": D}, sort_keys=True,
+                                          separators=(",", ":")).encode("utf-8")).hexdigest()
+    manifest = {
+        "schema": "d3-package-manifest/1",
+        "model_name": name,
+        "format_id": "d3-code-readout-v1",
+        "prompt": "d3",
+        "attention_mode": dc["attention_mode"],
+        "max_input_tokens": MAX_POS,
+        "licence": {"spdx": "Apache-2.0", "components": components},
+        "parameters": {"text": n_text, "vision": 0, "readout": n_readout,
+                       "loaded": n_text + n_readout},
+        "identity": {"model_sha256": model_sha, "files_sha256": ident_files, "decision": D},
+        "files_sha256": files_sha,
+        "files_bytes": files_bytes,
+    }
+    (out / "MODEL_MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n",
+                                             encoding="utf-8")
+    return model_sha
+
+
 def write_package(torch, transformers, cfg, sd, readout) -> dict:
     from safetensors.torch import save_file
-    from transformers import Qwen3_5Config
 
     names = hf_text_names(torch, transformers, cfg)
     ours = sorted(TEXT_PREFIX + k for k in sd)
@@ -343,45 +430,9 @@ def write_package(torch, transformers, cfg, sd, readout) -> dict:
     save_file({"weight": readout.contiguous()}, str(PKG_OUT / "readout.safetensors"),
               metadata={"format": "pt"})
 
-    # config.json: what save_pretrained writes, minus the (absent) vision tower
-    full = Qwen3_5Config(text_config=text_config_kwargs(), **mini_special_ids())
-    full.architectures = ["Qwen3_5ForConditionalGeneration"]
-    with tempfile.TemporaryDirectory() as td:
-        full.save_pretrained(td)
-        conf = json.loads((Path(td) / "config.json").read_text(encoding="utf-8"))
-    conf.pop("vision_config", None)
-    conf["dtype"] = "bfloat16"
-    tc = conf["text_config"]
-    # save_pretrained writes only non-default values; state the ones the C loader reads
-    for k, v in text_config_kwargs().items():
-        tc.setdefault(k, v)
-    tc["model_type"] = "qwen3_5_text"
-    (PKG_OUT / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n",
-                                         encoding="utf-8")
-
-    mini_dc = json.loads((MINI / "decision_config.json").read_text(encoding="utf-8"))
-    dc = {
-        "format_version": 1,
-        "format_id": "d3-code-readout-v1",
-        "prompt": "d3",
-        "base_model": "d3stream/tiny-upstream",
-        "revision": "0",
-        "codes": mini_dc["codes"],
-        "token_ids": mini_dc["token_ids"],
-        "temperature": 1.0,
-        "attention_mode": "noncausal_full_attention",
-        "pooling": "last",
-        "max_length": None,
-        "readout_dtype": "float32",
-    }
-    assert len(dc["codes"]) == N_CODES and len(set(dc["token_ids"])) == N_CODES
-    (PKG_OUT / "decision_config.json").write_text(json.dumps(dc, indent=2) + "\n",
-                                                  encoding="utf-8")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(MINI / f, PKG_OUT / f)
-    (PKG_OUT / "chat_template.jinja").write_text(
-        "{# d3stream tiny-upstream test fixture: not a real chat template, never executed #}\n",
-        encoding="utf-8")
+    write_config_json(PKG_OUT, text_config_kwargs())
+    dc = write_decision_config(PKG_OUT, "d3stream/tiny-upstream", "noncausal_full_attention")
+    write_tokenizer_and_template(PKG_OUT, "tiny-upstream")
     (PKG_OUT / "README.md").write_text(
         "# tiny-upstream (test fixture)\n\n"
         "Generated by `tests/tools/gen_tower_golden.py`; do not edit by hand (the hashes in\n"
@@ -396,39 +447,10 @@ def write_package(torch, transformers, cfg, sd, readout) -> dict:
         "and recomputes the manifest).\n",
         encoding="utf-8")
 
-    # SPEC e.3 / e.4
-    files = sorted(p.name for p in PKG_OUT.iterdir() if p.is_file())
-    files_sha = {f: sha256_file(PKG_OUT / f) for f in files}
-    files_bytes = {f: (PKG_OUT / f).stat().st_size for f in files}
-    ident_files = {f: files_sha[f] for f in files
-                   if f.endswith(".safetensors") or f in ("tokenizer.json", "tokenizer_config.json",
-                                                          "chat_template.jinja")}
-    decision_keys = ["format_version", "format_id", "prompt", "base_model", "revision", "codes",
-                     "token_ids", "temperature", "attention_mode", "pooling", "max_length",
-                     "readout_dtype"]
-    D = {k: dc[k] for k in decision_keys if k in dc}
-    model_sha = hashlib.sha256(json.dumps({"files": ident_files, "decision": D}, sort_keys=True,
-                                          separators=(",", ":")).encode("utf-8")).hexdigest()
     n_text = sum(int(v.numel()) for v in tensors.values())
-    n_readout = N_CODES * HIDDEN
-    manifest = {
-        "schema": "d3-package-manifest/1",
-        "model_name": "tiny-upstream",
-        "format_id": "d3-code-readout-v1",
-        "prompt": "d3",
-        "attention_mode": dc["attention_mode"],
-        "max_input_tokens": MAX_POS,
-        "licence": {"spdx": "Apache-2.0",
-                    "components": [{"component": "tiny-upstream test weights",
-                                    "licence": "Apache-2.0"}]},
-        "parameters": {"text": n_text, "vision": 0, "readout": n_readout,
-                       "loaded": n_text + n_readout},
-        "identity": {"model_sha256": model_sha, "files_sha256": ident_files, "decision": D},
-        "files_sha256": files_sha,
-        "files_bytes": files_bytes,
-    }
-    (PKG_OUT / "MODEL_MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n",
-                                                 encoding="utf-8")
+    model_sha = write_manifest(PKG_OUT, dc, "tiny-upstream", n_text, N_CODES * HIDDEN,
+                               [{"component": "tiny-upstream test weights",
+                                 "licence": "Apache-2.0"}])
     return {"names": ours, "n_text": n_text, "model_sha256": model_sha}
 
 
