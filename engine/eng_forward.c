@@ -27,6 +27,7 @@
  */
 #include "eng_fwd_int.h"
 #include "eng_model_int.h"
+#include "eng_util_int.h"
 #include "npu.h"
 
 #include <math.h>
@@ -1143,11 +1144,8 @@ svc_err_t eng_fwd_layer_errors(const eng_model_t *ref, const eng_model_t *alt, c
         memcpy(f.x, x_in, n * sizeof *f.x);
         f.m = alt; /* the same shape: the pass's buffers fit it */
         err = layer_forward(&f, li, noncausal, false);
-        for (size_t i = 0; !err && i < n; i++) {
-            double e = (double)f.x[i] - x_ref[i], c = (double)x_ref[i] - x_in[i];
-            num[li] += e * e;
-            den[li] += c * c;
-        }
+        if (!err)
+            eng_step_error_add(f.x, x_ref, x_in, n, &num[li], &den[li]);
         memcpy(f.x, x_ref, n * sizeof *f.x); /* the next layer's input: ref's */
     }
     if (err == SVC_ERR_NOMEM)

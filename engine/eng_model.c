@@ -204,8 +204,8 @@ svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const
      * why); a bf16 one stays exact on the bf16 tiles. Decided by the
      * values, so a q4nx package and its F32 twin (the same dequantised
      * values) get the same packs. */
-    err = npu_wpack_new_for(w, (size_t)dims[0], (size_t)k,
-                            !bf16_exact(w, (size_t)dims[0] * (size_t)k), true, dst);
+    err = (bf16_exact(w, (size_t)dims[0] * (size_t)k) ? npu_wpack_new : npu_wpack_new_quantised)(
+        w, (size_t)dims[0], (size_t)k, dst);
     if (err) {
         free(w);
         return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);

@@ -48,3 +48,12 @@ bool eng_dir_has_file(const char *dir, const char *name) {
     free(path);
     return ok;
 }
+
+void eng_step_error_add(const float *got, const float *ref, const float *in, size_t n, double *num,
+                        double *den) {
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - ref[i], c = (double)ref[i] - in[i];
+        *num += e * e;
+        *den += c * c;
+    }
+}

@@ -417,11 +417,8 @@ svc_err_t eng_vision_block_errors(const eng_vision_t *v, const float *rows, size
         memcpy(f.x, x_in, n * sizeof *f.x);
         f.fast = true;
         err = vis_block(&f, &v->blocks[b]);
-        for (size_t i = 0; !err && i < n; i++) {
-            double e = (double)f.x[i] - x_ref[i], c = (double)x_ref[i] - x_in[i];
-            num[b] += e * e;
-            den[b] += c * c;
-        }
+        if (!err)
+            eng_step_error_add(f.x, x_ref, x_in, n, &num[b], &den[b]);
         memcpy(f.x, x_ref, n * sizeof *f.x);
     }
     vfwd_free(&f);

@@ -448,11 +448,6 @@ SVC_WUR svc_err_t npu_wpack_new_groups(uint8_t *u, float *d, float *m, size_t N,
  * without it (npu_fast_usable() false) it is npu_matmul_packed. Each
  * output row depends only on its own input row, as for the exact path. */
 bool npu_fast_usable(void);
-/* npu_wpack_new (quantised false) or npu_wpack_new_quantised, with the
- * fast companion only when fast: a weight no fast pass multiplies (the
- * vision tower's, for now) is better without one. */
-SVC_WUR svc_err_t npu_wpack_new_for(float *w, size_t N, size_t K, bool quantised, bool fast,
-                                    npu_wpack_t **out);
 /* "avx512-grp8" where npu_fast_usable(), else npu_matmul_groups_name(). */
 const char *npu_matmul_fast_name(void);
 void        npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t T, float *out);

@@ -458,11 +458,6 @@ svc_err_t npu_wpack_new(float *w, size_t N, size_t K, npu_wpack_t **out) {
     return wpack_make(w, N, K, false, true, out);
 }
 
-svc_err_t npu_wpack_new_for(float *w, size_t N, size_t K, bool quantised, bool fast,
-                            npu_wpack_t **out) {
-    return wpack_make(w, N, K, quantised, fast, out);
-}
-
 svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **out) {
     return wpack_make(w, N, K, true, true, out);
 }

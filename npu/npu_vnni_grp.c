@@ -442,23 +442,29 @@ static void g8_item(void *ctx, size_t i) {
     npu_vnni_item(j, j->mc, j->N, i * G_NPB, G_NPB, g8_micros);
 }
 
+/* The job of x (T, K) times the pack pk (N, K) into out, before its
+ * scratch. */
+static g_job_t g_job(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {
+    size_t n_pan = g_round_up(N, G_NR) / G_NR, Kp = g_round_up(K, G_K);
+    return (g_job_t){.x = x,
+                     .pk = pk,
+                     .T = T,
+                     .K = K,
+                     .N = N,
+                     .Kp = Kp,
+                     .G = Kp / G_K,
+                     .n_item = (n_pan + G_NPB - 1) / G_NPB,
+                     .out = out};
+}
+
 /* Both products (grp8x2, or grp8 when a8): the job, its scratch, the
  * chunks. */
 static void g_run(const float *x, const void *pk, size_t T, size_t K, size_t N, bool a8,
                   float *out) {
     if (npu_i8_trivial(T, K, N, out))
         return;
-    size_t  n_pan = g_round_up(N, G_NR) / G_NR, Kp = g_round_up(K, G_K);
-    g_job_t j = {.x = x,
-                 .pk = pk,
-                 .T = T,
-                 .K = K,
-                 .N = N,
-                 .Kp = Kp,
-                 .G = Kp / G_K,
-                 .n_item = (n_pan + G_NPB - 1) / G_NPB,
-                 .out = out};
-    size_t  chunk = T < G_MC ? T : G_MC, planes = a8 ? 1 : 2;
+    g_job_t j = g_job(x, pk, T, K, N, out);
+    size_t  Kp = j.Kp, chunk = T < G_MC ? T : G_MC, planes = a8 ? 1 : 2;
     size_t  nf = a8 ? 2 * chunk * j.G : chunk * (j.G + 1);
     char   *a = npu_scratch(NPU_SCRATCH_MM_A, planes * chunk * Kp + nf * sizeof(float));
     if (!a) { /* out of memory: the references need only a row of K */
@@ -516,18 +522,9 @@ void npu_matmul_vnni_grp8_n(const float *x, size_t T, size_t K, size_t n, const 
         return;
     }
     for (size_t w = 0; w < n; w++) {
-        size_t n_pan = g_round_up(N[w], G_NR) / G_NR;
-        m.j[w] = (g_job_t){.x = x,
-                           .pk = pk[w],
-                           .T = T,
-                           .K = K,
-                           .N = N[w],
-                           .Kp = Kp,
-                           .G = G,
-                           .n_item = (n_pan + G_NPB - 1) / G_NPB,
-                           .out = out[w],
-                           .xh = (int8_t *)a,
-                           .I = (float *)(void *)(a + chunk * Kp)};
+        m.j[w] = g_job(x, pk[w], T, K, N[w], out[w]);
+        m.j[w].xh = (int8_t *)a;
+        m.j[w].I = (float *)(void *)(a + chunk * Kp);
         m.j[w].S = m.j[w].I + chunk * G;
         m.first[w + 1] = m.first[w] + m.j[w].n_item;
         N_all += N[w];

@@ -26,6 +26,7 @@
 
 #include "engine.h"
 #include "npu.h"
+#include "test_rng.h"
 
 #define PKG "/tests/fixtures/trained-tiny"
 
@@ -33,19 +34,6 @@
 #define MAX_DP         0.01
 
 /* ------------------------------------------------------- comparison */
-
-/* cos(a, b) in double; 1 for two zero vectors, 0 for one. */
-static double cosine(const float *a, const float *b, size_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    if (aa == 0 || bb == 0)
-        return aa == bb ? 1.0 : 0.0;
-    return ab / sqrt(aa * bb);
-}
 
 static int cmp_double(const void *x, const void *y) {
     double a = *(const double *)x, b = *(const double *)y;
@@ -82,7 +70,7 @@ static void acc_compare(const eng_model_t *ma, const eng_model_t *mb, const floa
     st->min_cos = INFINITY;
     for (size_t i = 0; i < n; i++) {
         const float *a = ha + i * hidden, *b = hb + i * hidden;
-        cos[i] = cosine(a, b, hidden);
+        cos[i] = vec_cosine(a, b, hidden);
         st->min_cos = fmin(st->min_cos, cos[i]);
         double pa[ENG_N_CODES], pb[ENG_N_CODES];
         cr_assert_eq(eng_readout_probs(ma, a, 3, temperature, pa), SVC_OK);
@@ -172,11 +160,11 @@ static float *run_all(const eng_model_t *m, const passages_t *ps, bool noncausal
 Test(accuracy, compare_helper) {
     const float a[4] = {1, 0, 0, 0}, b[4] = {0, 1, 0, 0}, c[4] = {2, 0, 0, 0};
     const float d[4] = {-1, 0, 0, 0}, z[4] = {0};
-    cr_assert_float_eq(cosine(a, b, 4), 0.0, 1e-15);
-    cr_assert_float_eq(cosine(a, c, 4), 1.0, 1e-15);
-    cr_assert_float_eq(cosine(a, d, 4), -1.0, 1e-15);
-    cr_assert_float_eq(cosine(z, z, 4), 1.0, 1e-15);
-    cr_assert_float_eq(cosine(a, z, 4), 0.0, 1e-15);
+    cr_assert_float_eq(vec_cosine(a, b, 4), 0.0, 1e-15);
+    cr_assert_float_eq(vec_cosine(a, c, 4), 1.0, 1e-15);
+    cr_assert_float_eq(vec_cosine(a, d, 4), -1.0, 1e-15);
+    cr_assert_float_eq(vec_cosine(z, z, 4), 1.0, 1e-15);
+    cr_assert_float_eq(vec_cosine(a, z, 4), 0.0, 1e-15);
     acc_stats_t st = {.median_cos = MEDIAN_COS_MIN, .min_cos = 0.99, .max_dp3 = MAX_DP};
     cr_assert(acc_ok(&st), "at the bounds passes");
     st.median_cos = MEDIAN_COS_MIN - 1e-4;

@@ -21,6 +21,7 @@
 #include "eng_vision_int.h"
 #include "eng_fwd_int.h"
 #include "npu.h"
+#include "test_rng.h"
 #include "ops.h"
 #include "test_util.h"
 
@@ -532,16 +533,6 @@ ParameterizedTestParameters(q4nx_package, layouts_read_as_written) {
     return cr_make_param_array(layout_case_t, (void *)LAYOUTS, N_LAYOUTS);
 }
 
-static double cosine(const float *a, const float *b, size_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return aa && bb ? ab / sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
-}
-
 /* Every matrix the q4nx package stores in tiles, read back, is the
  * safetensors package's (the values it was quantised from) up to the
  * quantisation error; read with the wrong rules it would be noise
@@ -572,7 +563,7 @@ ParameterizedTest(const layout_case_t *c, q4nx_package, layouts_read_as_written,
         cr_assert_eq(eng_q4nx_tensor_f32(q, in->hf_name, 2, t->shape, x, errstr, sizeof errstr),
                      SVC_OK, "%s: %s", c->what, errstr);
         cr_assert_eq(eng_st_to_f32(t, y), SVC_OK);
-        double cs = cosine(x, y, n);
+        double cs = vec_cosine(x, y, n);
         cr_expect_geq(cs, 0.98, "%s: %s (%s) cosine %.4f to the values it holds", c->what, in->name,
                       eng_q4nx_kind_name(in->kind), cs);
         free(x), free(y);

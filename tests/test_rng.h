@@ -59,6 +59,17 @@ static inline double rel_err(const float *a, const float *b, size_t n) {
     return num / den;
 }
 
+/* cos(a, b) in double; 1 for two zero vectors, 0 for one. */
+static inline double vec_cosine(const float *a, const float *b, size_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return aa && bb ? ab / sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
+}
+
 /* An unpacked matmul (npu.h: out (T, N) = x (T, K) w^T) against
  * npu_matmul_ref on random inputs, to 1e-5 relative; name labels it. */
 typedef void (*test_mm_fn)(const float *x, const float *w, size_t T, size_t K, size_t N,

@@ -79,6 +79,21 @@ static uint64_t rng_next(uint64_t *s) {
     return *s * 0x2545F4914F6CDD1DULL;
 }
 
+/* n prompts of 16 to 160 random ids below vocab, from seed. */
+static int32_t **random_prompts(size_t n, uint64_t seed, size_t vocab, size_t **len) {
+    int32_t **ids = calloc(n, sizeof *ids);
+    *len = calloc(n, sizeof **len);
+    uint64_t s = seed | 1;
+    for (size_t i = 0; ids && *len && i < n; i++) {
+        (*len)[i] = 16 + rng_next(&s) % 145;
+        if (!(ids[i] = malloc((*len)[i] * sizeof *ids[i])))
+            return NULL;
+        for (size_t t = 0; t < (*len)[i]; t++)
+            ids[i][t] = (int32_t)(rng_next(&s) % vocab);
+    }
+    return ids && *len ? ids : NULL;
+}
+
 static int dump(const char *dir, size_t n, uint64_t seed, const char *out) {
     char           err[512] = "";
     eng_package_t *pkg = NULL;
@@ -93,22 +108,11 @@ static int dump(const char *dir, size_t n, uint64_t seed, const char *out) {
                .temp = eng_package_temperature(pkg),
                .n = n,
                .H = eng_model_hidden_size(m)};
-    j.ids = calloc(n, sizeof *j.ids);
-    j.len = calloc(n, sizeof *j.len);
+    j.ids = random_prompts(n, seed, eng_model_vocab_size(m), &j.len);
     j.hid = calloc(n * j.H, sizeof *j.hid);
     j.probs = calloc(n * 258, sizeof *j.probs);
-    if (!j.ids || !j.len || !j.hid || !j.probs)
+    if (!j.ids || !j.hid || !j.probs)
         return 3;
-    uint64_t s = seed | 1;
-    size_t   vocab = eng_model_vocab_size(m);
-    for (size_t i = 0; i < n; i++) {
-        j.len[i] = 16 + rng_next(&s) % 145;
-        j.ids[i] = malloc(j.len[i] * sizeof *j.ids[i]);
-        if (!j.ids[i])
-            return 3;
-        for (size_t t = 0; t < j.len[i]; t++)
-            j.ids[i][t] = (int32_t)(rng_next(&s) % vocab);
-    }
     fprintf(stderr,
             "bench_accuracy: %zu prompts, matmul %s (quantised weights %s, q4nx group codes %s), "
             "kernels %s\n",
@@ -197,21 +201,6 @@ static int compare(const char *pa, const char *pb) {
     printf("%s (bounds: median cosine >= 0.999, |dp| <= 0.01)\n", ok ? "within" : "OUTSIDE");
     free(cos), free(a.hid), free(a.probs), free(b.hid), free(b.probs);
     return ok ? 0 : 1;
-}
-
-/* Random prompts as dump's: n of 16 to 160 ids below vocab. */
-static int32_t **random_prompts(size_t n, uint64_t seed, size_t vocab, size_t **len) {
-    int32_t **ids = calloc(n, sizeof *ids);
-    *len = calloc(n, sizeof **len);
-    uint64_t s = seed | 1;
-    for (size_t i = 0; ids && *len && i < n; i++) {
-        (*len)[i] = 16 + rng_next(&s) % 145;
-        if (!(ids[i] = malloc((*len)[i] * sizeof *ids[i])))
-            return NULL;
-        for (size_t t = 0; t < (*len)[i]; t++)
-            ids[i][t] = (int32_t)(rng_next(&s) % vocab);
-    }
-    return ids && *len ? ids : NULL;
 }
 
 static double rel_rms(double num, double den) {
