@@ -18,6 +18,8 @@
  *                     (192 VPDPBUSD, 12 shifts, 12 converts, 24 FMAs, in
  *                     its useful FLOPs): what that kernel could reach if
  *                     nothing waited on memory.
+ *   grp8-ceiling      the same for avx512-grp8, the fast profile's kernel
+ *                     (96 VPDPBUSD, 12 converts, 12 multiplies, 24 FMAs).
  * With N > 1 threads, each peak also says how far N threads got beyond
  * one: on separate cores, N times; much less, and the CPUs shared their
  * vector units during the run (SMT siblings, or the host's other guests).
@@ -29,7 +31,8 @@
  * layout npu_matmul_name() reports, AMX-BF16 where usable, split over the
  * npu pool of npu_threads() threads: D3_NPU_THREADS=1 for one; a 4/8-bit
  * weight's int8x3 pack; 4-bit group codes on avx512-grp8x2 against its
- * ceiling where the CPU keeps them) and the
+ * ceiling where the CPU keeps them, and the same codes under the fast
+ * profile, npu_matmul_packed_fast, against grp8-ceiling) and the
  * single-threaded fp32 npu_matmul, each as GFLOP/s and as a fraction of the
  * matching peak (AMX-BF16 or AVX-512 fp32 at the same thread count).
  *
@@ -310,6 +313,52 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double grp_mix_loo
 #undef SUM
 }
 
+/* The op mix of avx512-grp8 (npu_vnni_grp.c, the fast profile) per group
+ * of 32 in the same 6 x 32 micro-kernel: each of the 12 int32 sums 8
+ * VPDPBUSD (one byte per activation, one pass), then f += s (d A + m I): a
+ * convert, a multiply and two FMAs. The convert issues beside VPDPBUSD;
+ * the other three take its pipes (Zen 4 and Zen 5: 8 VPDPBUSD + 3 FMAs
+ * cost 11 VPDPBUSD slots), so the ceiling is 8 / 11 of the VNNI rate in
+ * products, what no tuning of the kernel's memory traffic can pass. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double grp8_mix_loop(double seconds) {
+    __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+    __m512  d = _mm512_set1_ps(1e-9f), m = _mm512_set1_ps(1e-9f), mi = _mm512_set1_ps(3.0f);
+    __m512  sc = _mm512_set1_ps(0.5f);
+#define DECL(j)                                                                                    \
+    __m512i s##j = _mm512_setzero_si512();                                                         \
+    __m512  f##j = _mm512_set1_ps((float)(j));
+#define DP(j)                                                                                      \
+    s##j = _mm512_dpbusd_epi32(s##j, a, b);                                                        \
+    KEEP(s##j);
+#define FMA3(j)                                                                                    \
+    f##j = _mm512_fmadd_ps(sc, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s##j), _mm512_mul_ps(m, mi)), \
+                           f##j);                                                                  \
+    KEEP(f##j);                                                                                    \
+    s##j = _mm512_setzero_si512();
+#define SUM(j) t = _mm512_add_ps(t, f##j);
+    REP12(DECL)
+    double   t_end = now_s() + seconds;
+    uint64_t n = 0;
+    do {
+        for (int i = 0; i < VEC_INNER / 8; i++) {
+            for (int q = 0; q < 8; q++) {
+                REP12(DP)
+            }
+            REP12(FMA3)
+        }
+        n += VEC_INNER / 8;
+    } while (now_s() < t_end);
+    __m512 t = _mm512_setzero_ps();
+    REP12(SUM)
+    volatile float sink = _mm512_reduce_add_ps(t);
+    (void)sink;
+    return (double)n * VEC_ACCUMS * 16 * 32 * 2;
+#undef DECL
+#undef DP
+#undef FMA3
+#undef SUM
+}
+
 /* ---- threads ------------------------------------------------------------ */
 
 typedef double (*loop_fn)(double seconds);
@@ -433,7 +482,7 @@ static float *rand_vec(size_t n) {
  * packed by npu_wpack_new (fp32 values), npu_wpack_new_quantised (a 4/8-bit
  * weight's values) or npu_wpack_new_groups (random 4-bit codes with a
  * scale and a min per group of 32: a q4nx package's Q4_1 tiles). */
-typedef enum { OURS_F32, OURS_PACKED, OURS_QUANTISED, OURS_GROUPS } ours_kind_t;
+typedef enum { OURS_F32, OURS_PACKED, OURS_QUANTISED, OURS_GROUPS, OURS_GROUPS_FAST } ours_kind_t;
 
 static npu_wpack_t *ours_pack(ours_kind_t kind, float *w, size_t N, size_t K) {
     npu_wpack_t *wp = NULL;
@@ -481,7 +530,9 @@ static rate_t time_ours(ours_kind_t kind, size_t T, size_t K, size_t N, int thre
     int          runs = 0;
     do {
         double t0 = now_s(), c0 = cpu_s(CLOCK_PROCESS_CPUTIME_ID);
-        if (wp)
+        if (kind == OURS_GROUPS_FAST)
+            npu_matmul_packed_fast(x, wp, T, o);
+        else if (wp)
             npu_matmul_packed(x, wp, T, o);
         else
             npu_matmul(x, w, T, K, N, o);
@@ -634,6 +685,7 @@ int main(int argc, char **argv) {
         {"avx512-bf16", "TFLOP/s", bf16_loop, c.bf16},
         {"avx512-fp32", "TFLOP/s", fma_loop, c.avx512},
         {"grp8x2-ceiling", "TFLOP/s", grp_mix_loop, c.vnni},
+        {"grp8-ceiling", "TFLOP/s", grp8_mix_loop, c.vnni},
     };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         if (!kinds[k].ok) {
@@ -657,7 +709,7 @@ int main(int argc, char **argv) {
     }
 
     /* Ours: the FFN's gate/up shape (K 2048 -> N 6144) at two prompt sizes. */
-    ours_t ours[7];
+    ours_t ours[9];
     int    nours = 0;
     if (matmul) {
         int         pool = (int)npu_threads();
@@ -692,6 +744,16 @@ int main(int argc, char **argv) {
                                      time_ours(OURS_GROUPS, Ts[i], 2048, 6144, pool, 2.0),
                                      find_row(rows, nrows, "grp8x2-ceiling", pool),
                                      "grp8x2-ceiling"};
+        /* the same codes under the fast profile (avx512-grp8), against
+         * the ceiling of its op mix */
+        bool g8 = strcmp(npu_matmul_fast_name(), "avx512-grp8") == 0;
+        for (int i = 0; i < 2 && g8; i++)
+            ours[nours++] = (ours_t){"groups, fast",
+                                     Ts[i],
+                                     pool,
+                                     time_ours(OURS_GROUPS_FAST, Ts[i], 2048, 6144, pool, 2.0),
+                                     find_row(rows, nrows, "grp8-ceiling", pool),
+                                     "grp8-ceiling"};
         ours[nours++] = (ours_t){"npu_matmul",
                                  330,
                                  1,
