@@ -193,6 +193,16 @@ svc_err_t eng_answers_put_hidden(eng_answers_t *ans, const eng_package_t *pkg,
     return SVC_OK;
 }
 
+void eng_answers_put_probs(eng_answers_t *ans, size_t p, size_t i, const double *probs, size_t n) {
+    ans_part_t *ap = &ans->parts[p];
+    memcpy(ap->probs + ap->offs[i], probs, n * sizeof *probs);
+    ap->results[i].probs = ap->probs + ap->offs[i];
+}
+
+const double *eng_answers_probs(const eng_answers_t *ans, size_t p, size_t i) {
+    return ans->parts[p].results[i].probs;
+}
+
 void eng_answer_blame(const sch_question_t *q, char *errstr, size_t errstr_size) {
     char why[384];
     snprintf(why, sizeof why, "%s", errstr_size ? errstr : "");

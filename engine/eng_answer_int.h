@@ -84,6 +84,14 @@ SVC_WUR svc_err_t eng_answers_put_hidden(eng_answers_t *ans, const eng_package_t
                                          size_t p, size_t i, const float *hidden, char *errstr,
                                          size_t errstr_size);
 
+/* Question i of part p answered with the n (its option count)
+ * probabilities probs, as another pass of the same prompt computed them
+ * (the scheduler's result cache and joins): what eng_answers_put_hidden
+ * stores, bit for bit. */
+void eng_answers_put_probs(eng_answers_t *ans, size_t p, size_t i, const double *probs, size_t n);
+/* Question i of part p's probabilities once answered, else NULL. */
+const double *eng_answers_probs(const eng_answers_t *ans, size_t p, size_t i);
+
 /* ---- images (eng_answer_img.c) ---- */
 
 /* errstr = "images[<i>]: <msg>"; with reject, also the request's 400

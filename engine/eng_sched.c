@@ -40,6 +40,7 @@
 #include "engine.h"
 #include "eng_answer_int.h"
 #include "eng_fwd_int.h"
+#include "eng_rcache_int.h"
 #include "npu.h"
 
 #include <pthread.h>
@@ -77,10 +78,18 @@ typedef struct squ {
     struct squ   *next;  /* queue link */
     size_t        depth; /* tokens its state already holds (while running) */
     eng_profile_t prof;  /* its request's profile: a batch holds one */
+    /* answer reuse (s->rc): the answer's key and option count; a leader
+     * is in s->fl (chained by hnext) and answers for its followers (fol,
+     * chained by fnext, each pointing back with lead) */
+    unsigned char key[ENG_RCACHE_KEY];
+    size_t        n_opt;
+    struct squ   *hnext, *fol, *fnext, *lead;
+    bool          leader, follower;
 } squ_t;
 
 struct sreq {
     sreq_t              *live_prev, *live_next; /* s->live, while admitted; under s->mu */
+    sreq_t              *done_next;             /* on a list of requests to complete */
     const sch_request_t *req;
     eng_sched_done_fn    done;
     void                *user;
@@ -106,6 +115,7 @@ struct sreq {
     eng_imgreg_t *reg;
     size_t        n_img; /* references taken */
     size_t       *img_slot, *img_tok, *img_first;
+    unsigned char (*img_sha)[32]; /* image k's SHA-256 (the cache key's) */
 };
 
 struct eng_sched {
@@ -126,6 +136,18 @@ struct eng_sched {
     eng_fwd_state_t *head_st[ENG_PROFILE_COUNT];
     bool             head_tried[ENG_PROFILE_COUNT]; /* under head_mu */
     pthread_mutex_t  head_mu;
+
+    /* answer reuse (eng_sched_conf_t.cache_entries), or rc NULL: the
+     * cache (its own lock), the key's context, and under mu the questions
+     * in flight that others may join (fl, fl_nb buckets of leaders by
+     * key) and the leaders handed the work of one not answered, to be
+     * queued (requeue, linked by next) */
+    eng_rcache_t    *rc;
+    eng_rcache_ctx_t rc_ctx;
+    char            *identity;
+    squ_t          **fl;
+    size_t           fl_nb, fl_n;
+    squ_t           *requeue;
 
     pthread_mutex_t   mu;
     pthread_cond_t    cv;
@@ -148,6 +170,7 @@ static void sreq_free(sreq_t *r) {
     free(r->img_slot);
     free(r->img_tok);
     free(r->img_first);
+    free(r->img_sha);
     free(r->job_left);
     free(r->job_tok);
     for (size_t k = 0; k < r->n_qs; k++)
@@ -214,6 +237,7 @@ static svc_err_t sreq_image(eng_sched_t *s, sreq_t *r, const sch_image_t *img, s
     bool seen = false; /* a slot this request holds already */
     for (size_t o = 0; o < r->n_img && !seen; o++)
         seen = r->img_slot[o] == *slot;
+    memcpy(r->img_sha[r->n_img], sha, sizeof sha);
     r->n_img++; /* held from here: sreq_free releases it */
     if (!seen) {
         (*distinct)++;
@@ -237,7 +261,8 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
     r->img_slot = calloc(n, sizeof *r->img_slot);
     r->img_tok = calloc(n, sizeof *r->img_tok);
     r->img_first = calloc(np + 1, sizeof *r->img_first);
-    if (!r->img_slot || !r->img_tok || !r->img_first)
+    r->img_sha = calloc(n, sizeof *r->img_sha);
+    if (!r->img_slot || !r->img_tok || !r->img_first || !r->img_sha)
         return SVC_ERR_NOMEM;
     size_t    distinct = 0, tokens = 0;
     svc_err_t err = SVC_OK;
@@ -252,9 +277,27 @@ static svc_err_t sreq_images(eng_sched_t *s, sreq_t *r, sch_error_t *reject, cha
     return err;
 }
 
+/* Question i of part p of r's request (planned to run, prompt ids ids,
+ * its images those of the part) keyed into key; true when the cache held
+ * its answer, which it then has. */
+static bool plan_cached(eng_sched_t *s, sreq_t *r, size_t p, size_t i, const eng_ids_t *ids,
+                        unsigned char key[ENG_RCACHE_KEY]) {
+    const sch_part_t *part = sch_request_part(r->req, p);
+    size_t            n_opt = part->questions[i].n_options, k0 = r->img_first ? r->img_first[p] : 0;
+    eng_rcache_ctx_t  ctx = s->rc_ctx;
+    double            probs[ENG_N_CODES];
+    ctx.profile = eng_request_profile(r->req);
+    eng_rcache_key(&ctx, n_opt, ids->v, ids->n, part->n_images ? r->img_sha + k0 : NULL,
+                   part->n_images ? r->img_tok + k0 : NULL, part->n_images, key);
+    if (n_opt > ENG_N_CODES || !eng_rcache_get(s->rc, key, probs, n_opt))
+        return false;
+    eng_answers_put_probs(r->ans, p, i, probs, n_opt);
+    return true;
+}
+
 /* Plans every valid question of req into r (eng_answer_plan); the ones
  * that reach the model become r->qs, their image placeholders expanded to
- * the tokens of r's image slots. */
+ * the tokens of r's image slots, except those the result cache answers. */
 static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char *errstr,
                            size_t errstr_size) {
     const sch_request_t *req = r->req;
@@ -309,6 +352,9 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char 
             }
             if (err || !run)
                 continue;
+            unsigned char key[ENG_RCACHE_KEY];
+            if (s->rc && plan_cached(s, r, p, i, &pr.ids, key))
+                continue;
             const eng_ids_t *ids = &pr.ids;
             if (part->n_images) {
                 err = eng_answer_expand(&pr, eng_model_image_token_id(s->model),
@@ -330,6 +376,9 @@ static svc_err_t sreq_plan(eng_sched_t *s, sreq_t *r, sch_error_t *reject, char 
             q->p = p;
             q->i = i;
             q->prof = eng_request_profile(r->req);
+            q->n_opt = part->questions[i].n_options;
+            if (s->rc)
+                memcpy(q->key, key, sizeof key);
             r->n_qs++;
             r->n_jobs += r->job_left[p]++ == 0;
             r->job_tok[p] += q->n;
@@ -362,8 +411,7 @@ typedef struct wctx {
     const eng_model_t *model; /* the batch's profile's view of s->model */
     eng_profile_t      prof;
     float             *hidden; /* (max_group, hidden_size) final hidden states */
-    sreq_t           **done;   /* requests finished by this batch, to complete unlocked */
-    size_t             n_done;
+    sreq_t            *done;   /* requests finished by this batch, to complete unlocked */
     leaf_t            *pend; /* (max_group) questions to run in one batched pass */
     eng_fwd_seq_t     *seqs; /* (max_group) */
     size_t             n_pend, pend_rows;
@@ -381,18 +429,142 @@ static void live_unlink_locked(eng_sched_t *s, sreq_t *r) {
     r->live_prev = r->live_next = NULL;
 }
 
-/* Question q finished (answered, skipped or failed). @locks s->mu held. */
-static void finish_locked(wctx_t *w, squ_t *q) {
-    eng_sched_t *s = w->s;
+/* ---- the questions in flight that others may join (s->fl) ---- */
+
+static size_t fl_bucket(size_t nb, const unsigned char *key) {
+    uint64_t h;
+    memcpy(&h, key, sizeof h); /* a SHA-256 is uniform already */
+    return (size_t)h & (nb - 1);
+}
+
+/* The leader in flight with key, or NULL. @locks s->mu held. */
+static squ_t *fl_find_locked(const eng_sched_t *s, const unsigned char *key) {
+    squ_t *q = s->fl[fl_bucket(s->fl_nb, key)];
+    while (q && memcmp(q->key, key, ENG_RCACHE_KEY) != 0)
+        q = q->hnext;
+    return q;
+}
+
+/* q leads from here: in s->fl (whose buckets double once the leaders
+ * outnumber them; without memory they stay, chains longer). @locks s->mu held. */
+static void fl_insert_locked(eng_sched_t *s, squ_t *q) {
+    if (s->fl_n >= s->fl_nb) {
+        size_t  nb = s->fl_nb * 2;
+        squ_t **b = calloc(nb, sizeof *b);
+        for (size_t i = 0; b && i < s->fl_nb; i++)
+            for (squ_t *e = s->fl[i], *nx; e; e = nx) {
+                nx = e->hnext;
+                e->hnext = b[fl_bucket(nb, e->key)];
+                b[fl_bucket(nb, e->key)] = e;
+            }
+        if (b) {
+            free(s->fl);
+            s->fl = b;
+            s->fl_nb = nb;
+        }
+    }
+    squ_t **head = &s->fl[fl_bucket(s->fl_nb, q->key)];
+    q->hnext = *head;
+    *head = q;
+    q->leader = true;
+    s->fl_n++;
+}
+
+static void fl_remove_locked(eng_sched_t *s, squ_t *q) {
+    squ_t **link = &s->fl[fl_bucket(s->fl_nb, q->key)];
+    while (*link != q)
+        link = &(*link)->hnext;
+    *link = q->hnext;
+    q->hnext = NULL;
+    q->leader = false;
+    s->fl_n--;
+}
+
+/* f joins leader l's answer (last in line). @locks s->mu held. */
+static void join_locked(squ_t *l, squ_t *f) {
+    squ_t **link = &l->fol;
+    while (*link)
+        link = &(*link)->fnext;
+    *link = f;
+    f->fnext = NULL;
+    f->lead = l;
+    f->follower = true;
+}
+
+/* f leaves its leader's line. @locks s->mu held. */
+static void unjoin_locked(squ_t *f) {
+    squ_t **link = &f->lead->fol;
+    while (*link != f)
+        link = &(*link)->fnext;
+    *link = f->fnext;
+    f->fnext = f->lead = NULL;
+    f->follower = false;
+}
+
+static void finish_locked(eng_sched_t *s, sreq_t **done, squ_t *q, const double *probs);
+
+/* Leader q finished: answered (probs), its followers get the same
+ * probabilities; not answered (probs NULL), the first follower whose
+ * request is still live leads the rest and is queued again (through
+ * s->requeue: requeue_locked appends it where the queue is whole), the
+ * dead ones before it finish. @locks s->mu held. */
+static void release_locked(eng_sched_t *s, sreq_t **done, squ_t *q, const double *probs) {
+    fl_remove_locked(s, q);
+    while (q->fol) {
+        squ_t *f = q->fol;
+        unjoin_locked(f);
+        bool dead = f->r->err || f->r->dl.expired;
+        if (!probs && !dead) {
+            f->fol = q->fol;
+            q->fol = NULL;
+            for (squ_t *g = f->fol; g; g = g->fnext)
+                g->lead = f;
+            fl_insert_locked(s, f);
+            f->next = s->requeue;
+            s->requeue = f;
+            return;
+        }
+        if (probs && !f->r->err)
+            eng_answers_put_probs(f->r->ans, f->p, f->i, probs, f->n_opt);
+        else if (!f->r->err)
+            eng_answers_put_deadline(f->r->ans, f->p, f->i);
+        finish_locked(s, done, f, NULL);
+    }
+}
+
+/* The leaders handed work (release_locked) at the queue's tail. Called
+ * after finish_locked, before s->mu is let go. @locks s->mu held. */
+static void requeue_locked(eng_sched_t *s) {
+    if (!s->requeue)
+        return;
+    while (s->requeue) {
+        squ_t *q = s->requeue;
+        s->requeue = q->next;
+        q->next = NULL;
+        if (s->q_tail)
+            s->q_tail->next = q;
+        else
+            s->q_head = q;
+        s->q_tail = q;
+    }
+    pthread_cond_broadcast(&s->cv);
+}
+
+/* Question q finished (answered with probs, or skipped or failed: NULL);
+ * a request whose last question it was goes on *done. @locks s->mu held. */
+static void finish_locked(eng_sched_t *s, sreq_t **done, squ_t *q, const double *probs) {
     s->stats.queued--;
     if (--q->r->job_left[q->p] == 0) { /* its job is answered */
         s->stats.queued_jobs--;
         s->stats.queued_tokens -= q->r->job_tok[q->p];
     }
+    if (q->leader)
+        release_locked(s, done, q, probs);
     if (--q->r->left == 0) {
         s->stats.requests++;
         live_unlink_locked(s, q->r);
-        w->done[w->n_done++] = q->r;
+        q->r->done_next = *done;
+        *done = q->r;
     }
 }
 
@@ -409,18 +581,38 @@ static void fail_locked(squ_t *q, svc_err_t err, const char *errstr) {
     (void)sreq_fail_locked(q->r, err, errstr);
 }
 
+static void complete_list(sreq_t *done) {
+    while (done) {
+        sreq_t *r = done;
+        done = r->done_next;
+        sreq_complete(r);
+    }
+}
+
 static void complete_unlocked(wctx_t *w) {
-    for (size_t k = 0; k < w->n_done; k++)
-        sreq_complete(w->done[k]);
-    w->n_done = 0;
+    sreq_t *done = w->done;
+    w->done = NULL;
+    complete_list(done);
 }
 
 /* Whether lf's question is still to run: its request has not failed and
  * its deadline has not passed (else it gets deadline_exceeded). Marks the
- * request started. @locks takes s->mu */
-static bool leaf_live(eng_sched_t *s, const leaf_t *lf) {
-    sreq_t *r = lf->q->r;
+ * request started. Its followers' deadlines are checked here too (their
+ * pass is this one): those passed get deadline_exceeded and leave.
+ * @locks takes s->mu */
+static bool leaf_live(wctx_t *w, const leaf_t *lf) {
+    eng_sched_t *s = w->s;
+    sreq_t      *r = lf->q->r;
     pthread_mutex_lock(&s->mu);
+    for (squ_t *f = lf->q->fol, *nx; f; f = nx) {
+        nx = f->fnext;
+        if (!f->r->err && !eng_deadline_passed(&f->r->dl))
+            continue;
+        unjoin_locked(f);
+        if (!f->r->err)
+            eng_answers_put_deadline(f->r->ans, f->p, f->i);
+        finish_locked(s, &w->done, f, NULL);
+    }
     bool live = r->err == SVC_OK;
     if (live && eng_deadline_passed(&r->dl)) {
         eng_answers_put_deadline(r->ans, lf->q->p, lf->q->i);
@@ -459,11 +651,15 @@ static void leaf_finish(wctx_t *w, const leaf_t *lf, svc_err_t err, const float 
     eng_sched_t *s = w->s;
     squ_t       *q = lf->q;
     sreq_t      *r = q->r;
+    const double *probs = NULL;
     if (!lf->skip && !err) {
         double t0 = eng_now_ms();
         err = eng_answers_put_hidden(r->ans, s->pkg, s->model, r->req, q->p, q->i, hidden,
                                      w->errstr, sizeof w->errstr);
         dt += eng_now_ms() - t0;
+        probs = err ? NULL : eng_answers_probs(r->ans, q->p, q->i);
+        if (probs && s->rc) /* before the lock: the cache has its own */
+            eng_rcache_put(s->rc, q->key, probs, q->n_opt);
     }
     pthread_mutex_lock(&s->mu);
     if (err) {
@@ -479,7 +675,8 @@ static void leaf_finish(wctx_t *w, const leaf_t *lf, svc_err_t err, const float 
             (q->n - lf->depth) * s->n_shared + q->n * (s->n_layers - s->n_shared);
         s->stats.groups += lf->lone;
     }
-    finish_locked(w, q);
+    finish_locked(s, &w->done, q, probs);
+    requeue_locked(s);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -492,7 +689,7 @@ static void leaf_flush(wctx_t *w) {
     size_t       H = eng_model_hidden_size(s->model), n = 0, rows = 0;
     for (size_t k = 0; k < w->n_pend; k++) {
         leaf_t *lf = &w->pend[k];
-        lf->skip = !leaf_live(s, lf);
+        lf->skip = !leaf_live(w, lf);
         if (lf->skip)
             continue;
         w->seqs[n++] = (eng_fwd_seq_t){lf->st, lf->q->ids + lf->depth, lf->q->n - lf->depth,
@@ -592,8 +789,9 @@ static void run_range(wctx_t *w, squ_t **v, const size_t *lc, size_t n, const en
             pthread_mutex_lock(&s->mu);
             for (size_t k = 0; k < n; k++) {
                 fail_locked(v[k], err, w->errstr);
-                finish_locked(w, v[k]);
+                finish_locked(s, &w->done, v[k], NULL);
             }
+            requeue_locked(s);
             pthread_mutex_unlock(&s->mu);
             complete_unlocked(w);
             return;
@@ -709,7 +907,8 @@ static size_t images_ready(wctx_t *w, squ_t **v, size_t n) {
             eng_answer_blame(&sch_request_part(r->req, v[k]->p)->questions[v[k]->i], w->errstr,
                              sizeof w->errstr);
             fail_locked(v[k], err, w->errstr);
-            finish_locked(w, v[k]);
+            finish_locked(s, &w->done, v[k], NULL);
+            requeue_locked(s);
         } else
             v[kept++] = v[k];
         pthread_mutex_unlock(&s->mu);
@@ -727,15 +926,15 @@ static size_t take_batch_locked(wctx_t *w, squ_t **v) {
     eng_sched_t *s = w->s;
     size_t       n = 0, finished = 0, passed = 0;
     squ_t      **link = &s->q_head, *kept = NULL; /* kept: the last question left queued */
-    /* w->done holds max_group: finish at most that many; and pass over a
-     * bounded number of the other profile's, so the lock is held briefly */
+    /* finish at most max_group, and pass over a bounded number of the
+     * other profile's, so that the lock is held briefly */
     while (*link && n < s->max_group && finished < s->max_group && passed < 4 * s->max_group) {
         squ_t *q = *link;
         if (q->r->err || q->r->dl.expired) { /* known without reading the clock */
             *link = q->next;
             if (!q->r->err)
                 eng_answers_put_deadline(q->r->ans, q->p, q->i);
-            finish_locked(w, q);
+            finish_locked(s, &w->done, q, NULL);
             finished++;
             continue;
         }
@@ -752,6 +951,7 @@ static size_t take_batch_locked(wctx_t *w, squ_t **v) {
     }
     if (!*link) /* walked to the end: the tail is the last question left */
         s->q_tail = kept;
+    requeue_locked(s); /* the leaders handed work by the ones finished here */
     w->model = eng_model_profile(s->model, w->prof);
     return n;
 }
@@ -761,9 +961,7 @@ static void *worker_main(void *arg) {
     eng_sched_t *s = w->s;
     squ_t      **v = malloc(s->max_group * sizeof *v);
     size_t      *lc = malloc(s->max_group * sizeof *lc);
-    sreq_t     **done = malloc(s->max_group * sizeof *done);
-    SVC_ASSERT(v && lc && done && w->hidden && w->pend && w->seqs);
-    w->done = done;
+    SVC_ASSERT(v && lc && w->hidden && w->pend && w->seqs);
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->q_head && !s->stopping)
@@ -784,7 +982,6 @@ static void *worker_main(void *arg) {
     }
     free(v);
     free(lc);
-    free(done);
     return NULL;
 }
 
@@ -842,6 +1039,29 @@ static void wctx_fini(wctx_t *w) {
     w->seqs = NULL;
 }
 
+/* The result cache and the table of joins (eng_sched_conf_t.cache_entries). */
+static bool reuse_init(eng_sched_t *s, const eng_sched_conf_t *conf) {
+    const char *id = conf->identity ? conf->identity : eng_package_model_id(s->pkg);
+    s->identity = strdup(id ? id : "");
+    s->rc = eng_rcache_new(conf->cache_entries,
+                           conf->cache_bytes ? conf->cache_bytes : ENG_SCHED_CACHE_BYTES);
+    s->fl_nb = 256;
+    s->fl = calloc(s->fl_nb, sizeof *s->fl);
+    s->rc_ctx = (eng_rcache_ctx_t){.identity = s->identity,
+                                   .temperature = eng_package_temperature(s->pkg),
+                                   .noncausal = s->noncausal,
+                                   .readout_bf16 = eng_package_readout_bf16(s->pkg)};
+    if (s->identity && s->rc && s->fl)
+        return true;
+    eng_rcache_free(s->rc);
+    free(s->fl);
+    free(s->identity);
+    s->rc = NULL;
+    s->fl = NULL;
+    s->identity = NULL;
+    return false;
+}
+
 static void sched_stop(eng_sched_t *s) {
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
@@ -863,6 +1083,9 @@ void eng_sched_free(eng_sched_t *s) {
     for (size_t p = 0; p < ENG_PROFILE_COUNT; p++)
         eng_fwd_state_free(s->head_st[p]);
     eng_imgreg_free(s->reg);
+    eng_rcache_free(s->rc);
+    free(s->fl);
+    free(s->identity);
     eng_ids_fini(&s->head);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -900,6 +1123,12 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
             svc_errf(errstr, errstr_size, "out of memory for the scheduler");
             return SVC_ERR_NOMEM;
         }
+    }
+    if (conf->cache_entries && !reuse_init(s, conf)) {
+        eng_imgreg_free(s->reg);
+        free(s);
+        svc_errf(errstr, errstr_size, "out of memory for the scheduler");
+        return SVC_ERR_NOMEM;
     }
     eng_ids_init(&s->head);
     pthread_mutex_init(&s->mu, NULL);
@@ -1011,6 +1240,15 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
         squ_t *q = &r->qs[k];
         q->seq = s->seq++;
         q->next = NULL;
+        if (s->rc) { /* the same answer queued or running: wait for it */
+            squ_t *l = fl_find_locked(s, q->key);
+            if (l) {
+                join_locked(l, q);
+                s->stats.joins++;
+                continue;
+            }
+            fl_insert_locked(s, q);
+        }
         if (s->q_tail)
             s->q_tail->next = q;
         else
@@ -1035,11 +1273,20 @@ bool eng_sched_cancel(eng_sched_t *s, eng_sched_done_fn done, const void *user) 
     while (r && (r->done != done || r->user != user))
         r = r->live_next;
     /* Its queued questions are dropped by the worker that takes them, its
-     * running ones finish (leaf_live skips the rest of a group); the last
-     * completes it with this error, as any failure. */
-    if (r && sreq_fail_locked(r, SVC_ERR_CANCELLED, "the request was cancelled"))
+     * running ones finish (leaf_live skips the rest of a group), its
+     * questions waiting on another's answer leave now; the last completes
+     * it with this error, as any failure. */
+    sreq_t *fin = NULL;
+    if (r && sreq_fail_locked(r, SVC_ERR_CANCELLED, "the request was cancelled")) {
         s->stats.cancelled++;
+        for (size_t k = 0; k < r->n_qs; k++)
+            if (r->qs[k].follower) {
+                unjoin_locked(&r->qs[k]);
+                finish_locked(s, &fin, &r->qs[k], NULL);
+            }
+    }
     pthread_mutex_unlock(&s->mu);
+    complete_list(fin);
     return r != NULL;
 }
 
@@ -1049,4 +1296,14 @@ void eng_sched_stats(const eng_sched_t *s, eng_sched_stats_t *out) {
     *out = s->stats;
     pthread_mutex_unlock(&m->mu);
     out->image_slots_freed = s->reg ? eng_imgreg_cleared(s->reg) : 0;
+    if (s->rc) {
+        eng_rcache_stats_t rs;
+        eng_rcache_stats(s->rc, &rs);
+        out->cache_hits = rs.hits;
+        out->cache_misses = rs.misses;
+        out->cache_evictions = rs.evictions;
+        out->cache_entries = rs.entries;
+        out->cache_bytes = rs.bytes;
+        out->cache_index_bytes = rs.index_bytes;
+    }
 }

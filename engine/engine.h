@@ -586,7 +586,27 @@ typedef struct eng_sched_conf {
                           it is SVC_ERR_RETRIABLE, like a full queue; a
                           request with more is admitted when no other
                           holds images (up to 4,096). */
+    /* Answer reuse (SPEC's own choice 8): with cache_entries > 0, every
+     * answered question's probabilities are kept (at most cache_entries
+     * entries and cache_bytes bytes, least recently used out; 0 bytes:
+     * ENG_SCHED_CACHE_BYTES) under the SHA-256 of the package identity,
+     * the profile, the prompt's ids, the bytes of the images it sees and
+     * the readout's settings; a question planned at submit with the key of
+     * a kept answer gets that answer, bit for bit, without a pass (usage
+     * as computed). And a question whose key is already queued or running
+     * joins it: it waits for that answer instead of running again; when
+     * the one it waits on is not answered (its request failed, was
+     * cancelled or passed its deadline), the first waiter still live runs
+     * in its place. Errors are never kept. 0 entries: neither (each
+     * question runs). */
+    size_t      cache_entries;
+    size_t      cache_bytes;
+    const char *identity; /* the package identity in the key (copied; NULL: the served name) */
 } eng_sched_conf_t;
+
+/* serve and http's defaults (upstream's --result-cache-entries, and ours). */
+#define ENG_SCHED_CACHE_ENTRIES 16384u
+#define ENG_SCHED_CACHE_BYTES   ((size_t)64 << 20)
 
 /* The outcome of one submitted request, exactly once, on a worker thread.
  * ans (owned by the callee: free with eng_answers_free) is what
@@ -686,6 +706,13 @@ typedef struct eng_sched_stats {
     uint64_t passes;            /* the questions' own forward passes: short questions
                                    waiting together (of any requests and states) run
                                    as one batched pass, which counts once */
+    /* answer reuse (eng_sched_conf_t.cache_entries; zeros without it):
+     * questions answered from the cache, planned ones not found there,
+     * entries evicted for the bounds, entries and their bytes now (the
+     * index's bytes beside them), questions that joined one in flight */
+    uint64_t cache_hits, cache_misses, cache_evictions;
+    uint64_t cache_entries, cache_bytes, cache_index_bytes;
+    uint64_t joins;
 } eng_sched_stats_t;
 
 /* Upper bounds of eng_sched_stats_t.batches (the last one, 0, is +Inf). */

@@ -1401,3 +1401,233 @@ Test(sched, nothing_to_run_completes_at_once) {
     unload(&l);
     rm_tree(dir);
 }
+
+/* ------------------------------------------------------------ (h) answer reuse */
+
+/* The response body of ans for req (no meta), as serve and http write it. */
+static void body_of(const sch_request_t *req, const eng_answers_t *ans, svc_buf_t *out) {
+    sch_error_t e;
+    sch_error_init(&e);
+    svc_buf_init(out, 1u << 24);
+    cr_assert_eq(sch_response_encode(req, "tiny", eng_answers_results(ans),
+                                     eng_answers_input_tokens(ans), NULL, out, &e),
+                 SVC_OK);
+    sch_error_fini(&e);
+}
+
+/* A scheduler with the result cache on (cache_entries), one worker. */
+static eng_sched_t *reuse_sched(loaded_t *l, size_t entries, waiter_t *w) {
+    return one_worker(l, (eng_sched_conf_t){.cache_entries = entries, .max_group = 32}, w);
+}
+
+/* One request through s, answered; its answers into *ans. */
+static void run_one(eng_sched_t *s, const sch_request_t *req, waiter_t *w, eng_answers_t **ans) {
+    slot_t sl = {.w = w};
+    size_t before = w->n_done;
+    submit(s, req, &sl);
+    wait_done(w, before + 1);
+    cr_assert_eq(sl.err, SVC_OK, "%s", sl.errstr);
+    *ans = sl.ans;
+}
+
+/* A repeat is answered from the cache: no question runs, and the body is
+ * byte for byte the computed one's (usage included); errors and
+ * over-long questions are not kept, so the repeat has them as before. */
+Test(sched, cache_hit_is_the_computed_answer) {
+    loaded_t       l;
+    waiter_t       w;
+    eng_sched_t   *s = reuse_sched(&l, 64, &w);
+    char          *body = make_body(6); /* two states, questions of every kind */
+    sch_request_t *req = decode_valid(body, strlen(body));
+    free(body);
+    eng_answers_t    *a = NULL, *b = NULL;
+    eng_sched_stats_t st0, st1;
+    run_one(s, req, &w, &a);
+    eng_sched_stats(s, &st0);
+    cr_assert_gt(st0.questions, 0);
+    cr_assert_eq(st0.cache_hits, 0);
+    cr_assert_eq(st0.cache_misses, st0.questions + st0.joins);
+    cr_assert_eq(st0.cache_entries, st0.questions, "one entry per computed question");
+    cr_assert_gt(st0.cache_bytes, 0);
+    run_one(s, req, &w, &b);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.questions, st0.questions, "the repeat ran nothing");
+    cr_assert_eq(st1.cache_hits, st0.questions + st0.joins);
+    svc_buf_t ba, bb;
+    body_of(req, a, &ba);
+    body_of(req, b, &bb);
+    cr_assert_eq(ba.len, bb.len);
+    cr_assert_eq(memcmp(ba.data, bb.data, ba.len), 0, "%.*s\n%.*s", (int)ba.len, ba.data,
+                 (int)bb.len, bb.data);
+    svc_buf_fini(&ba);
+    svc_buf_fini(&bb);
+    eng_answers_free(a);
+    eng_answers_free(b);
+    eng_sched_free(s);
+    sch_request_free(req);
+    unload(&l);
+}
+
+/* The same question under the other profile is another answer: a miss,
+ * computed; the cache's bounds hold (entries here). */
+Test(sched, cache_keys_the_profile_and_keeps_its_bound) {
+    loaded_t          l;
+    waiter_t          w;
+    eng_sched_t      *s = reuse_sched(&l, 2, &w);
+    sch_request_t    *ex = profile_request(0, "exact"), *fa = profile_request(0, "fast");
+    eng_answers_t    *a = NULL, *b = NULL;
+    eng_sched_stats_t st0, st1;
+    run_one(s, ex, &w, &a);
+    eng_sched_stats(s, &st0);
+    run_one(s, fa, &w, &b);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.cache_hits, 0, "fast found exact's answer");
+    cr_assert_gt(st1.questions, st0.questions);
+    eng_answers_free(a);
+    eng_answers_free(b);
+    for (size_t k = 1; k < 6; k++) { /* more answers than the 2 entries */
+        sch_request_t *r = profile_request(k, "exact");
+        run_one(s, r, &w, &a);
+        eng_answers_free(a);
+        sch_request_free(r);
+    }
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.cache_entries, 2);
+    cr_assert_gt(st1.cache_evictions, 0);
+    eng_sched_free(s);
+    sch_request_free(ex);
+    sch_request_free(fa);
+    unload(&l);
+}
+
+/* A question skipped for its deadline is not kept: the same request
+ * without a deadline computes it. */
+Test(sched, cache_keeps_no_deadline_skip) {
+    char dir[64];
+    copy_pkg(dir, sizeof dir, "causal", 0);
+    loaded_t l;
+    load(dir, &l);
+    sch_request_t   *late = decode_valid(DEADLINE_BODY, strlen(DEADLINE_BODY));
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .max_group = 32, .cache_entries = 64};
+    char             errstr[256];
+    cr_assert_eq(eng_sched_new(l.pkg, l.model, &conf, &s, errstr, sizeof errstr), SVC_OK);
+    waiter_t w;
+    waiter_init(&w);
+    eng_answers_t *a = NULL, *b = NULL;
+    late_reads = 0;
+    eng_answer_set_clock(late_clock); /* every question's deadline has passed */
+    run_one(s, late, &w, &a);
+    eng_answer_set_clock(NULL);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.questions, 0);
+    cr_assert_eq(st.cache_entries, 0, "a skip was kept");
+    cr_assert_str_eq(eng_answers_results(a)[0][0].error_code, "deadline_exceeded");
+    json_t *j = json_loads(DEADLINE_BODY, 0, NULL);
+    json_object_del(j, "options");
+    char *body = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    sch_request_t *on_time = decode_valid(body, strlen(body));
+    free(body);
+    run_one(s, on_time, &w, &b);
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.cache_hits, 0);
+    cr_assert_eq(st.questions, 4, "computed");
+    cr_assert_null(eng_answers_results(b)[0][0].error_code);
+    eng_answers_free(a);
+    eng_answers_free(b);
+    eng_sched_free(s);
+    sch_request_free(late);
+    sch_request_free(on_time);
+    unload(&l);
+    rm_tree(dir);
+}
+
+/* A request that holds the worker (block_worker) and shares no question
+ * with n_states'. */
+static sch_request_t *blocker(void) {
+    static const char body[] = "{\"state\": \"blocker\", \"questions\": {\"q\": {\"type\": "
+                               "\"noul\", \"instructions\": \"Held?\"}}}";
+    return decode_valid(body, strlen(body));
+}
+
+/* Two requests of the same question while the worker is held: the second
+ * joins the first, one pass answers both with the same bits. */
+Test(sched, identical_questions_in_flight_run_once) {
+    loaded_t       l;
+    waiter_t       w;
+    eng_sched_t   *s = reuse_sched(&l, 64, &w);
+    sch_request_t *ra = blocker(), *rb = n_states(1), *rc = n_states(1);
+    slot_t         a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w};
+    block_worker(s, ra, &a);
+    eng_sched_stats_t st0, st1;
+    eng_sched_stats(s, &st0);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_OK);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.joins, st0.joins + 1);
+    release_blocked(&a);
+    wait_done(&w, 3);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.questions, st0.questions + 1, "ran %llu times",
+                 (unsigned long long)(st1.questions - st0.questions));
+    cr_assert_eq(b.err, SVC_OK);
+    cr_assert_eq(c.err, SVC_OK);
+    svc_buf_t bb, bc;
+    body_of(rb, b.ans, &bb);
+    body_of(rc, c.ans, &bc);
+    cr_assert_eq(bb.len, bc.len);
+    cr_assert_eq(memcmp(bb.data, bc.data, bb.len), 0);
+    cr_assert_eq(st1.queued, 0);
+    cr_assert_eq(st1.queued_jobs, 0);
+    svc_buf_fini(&bb);
+    svc_buf_fini(&bc);
+    eng_answers_free(a.ans);
+    eng_answers_free(b.ans);
+    eng_answers_free(c.ans);
+    eng_sched_free(s);
+    sch_request_free(ra);
+    sch_request_free(rb);
+    sch_request_free(rc);
+    unload(&l);
+}
+
+/* The leader cancelled before it ran: its waiter runs in its place and is
+ * answered; a cancelled waiter leaves at once, its leader unharmed. */
+Test(sched, cancelled_leader_hands_over) {
+    loaded_t       l;
+    waiter_t       w;
+    eng_sched_t   *s = reuse_sched(&l, 64, &w);
+    sch_request_t *ra = blocker(), *rb = n_states(1), *rc = n_states(1), *rd = n_states(1);
+    slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
+    block_worker(s, ra, &a);
+    eng_sched_stats_t st0, st1;
+    eng_sched_stats(s, &st0);
+    cr_assert_eq(eng_sched_submit(s, rb, on_done, &b, NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rd, on_done, &d, NULL), SVC_OK);
+    cr_assert(eng_sched_cancel(s, on_done, &d)); /* a waiter: leaves at once */
+    pthread_mutex_lock(&w.mu);
+    cr_assert_eq(d.calls, 1, "the cancelled waiter completed");
+    pthread_mutex_unlock(&w.mu);
+    cr_assert_eq(d.err, SVC_ERR_CANCELLED);
+    cr_assert(eng_sched_cancel(s, on_done, &b)); /* the leader */
+    release_blocked(&a);
+    wait_done(&w, 4);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(b.err, SVC_ERR_CANCELLED);
+    cr_assert_eq(c.err, SVC_OK, "%s", c.errstr);
+    cr_assert_not_null(eng_answers_results(c.ans)[0][0].probs);
+    cr_assert_eq(st1.questions, st0.questions + 1);
+    cr_assert_eq(st1.joins, st0.joins + 2);
+    cr_assert_eq(st1.queued, 0);
+    eng_answers_free(a.ans);
+    eng_answers_free(c.ans);
+    eng_sched_free(s);
+    sch_request_free(ra);
+    sch_request_free(rb);
+    sch_request_free(rc);
+    sch_request_free(rd);
+    unload(&l);
+}
