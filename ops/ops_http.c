@@ -26,7 +26,8 @@
 static const char HTTP_HELP[] =
     "Usage: d3stream http --model DIR [--listen HOST:PORT] [--workers N] [--max-queue N]\n"
     "                     [--max-queued-tokens N] [--max-connections N] [--timeout S]\n"
-    "                     [--max-body-memory MIB]\n"
+    "                     [--max-body-memory MIB] [--result-cache-entries N]\n"
+    "                     [--result-cache-mib N]\n"
     "                     [--no-verify] [--log-level debug|info|warn|error]\n"
     "\n"
     "Serves the System One API of the upstream decision runtime over HTTP/1.1\n"
@@ -94,6 +95,7 @@ static const char HTTP_HELP[] =
     "  --max-body-memory MIB request bodies and answers held at once, in MiB\n"
     "                        (default 256; at least 8, so that one body of the\n"
     "                        largest size fits); past it new bodies get 429\n"
+    OPS_CACHE_HELP
     "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
         OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
@@ -211,7 +213,32 @@ void ops_http_opts_default(http_opts_t *o) {
                        .max_queued_tokens = ENG_SCHED_MAX_TOKENS,
                        .max_connections = 1024,
                        .timeout_s = 30,
-                       .body_budget = (size_t)256 << 20};
+                       .body_budget = (size_t)256 << 20,
+                       .cache_entries = ENG_SCHED_CACHE_ENTRIES,
+                       .cache_mib = ENG_SCHED_CACHE_BYTES >> 20};
+}
+
+eng_sched_conf_t ops_sched_conf(const http_opts_t *o, const char *identity) {
+    return (eng_sched_conf_t){.n_workers = o->workers,
+                              .max_jobs = o->max_queue,
+                              .max_tokens = o->max_queued_tokens,
+                              .cache_entries = o->cache_entries,
+                              .cache_bytes = o->cache_mib << 20,
+                              .identity = identity && *identity ? identity : NULL};
+}
+
+int ops_cache_opt(const char *cmd, bool mib, const char *arg, http_opts_t *o) {
+    if (!mib && strcmp(arg, "0") == 0) {
+        o->cache_entries = 0;
+        return -1;
+    }
+    if (mib)
+        return ops_count_opt(cmd, "result-cache-mib", arg, 1u << 20, &o->cache_mib)
+                   ? -1
+                   : OPS_EXIT_USAGE;
+    return ops_count_opt(cmd, "result-cache-entries", arg, (size_t)1 << 32, &o->cache_entries)
+               ? -1
+               : OPS_EXIT_USAGE;
 }
 
 /* The connection limit must leave file descriptors for the package and
@@ -327,8 +354,7 @@ static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **
         return false;
     }
     ops_warn_dnnl();
-    eng_sched_conf_t sc = {
-        .n_workers = o->workers, .max_jobs = o->max_queue, .max_tokens = o->max_queued_tokens};
+    eng_sched_conf_t sc = ops_sched_conf(o, ask->model_sha256);
     if (eng_sched_new(ask->pkg, *model, &sc, sched, errstr, sizeof errstr)) {
         ops_fail("http", "engine: %s", errstr);
         return false;
@@ -412,7 +438,9 @@ enum {
     O_NOVERIFY,
     O_LOGLEVEL,
     O_LAYOUT,
-    O_PROFILE
+    O_PROFILE,
+    O_RCACHE,
+    O_RCACHE_MIB
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -428,6 +456,8 @@ static const struct option HTTP_OPTS[] = {
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
+    {"result-cache-entries", required_argument, NULL, O_RCACHE},
+    {"result-cache-mib", required_argument, NULL, O_RCACHE_MIB},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -493,6 +523,9 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return ops_q4nx_layout_opt("http", arg, &o->load);
     case O_PROFILE:
         return ops_profile_opt("http", arg);
+    case O_RCACHE:
+    case O_RCACHE_MIB:
+        return ops_cache_opt("http", c == O_RCACHE_MIB, arg, o);
     case 'h':
         fputs(HTTP_HELP, stdout);
         return OPS_EXIT_OK;

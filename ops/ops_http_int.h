@@ -39,6 +39,8 @@ typedef struct http_opts {
     eng_load_opts_t load; /* --q4nx-layout */
     size_t          workers, max_queue, max_queued_tokens, max_connections, body_budget;
     unsigned        timeout_s; /* idle connection timeout */
+    /* --result-cache-entries (0: no reuse) and --result-cache-mib */
+    size_t cache_entries, cache_mib;
 } http_opts_t;
 
 /* The routes: index into the counters. */
@@ -160,6 +162,25 @@ double ops_http_now_s(void);
 
 /* The defaults of `d3stream http` (127.0.0.1:52625, 1024 connections, ...). */
 void ops_http_opts_default(http_opts_t *o);
+/* The engine's settings from o (serve's copied into its http part):
+ * workers, admission and answer reuse, identity (the manifest's sha, ""
+ * when unknown) keying the result cache. */
+eng_sched_conf_t ops_sched_conf(const http_opts_t *o, const char *identity);
+/* --result-cache-entries N (0: off) or --result-cache-mib N into o: -1 to go
+ * on, else the exit status (a usage error said on stderr). */
+int ops_cache_opt(const char *cmd, bool mib, const char *arg, http_opts_t *o);
+/* Their --help lines. */
+#define OPS_CACHE_HELP                                                                             \
+    "  --result-cache-entries N\n"                                                                 \
+    "                      answers kept for repeats (default 16384, as upstream; 0:\n"              \
+    "                      off): a question asked again (the same package, profile,\n"             \
+    "                      prompt, images and readout) is answered from memory, bit\n"             \
+    "                      for bit, without a pass, and one identical to a question\n"             \
+    "                      queued or running waits for that one's answer instead of\n"             \
+    "                      running again (0 turns that off too). Errors are never kept\n"          \
+    "  --result-cache-mib N\n"                                                                     \
+    "                      and their memory in MiB (default 64; ~112 bytes an answer\n"            \
+    "                      of 4 options), least recently used out past either bound\n"
 /* HOST:PORT (or [V6]:PORT) -> o->host, o->port; false when malformed. */
 bool ops_http_parse_listen(const char *arg, http_opts_t *o);
 /* After the options: the body budget fits one largest body, the connection

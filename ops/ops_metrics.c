@@ -70,6 +70,32 @@ void ops_prom_info(ops_prom_t *p, const char *model_id, const char *mode) {
     ops_prom_addf(p, "\",mode=\"%s\"} 1\n", mode);
 }
 
+/* Answer reuse (--result-cache-entries): the result cache and the joins. */
+static void ops_prom_engine_reuse(ops_prom_t *p, const eng_sched_stats_t *es) {
+    ops_prom_metric(p, "d3stream_result_cache_hits_total", "counter",
+                    "Questions answered from the result cache, without a pass.", "",
+                    (double)es->cache_hits);
+    ops_prom_metric(p, "d3stream_result_cache_misses_total", "counter",
+                    "Questions looked up in the result cache and not found.", "",
+                    (double)es->cache_misses);
+    ops_prom_metric(p, "d3stream_result_cache_evictions_total", "counter",
+                    "Answers dropped from the result cache for its bounds (least recently used).",
+                    "", (double)es->cache_evictions);
+    ops_prom_metric(p, "d3stream_result_cache_entries", "gauge",
+                    "Answers in the result cache; bounded by --result-cache-entries.", "",
+                    (double)es->cache_entries);
+    ops_prom_metric(p, "d3stream_result_cache_bytes", "gauge",
+                    "Their memory as malloc allocates it; bounded by --result-cache-mib.", "",
+                    (double)es->cache_bytes);
+    ops_prom_metric(p, "d3stream_result_cache_index_bytes", "gauge",
+                    "The result cache's index beside them (one pointer per bucket).", "",
+                    (double)es->cache_index_bytes);
+    ops_prom_metric(p, "d3stream_engine_joins_total", "counter",
+                    "Questions that waited for an identical one queued or running instead of "
+                    "running again.",
+                    "", (double)es->joins);
+}
+
 void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
     if (!s)
         return;
@@ -113,6 +139,7 @@ void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s) {
                     "Requests withdrawn while queued or running (their HTTP client went away): "
                     "their questions not yet begun were not run.",
                     "", (double)es.cancelled);
+    ops_prom_engine_reuse(p, &es);
     /* Batch sizes: questions a worker took from the queue at once. */
     ops_prom_addf(p, "# HELP d3stream_engine_batch_questions Questions a worker took from the "
                      "queue at once (what it could group).\n"

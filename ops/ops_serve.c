@@ -30,7 +30,8 @@ static const char SERVE_HELP[] =
     "                      [--exactly-once [--transactional-id ID]] [--instance-id ID]\n"
     "                      [--from-beginning] [--stop-at-end] [--workers N] [--max-queue N]\n"
     "                      [--max-queued-tokens N] [--window N] [--window-mib N]\n"
-    "                      [--metrics-file PATH]\n"
+    "                      [--metrics-file PATH] [--result-cache-entries N]\n"
+    "                      [--result-cache-mib N]\n"
     "                      [--http HOST:PORT]\n"
     "                      [--log-level debug|info|warn|error] [--no-verify] [-X k=v]...\n"
     "\n"
@@ -110,6 +111,7 @@ static const char SERVE_HELP[] =
     "                      not yet taken), in MiB (default 256): past it fetching\n"
     "                      pauses too, so large records bound memory, not only\n"
     "                      their count; one record of any size is always taken\n"
+    OPS_CACHE_HELP
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
@@ -419,8 +421,7 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
     char    errstr[1024] = "";
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
-    eng_sched_conf_t sc = {
-        .n_workers = o->workers, .max_jobs = o->max_queue, .max_tokens = o->max_queued_tokens};
+    eng_sched_conf_t sc = ops_sched_conf(&o->http, ask->model_sha256);
     int rc = OPS_EXIT_FAILURE;
     s.reg = sch_registry_new(o->registry_url, 0, errstr, sizeof errstr);
     if (!s.reg)
@@ -541,7 +542,9 @@ enum {
     O_HTTP,
     O_LOGLEVEL,
     O_LAYOUT,
-    O_PROFILE
+    O_PROFILE,
+    O_RCACHE,
+    O_RCACHE_MIB
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -570,6 +573,8 @@ static const struct option SERVE_OPTS[] = {
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
+    {"result-cache-entries", required_argument, NULL, O_RCACHE},
+    {"result-cache-mib", required_argument, NULL, O_RCACHE_MIB},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -652,6 +657,9 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return ops_q4nx_layout_opt("serve", arg, &o->load);
     case O_PROFILE:
         return ops_profile_opt("serve", arg);
+    case O_RCACHE:
+    case O_RCACHE_MIB:
+        return ops_cache_opt("serve", c == O_RCACHE_MIB, arg, &o->http);
     case O_BEGIN:
         o->from_beginning = true;
         return -1;

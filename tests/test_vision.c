@@ -594,6 +594,54 @@ static eng_sched_t *one_worker_scheduler(void) {
     return s;
 }
 
+/* One request through s (answered); its answers. */
+static eng_answers_t *answered(eng_sched_t *s, const sch_request_t *req) {
+    done_slot_t d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    done_ref_t  ref = {&d, 0};
+    cr_assert_eq(eng_sched_submit(s, req, on_done, &ref, NULL), SVC_OK);
+    pthread_mutex_lock(&d.mu);
+    while (d.n < 1)
+        pthread_cond_wait(&d.cv, &d.mu);
+    pthread_mutex_unlock(&d.mu);
+    cr_assert_eq(d.err, SVC_OK);
+    return d.ans[0];
+}
+
+/* The result cache keys the images a question sees: the same request
+ * again is a hit (the same probabilities, no pass, no tower run); the
+ * same state and question with other image bytes is a miss, computed. */
+Test(vision, result_cache_keys_the_images) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = 1, .cache_entries = 16};
+    char             errstr[512] = "";
+    cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    sch_request_t    *a = image_request(64, 48, false, "\"x\""), *b = image_request(48, 64, false,
+                                                                                        "\"x\"");
+    eng_answers_t    *a1 = answered(s, a);
+    eng_sched_stats_t st0, st1;
+    eng_sched_stats(s, &st0);
+    eng_answers_t *a2 = answered(s, a);
+    eng_sched_stats(s, &st1);
+    cr_assert_eq(st1.cache_hits, st0.cache_hits + 1);
+    cr_assert_eq(st1.questions, st0.questions);
+    cr_assert_eq(st1.images_encoded, st0.images_encoded, "a hit needs no tower");
+    const double *p1 = eng_answers_results(a1)[0][0].probs, *p2 = eng_answers_results(a2)[0][0].probs;
+    cr_assert(p1 && p2);
+    cr_assert_eq(memcmp(p1, p2, 2 * sizeof *p1), 0);
+    eng_answers_t *b1 = answered(s, b);
+    eng_sched_stats(s, &st0);
+    cr_assert_eq(st0.cache_hits, st1.cache_hits, "other image bytes hit");
+    cr_assert_eq(st0.questions, st1.questions + 1);
+    cr_assert_neq(memcmp(eng_answers_results(b1)[0][0].probs, p1, 2 * sizeof *p1), 0);
+    eng_answers_free(a1);
+    eng_answers_free(a2);
+    eng_answers_free(b1);
+    sch_request_free(a);
+    sch_request_free(b);
+    eng_sched_free(s);
+}
+
 /* The same 400 invalid_request on the scheduler and on the plain path. */
 static void expect_reject_both_ways(const sch_request_t *req, const char *want) {
     eng_sched_t *s = one_worker_scheduler();
