@@ -148,6 +148,7 @@ struct eng_sched {
     squ_t          **fl;
     size_t           fl_nb, fl_n;
     squ_t           *requeue;
+    sreq_t          *cdone; /* completed by eng_sched_cancel, for a worker to call done */
 
     pthread_mutex_t   mu;
     pthread_cond_t    cv;
@@ -964,16 +965,19 @@ static void *worker_main(void *arg) {
     SVC_ASSERT(v && lc && w->hidden && w->pend && w->seqs);
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->q_head && !s->stopping)
+        while (!s->q_head && !s->cdone && !s->stopping)
             pthread_cond_wait(&s->cv, &s->mu);
-        if (!s->q_head) {
+        sreq_t *cd = s->cdone;
+        s->cdone = NULL;
+        if (!s->q_head && !cd) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        size_t n = take_batch_locked(w, v);
+        size_t n = s->q_head ? take_batch_locked(w, v) : 0;
         if (n)
             batch_note(&s->stats, n);
         pthread_mutex_unlock(&s->mu);
+        complete_list(cd);
         complete_unlocked(w);
         if (n && s->reg)
             n = images_ready(w, v, n);
@@ -1275,18 +1279,23 @@ bool eng_sched_cancel(eng_sched_t *s, eng_sched_done_fn done, const void *user) 
     /* Its queued questions are dropped by the worker that takes them, its
      * running ones finish (leaf_live skips the rest of a group), its
      * questions waiting on another's answer leave now; the last completes
-     * it with this error, as any failure. */
-    sreq_t *fin = NULL;
+     * it with this error, as any failure. done runs on a worker even then
+     * (s->cdone): callers cancel under locks that their done takes. */
     if (r && sreq_fail_locked(r, SVC_ERR_CANCELLED, "the request was cancelled")) {
         s->stats.cancelled++;
+        sreq_t *fin = NULL;
         for (size_t k = 0; k < r->n_qs; k++)
             if (r->qs[k].follower) {
                 unjoin_locked(&r->qs[k]);
                 finish_locked(s, &fin, &r->qs[k], NULL);
             }
+        if (fin) {
+            fin->done_next = s->cdone; /* one request at most: r */
+            s->cdone = fin;
+            pthread_cond_broadcast(&s->cv);
+        }
     }
     pthread_mutex_unlock(&s->mu);
-    complete_list(fin);
     return r != NULL;
 }
 

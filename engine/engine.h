@@ -666,7 +666,8 @@ SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng
  *        ones running finish. A request already completed, or never
  *        admitted, is not found.
  * @returns whether the request was found. @locality any thread; done may
- *          run before this returns.
+ *          run before this returns, on a worker thread (never on the
+ *          caller's: it may hold a lock its done takes).
  */
 bool eng_sched_cancel(eng_sched_t *s, eng_sched_done_fn done, const void *user);
 

@@ -48,6 +48,14 @@ static const char BENCH_HELP[] =
     "                     and the work (tokens x layers run) against none shared\n"
     "                     (non-causal packages share only the layers before the\n"
     "                     first full-attention layer)\n"
+    "  cache 1 x 330      a 330-token question asked twice of one scheduler with\n"
+    "                     the served default's result cache: the repeat's time from\n"
+    "                     submit to answer (the median column; also in ms), and the\n"
+    "                     computed one's\n"
+    "  repeats 16 x 330   16 requests of one 330-token question, the last 8 repeating\n"
+    "                     the first 8, submitted at once: with answer reuse (repeats\n"
+    "                     join their question in flight or hit the cache) and\n"
+    "                     without; answers/s both ways\n"
     "\n"
     "Prompts: real System One requests rendered by the prompt path (the same bytes\n"
     "and token ids `d3stream prompt` prints), whose state is made of ordinary words,\n"
@@ -90,6 +98,8 @@ typedef enum bench_kind {
     BENCH_MANY = 1,   /* n requests of one question, each its own state */
     BENCH_SHARED = 2, /* one request, n questions on one state */
     BENCH_IMAGES = 3, /* one request, n questions, n_img synthetic images */
+    BENCH_CACHE = 4,  /* one request of one question, asked again: the repeat timed */
+    BENCH_REPEATS = 5 /* n requests of one question, half of them repeats */
 } bench_kind_t;
 
 typedef struct bench_row {
@@ -117,6 +127,8 @@ static const bench_row_t ROWS[] = {
     {"1 + two images", BENCH_IMAGES, 0, 1, false, 2, 1024, 768},
     {"1 + 2000x1500 image", BENCH_IMAGES, 0, 1, false, 1, 2000, 1500},
     {"8 + one image", BENCH_IMAGES, 0, 8, false, 1, 1024, 768},
+    {"cache 1 x 330", BENCH_CACHE, 330, 1, false, 0, 0, 0},
+    {"repeats 16 x 330", BENCH_REPEATS, 330, 16, false, 0, 0, 0},
 };
 
 typedef struct bench_opts {
@@ -143,6 +155,9 @@ typedef struct bench_result {
     uint64_t sched_tokens, sched_computed; /* scheduler rows: deltas of eng_sched_stats */
     double   sched_work; /* token_layers delta / (tokens x layers): the work against none shared */
     uint64_t images_encoded; /* image rows: vision tower runs per run */
+    double   first_s;        /* cache: the computed answer's median seconds */
+    double   off_s;          /* repeats: the median seconds with the cache off */
+    uint64_t reused;         /* cache, repeats: hits + joins of the last run */
 } bench_result_t;
 
 static double now_s(void) {
@@ -409,12 +424,14 @@ static svc_err_t check_answered(bench_t *bn, const sch_request_t *req, const eng
     return SVC_OK;
 }
 
-/* One timed run of reqs[0..n_req-1] through a fresh scheduler; adds the
- * prompt tokens answered to *tokens. */
-static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_req, double *sec,
-                            size_t *tokens, bench_result_t *res) {
+/* One timed run of reqs[0..n_req-1] through a fresh scheduler (answer
+ * reuse on when cache: the served default's bounds); adds the prompt
+ * tokens answered to *tokens. */
+static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_req, bool cache,
+                            double *sec, size_t *tokens, bench_result_t *res) {
     eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = bn->o->workers};
+    eng_sched_conf_t conf = {.n_workers = bn->o->workers,
+                             .cache_entries = cache ? ENG_SCHED_CACHE_ENTRIES : 0};
     svc_err_t err = eng_sched_new(bn->pkg, bn->model, &conf, &s, bn->errstr, sizeof bn->errstr);
     if (err)
         return err;
@@ -465,6 +482,7 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
                                 ((double)res->sched_tokens * (double)mi.n_layers)
                           : 0.0;
     res->images_encoded = st1.images_encoded - st0.images_encoded;
+    res->reused = st1.cache_hits + st1.joins - st0.cache_hits - st0.joins;
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
     return err;
@@ -478,7 +496,7 @@ static svc_err_t run_sched(bench_t *bn, const bench_row_t *row, double *secs, be
         err = synthesise(bn, i + 1, row->size, row->kind == BENCH_MANY ? 1 : row->n, &reqs[i]);
     for (size_t r = 0; !err && r < bn->o->runs; r++) {
         size_t tokens = 0;
-        err = sched_once(bn, reqs, n_req, &secs[r], &tokens, res);
+        err = sched_once(bn, reqs, n_req, false, &secs[r], &tokens, res);
         res->tokens = tokens;
         if (!err)
             fprintf(stderr, "d3stream bench: %s: run %zu/%zu %.3f s\n", row->label, r + 1,
@@ -514,7 +532,7 @@ static svc_err_t run_images(bench_t *bn, const bench_row_t *row, double *secs,
     }
     for (size_t r = 0; !err && r < bn->o->runs; r++) {
         size_t tokens = 0;
-        err = sched_once(bn, &req, 1, &secs[r], &tokens, res);
+        err = sched_once(bn, &req, 1, false, &secs[r], &tokens, res);
         res->tokens = tokens;
         if (!err)
             fprintf(stderr, "d3stream bench: %s: run %zu/%zu %.3f s (%llu image encodings)\n",
@@ -522,6 +540,103 @@ static svc_err_t run_images(bench_t *bn, const bench_row_t *row, double *secs,
                     (unsigned long long)res->images_encoded);
     }
     sch_request_free(req);
+    return err;
+}
+
+/* One request through s, waited for: *sec from submit to done. */
+static svc_err_t submit_wait(bench_t *bn, eng_sched_t *s, sch_request_t *req, double *sec) {
+    bench_wait_t w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    bench_job_t  job = {&w, 0};
+    double       t0 = now_s();
+    svc_err_t    err = eng_sched_submit(s, req, on_done, &job, NULL);
+    if (err) {
+        svc_errf(bn->errstr, sizeof bn->errstr, "submit: %s", svc_err_name(err));
+        return err;
+    }
+    pthread_mutex_lock(&w.mu);
+    while (w.n_done < 1)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    *sec = now_s() - t0;
+    err = w.err;
+    if (err)
+        svc_errf(bn->errstr, sizeof bn->errstr, "%s", w.errstr);
+    else
+        err = check_answered(bn, req, w.ans[0]);
+    eng_answers_free(w.ans[0]);
+    return err;
+}
+
+/* The cache row: per run a new question (its own state) asked twice of
+ * one scheduler with the served default's answer reuse: the repeat's time
+ * from submit to done (secs), the first's in first_s. */
+static svc_err_t run_cache(bench_t *bn, const bench_row_t *row, double *secs,
+                           bench_result_t *res) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = bn->o->workers, .cache_entries = ENG_SCHED_CACHE_ENTRIES};
+    svc_err_t err = eng_sched_new(bn->pkg, bn->model, &conf, &s, bn->errstr, sizeof bn->errstr);
+    double   *first = calloc(bn->o->runs, sizeof *first);
+    if (!err && !first)
+        err = SVC_ERR_NOMEM;
+    for (size_t r = 0; !err && r < bn->o->runs; r++) {
+        sch_request_t    *req = NULL;
+        eng_sched_stats_t st0, st1;
+        err = synthesise(bn, 100 + r, row->size, 1, &req);
+        if (!err)
+            err = submit_wait(bn, s, req, &first[r]);
+        eng_sched_stats(s, &st0);
+        if (!err)
+            err = submit_wait(bn, s, req, &secs[r]);
+        eng_sched_stats(s, &st1);
+        res->reused = st1.cache_hits - st0.cache_hits;
+        res->tokens = row->size;
+        if (!err && res->reused != 1) {
+            svc_errf(bn->errstr, sizeof bn->errstr, "the repeat was not answered from the cache");
+            err = SVC_ERR_INTERNAL;
+        }
+        if (!err)
+            fprintf(stderr, "d3stream bench: %s: run %zu/%zu computed %.3f s, repeat %.3f ms\n",
+                    row->label, r + 1, bn->o->runs, first[r], secs[r] * 1e3);
+        sch_request_free(req);
+    }
+    if (!err)
+        res->first_s = median(first, bn->o->runs);
+    free(first);
+    eng_sched_free(s);
+    return err;
+}
+
+/* The repeats row: n requests of one question, the second half repeating
+ * the first's in order, all submitted at once as a backfill's window
+ * would; timed with answer reuse (a repeat joins its question in flight,
+ * or hits once it is answered) and without. */
+static svc_err_t run_repeats(bench_t *bn, const bench_row_t *row, double *secs,
+                             bench_result_t *res) {
+    sch_request_t *reqs[BENCH_MAX_Q] = {0};
+    size_t         half = row->n / 2;
+    double        *off = calloc(bn->o->runs, sizeof *off);
+    svc_err_t      err = off ? SVC_OK : SVC_ERR_NOMEM;
+    for (size_t i = 0; !err && i < half; i++)
+        err = synthesise(bn, i + 1, row->size, 1, &reqs[i]);
+    for (size_t i = half; i < row->n; i++)
+        reqs[i] = reqs[i - half];
+    for (size_t r = 0; !err && r < bn->o->runs; r++) {
+        size_t tokens = 0;
+        bench_result_t off_res;
+        err = sched_once(bn, reqs, row->n, false, &off[r], &tokens, &off_res);
+        tokens = 0;
+        if (!err)
+            err = sched_once(bn, reqs, row->n, true, &secs[r], &tokens, res);
+        res->tokens = tokens;
+        if (!err)
+            fprintf(stderr, "d3stream bench: %s: run %zu/%zu %.3f s, cache off %.3f s\n",
+                    row->label, r + 1, bn->o->runs, secs[r], off[r]);
+    }
+    if (!err)
+        res->off_s = median(off, bn->o->runs);
+    for (size_t i = 0; i < half; i++)
+        sch_request_free(reqs[i]);
+    free(off);
     return err;
 }
 
@@ -543,9 +658,11 @@ static svc_err_t bench_row(bench_t *bn, const bench_row_t *row, bench_result_t *
     double *secs = calloc(bn->o->runs, sizeof *secs);
     if (!secs)
         return SVC_ERR_NOMEM;
-    svc_err_t err = row->kind == BENCH_SINGLE   ? run_single(bn, row, secs, res)
-                    : row->kind == BENCH_IMAGES ? run_images(bn, row, secs, res)
-                                                : run_sched(bn, row, secs, res);
+    svc_err_t err = row->kind == BENCH_SINGLE    ? run_single(bn, row, secs, res)
+                    : row->kind == BENCH_IMAGES  ? run_images(bn, row, secs, res)
+                    : row->kind == BENCH_CACHE   ? run_cache(bn, row, secs, res)
+                    : row->kind == BENCH_REPEATS ? run_repeats(bn, row, secs, res)
+                                                 : run_sched(bn, row, secs, res);
     if (err == SVC_ERR_UNSUPPORTED) { /* no real request is that short */
         snprintf(res->skipped, sizeof res->skipped, "%s", bn->errstr);
         err = SVC_OK;
@@ -643,6 +760,16 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
                 json_object_set_new(o, "image_encodings",
                                     json_integer((json_int_t)res->images_encoded));
             }
+            if (row->kind == BENCH_CACHE) {
+                json_object_set_new(o, "repeat_ms", json_real(res->median_s * 1e3));
+                json_object_set_new(o, "first_s", json_real(res->first_s));
+            }
+            if (row->kind == BENCH_REPEATS) {
+                json_object_set_new(o, "answers_per_s",
+                                    json_real(res->median_s > 0 ? (double)row->n / res->median_s : 0));
+                json_object_set_new(o, "cache_off_s", json_real(res->off_s));
+                json_object_set_new(o, "reused", json_integer((json_int_t)res->reused));
+            }
             if (sched) {
                 json_object_set_new(o, "sched_tokens", json_integer((json_int_t)res->sched_tokens));
                 json_object_set_new(o, "sched_tokens_computed",
@@ -663,6 +790,13 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
         if (row->kind == BENCH_IMAGES)
             printf("  %zu image(s), %llu encoding(s)", row->n_img,
                    (unsigned long long)res->images_encoded);
+        if (row->kind == BENCH_CACHE)
+            printf("  repeat %.3f ms at the engine, computed %.3f s", res->median_s * 1e3,
+                   res->first_s);
+        if (row->kind == BENCH_REPEATS && res->median_s > 0 && res->off_s > 0)
+            printf("  %.2f answers/s, cache off %.2f (%.2fx), %llu reused",
+                   (double)row->n / res->median_s, (double)row->n / res->off_s,
+                   res->off_s / res->median_s, (unsigned long long)res->reused);
         if (row->kind == BENCH_SHARED && res->sched_tokens)
             printf("  computed %llu of %llu tokens (%.2f), work %.2f of unshared",
                    (unsigned long long)res->sched_computed, (unsigned long long)res->sched_tokens,

@@ -140,6 +140,9 @@ Test(bench, full_rows_skip_over_max_length, .timeout = 120) {
         {"1 + two images", 2 * 768, NULL, false, 2},
         {"1 + 2000x1500 image", 1564, NULL, false, 1},
         {"8 + one image", 8 * 768, NULL, false, 1},
+        {"cache 1 x 330", 330, NULL, false, 0},
+        /* usage counts the repeats as computed ones */
+        {"repeats 16 x 330", 16 * 330, NULL, false, 0},
     };
     check_bench("--runs 1", want, sizeof want / sizeof want[0]);
 }
@@ -150,8 +153,43 @@ Test(bench, row_selects, .timeout = 60) {
         {"1 x 330", 330, NULL, false, 0},
         {"4 x 330", 4 * 330, NULL, false, 0},
         {"16 x 330", 16 * 330, NULL, false, 0},
+        {"cache 1 x 330", 330, NULL, false, 0},
+        {"repeats 16 x 330", 16 * 330, NULL, false, 0},
     };
     check_bench("--runs 1 --row 'x 330'", want, sizeof want / sizeof want[0]);
+}
+
+/* The answer-reuse rows: the repeat answered from the cache, the mix's
+ * repeats reused (hits or joins), and both timed. */
+Test(bench, reuse_rows, .timeout = 60) {
+    char dir[64];
+    make_tiny(dir);
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' bench --model '%s/pkg' --runs 1 --row 'cache' --json", binary(),
+             dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    const char *line = strstr(out.data, "{\"row\"");
+    cr_assert(line, "%s", out.data);
+    json_t *o = json_loads(line, JSON_DISABLE_EOF_CHECK, NULL);
+    cr_assert(o, "%s", line);
+    cr_assert_gt(json_real_value(json_object_get(o, "first_s")), 0);
+    cr_assert_gt(json_real_value(json_object_get(o, "repeat_ms")), 0);
+    json_decref(o);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' bench --model '%s/pkg' --runs 1 --row 'repeats' --json",
+             binary(), dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    line = strstr(out.data, "{\"row\"");
+    cr_assert(line, "%s", out.data);
+    o = json_loads(line, JSON_DISABLE_EOF_CHECK, NULL);
+    cr_assert(o, "%s", line);
+    cr_assert_eq(json_integer_value(json_object_get(o, "reused")), 8, "%s", line);
+    cr_assert_gt(json_real_value(json_object_get(o, "cache_off_s")), 0);
+    cr_assert_gt(json_real_value(json_object_get(o, "answers_per_s")), 0);
+    json_decref(o);
+    svc_buf_fini(&out);
+    remove_tiny(dir);
 }
 
 Test(bench, help_and_usage) {

@@ -4,6 +4,7 @@
 #   tests/bench/bench_serve.sh [N] [serve options...]
 #   BENCH_INVALID=1 tests/bench/bench_serve.sh [N]   the stream path alone
 #   BENCH_TOKENIZER=build/_fetch/qwen3-tokenizer tests/bench/bench_serve.sh [N]
+#   BENCH_REPEATS=0.5 tests/bench/bench_serve.sh [N] [--result-cache-entries 0]
 #
 # Preloads N requests (default 5000, tests/bench/gen_requests.py: short
 # ticket-routing states, 1-3 questions each) into a fresh 4-partition topic,
@@ -11,7 +12,10 @@
 # with every result delivered (and committed), on the tiny synthetic package,
 # and prints requests/s, questions/s and the engine's token counts (from the
 # metrics file). BENCH_INVALID=1 sends requests that all fail validation
-# (400 without the engine): the capacity of the Kafka path itself. The broker is the one D3_KAFKA_BOOTSTRAP names, else a
+# (400 without the engine): the capacity of the Kafka path itself.
+# BENCH_REPEATS=F: every request new (a ticket number in its state) or,
+# with probability F, a repeat of an earlier one (gen_requests.py
+# --repeats); the result cache's hits and joins are printed. The broker is the one D3_KAFKA_BOOTSTRAP names, else a
 # fresh one from ops/kafka.sh in build/_kafka-bench (stopped at the end).
 # A benchmark, not a test: the figure depends on the machine and its load;
 # compare runs made side by side.
@@ -51,7 +55,8 @@ RUN="bench-$(date +%s)-$$"
 WORK="$(mktemp -d)"
 ops/kafka.sh topic create "$RUN.in" 4 "$KDIR" >/dev/null
 ops/kafka.sh topic create "$RUN.out" 4 "$KDIR" >/dev/null
-tests/bench/gen_requests.py "$N" 1 ${BENCH_INVALID:+--invalid} >"$WORK/requests.tsv"
+tests/bench/gen_requests.py "$N" 1 ${BENCH_INVALID:+--invalid} \
+  ${BENCH_REPEATS:+--repeats "$BENCH_REPEATS"} >"$WORK/requests.tsv"
 QUESTIONS=$(python3 -c "
 import json,sys
 print(sum(len(json.loads(l.split('\t',1)[1])['questions']) for l in open('$WORK/requests.tsv')))")
@@ -68,10 +73,12 @@ got=$(kcat -C -b "$BROKER" -t "$RUN.out" -o beginning -e -q -f '%o\n' | wc -l)
 metric() { awk -v m="$1" '$1 == m { print $2 }' "$WORK/metrics.prom"; }
 TOK="$(metric d3stream_engine_input_tokens_total)"
 COMP="$(metric d3stream_engine_computed_tokens_total)"
+HITS="$(metric d3stream_result_cache_hits_total)"
+JOINS="$(metric d3stream_engine_joins_total)"
 awk -v n="$N" -v q="$QUESTIONS" -v t0="$t0" -v t1="$t1" -v got="$got" -v tok="$TOK" \
-  -v comp="$COMP" 'BEGIN {
+  -v comp="$COMP" -v hits="${HITS:-0}" -v joins="${JOINS:-0}" 'BEGIN {
     dt = t1 - t0
     printf "bench_serve: %d results for %d requests in %.2f s: %.0f requests/s, %.0f questions/s; ", got, n, dt, n / dt, q / dt
-    printf "tokens %d, run through the tower %d (%.0f%%)\n", tok, comp, 100 * comp / (tok > 0 ? tok : 1)
+    printf "tokens %d, run through the tower %d (%.0f%%); cache hits %d, joins %d\n", tok, comp, 100 * comp / (tok > 0 ? tok : 1), hits, joins
   }'
 rm -rf "$WORK"
