@@ -14,7 +14,7 @@
 
 static const char ASK_HELP[] =
     "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--profile P]\n"
-    "                    [--q4nx-layout S] [FILE]\n"
+    "                    [--q4nx-layout S] [--max-request-bytes N] [FILE]\n"
     "\n"
     "Answers the System One request in FILE (or stdin) with the package in DIR and\n"
     "prints, as one line, the exact response body the HTTP shim sends: the 200 body\n"
@@ -38,7 +38,7 @@ static const char ASK_HELP[] =
     "                 e.4), else MANIFEST.sha256, before anything is loaded, and\n"
     "                 the loaded parameter counts against MODEL_MANIFEST.json\n"
     "                 parameters after; a package with neither is refused\n" OPS_PROFILE_HELP
-        OPS_Q4NX_LAYOUT_HELP "\n"
+        OPS_Q4NX_LAYOUT_HELP OPS_MAX_REQUEST_HELP "\n"
     "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
     "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
     "a warning on stderr, not refused (test packages cannot carry the real bytes).\n"
@@ -277,6 +277,7 @@ int ops_cmd_ask(int argc, char **argv) {
         {"no-verify", no_argument, NULL, 'n'},
         {"q4nx-layout", required_argument, NULL, 'L'},
         {"profile", required_argument, NULL, 'P'},
+        {"max-request-bytes", required_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -293,6 +294,9 @@ int ops_cmd_ask(int argc, char **argv) {
                 return rc;
         } else if (c == 'P') {
             if ((rc = ops_profile_opt("ask", optarg)) >= 0)
+                return rc;
+        } else if (c == 'B') {
+            if ((rc = ops_max_request_opt("ask", optarg)) >= 0)
                 return rc;
         } else if (c == 'd' && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
             ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)", optarg);

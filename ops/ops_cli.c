@@ -18,7 +18,8 @@
 
 /* Inputs are read up to the request limit + 1 so the decoder, not the
  * reader, answers 413 with the contract's message. */
-#define INPUT_MAX ((size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + 1)
+/* --max-request-bytes (ops_int.h). */
+static size_t g_max_request = SCH_DEFAULT_MAX_REQUEST_BYTES;
 /* Text given to `tokenize` may be larger than a request. */
 #define TEXT_MAX ((size_t)1 << 30)
 
@@ -229,6 +230,16 @@ eng_profile_t ops_profile_default(void) {
     return g_profile;
 }
 
+size_t ops_max_request_bytes(void) {
+    return g_max_request;
+}
+
+int ops_max_request_opt(const char *cmd, const char *arg) {
+    return ops_count_opt(cmd, "max-request-bytes", arg, OPS_MAX_REQUEST_MAX, &g_max_request)
+               ? -1
+               : OPS_EXIT_USAGE;
+}
+
 int ops_profile_opt(const char *cmd, const char *arg) {
     eng_profile_t p;
     if (!eng_profile_parse(arg, &p)) {
@@ -266,11 +277,11 @@ void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
 
 bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
     char errstr[512];
-    svc_buf_init(body, INPUT_MAX);
+    svc_buf_init(body, g_max_request + 1); /* one byte past: the decoder says 413 */
     if (svc_buf_read_file(body, path, errstr, sizeof errstr) == SVC_OK)
         return true;
     /* Past the cap the decoder must still see "too large": keep what was read. */
-    if (body->len >= SCH_DEFAULT_MAX_REQUEST_BYTES)
+    if (body->len >= g_max_request)
         return true;
     ops_fail(cmd, "%s", errstr);
     return false;
@@ -284,7 +295,7 @@ int ops_decode_request(const eng_package_t *pkg, const char *dir, unsigned flags
     sch_model_info_t info;
     ops_model_info(pkg, dir, flags & OPS_DECODE_VISION, names, last, &info);
     info.engine_decodes = flags & OPS_DECODE_ENGINE;
-    sch_limits_t limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_limits_t limits = {g_max_request};
     sch_error_t  e;
     sch_error_init(&e);
     int rc = OPS_EXIT_OK;
@@ -374,7 +385,7 @@ int ops_cmd_validate(int argc, char **argv) {
         return OPS_EXIT_FAILURE;
     }
     svc_buf_init(&out, SIZE_MAX / 2);
-    sch_limits_t   limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
+    sch_limits_t   limits = {g_max_request};
     sch_request_t *req = NULL;
     sch_error_t    err;
     sch_error_init(&err);

@@ -58,6 +58,7 @@ static const cfg_opt_t CFG_OPTS[] = {
     {"max-queued-tokens", CMD_BOTH, CFG_NUM, "4194304"},
     {"result-cache-entries", CMD_BOTH, CFG_NUM, "16384"},
     {"result-cache-mib", CMD_BOTH, CFG_NUM, "64"},
+    {"max-request-bytes", CMD_BOTH, CFG_NUM, "8388608"},
     {"window", CMD_SERVE, CFG_NUM, "2048"},
     {"window-mib", CMD_SERVE, CFG_NUM, "256"},
     {"metrics-file", CMD_SERVE, CFG_STR, NULL},

@@ -27,7 +27,7 @@ static const char HTTP_HELP[] =
     "Usage: d3stream http --model DIR [--listen HOST:PORT] [--workers N] [--max-queue N]\n"
     "                     [--max-queued-tokens N] [--max-connections N] [--timeout S]\n"
     "                     [--max-body-memory MIB] [--result-cache-entries N]\n"
-    "                     [--result-cache-mib N]\n"
+    "                     [--result-cache-mib N] [--max-request-bytes N]\n"
     "                     [--no-verify] [--log-level debug|info|warn|error]\n"
     "\n"
     "Serves the System One API of the upstream decision runtime over HTTP/1.1\n"
@@ -59,7 +59,7 @@ static const char HTTP_HELP[] =
     "  400  invalid_request: not UTF-8 or not JSON, a request-level rule, every\n"
     "       question invalid\n"
     "  404  model_not_found: \"model\" names another model\n"
-    "  413  request_too_large: Content-Length over 8388608 bytes (answered before the\n"
+    "  413  request_too_large: Content-Length over --max-request-bytes (answered before the\n"
     "       body is read to a client that sent Expect: 100-continue, else after it),\n"
     "       or a chunked body growing past it\n"
     "  422  unsupported_surface: the other surfaces\n"
@@ -95,7 +95,7 @@ static const char HTTP_HELP[] =
     "  --max-body-memory MIB request bodies and answers held at once, in MiB\n"
     "                        (default 256; at least 8, so that one body of the\n"
     "                        largest size fits); past it new bodies get 429\n"
-    OPS_CACHE_HELP
+    OPS_CACHE_HELP OPS_MAX_REQUEST_HELP
     "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
         OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
@@ -266,8 +266,19 @@ static size_t fit_connections(size_t want, const char *cmd) {
     return want;
 }
 
-void ops_http_opts_finish(http_opts_t *o, const char *cmd) {
+bool ops_http_opts_finish(http_opts_t *o, const char *cmd) {
+    size_t body = ops_max_request_bytes(), mib = (body + (1u << 20) - 1) >> 20;
+    if (o->body_budget < body && o->body_budget_set) {
+        ops_fail(cmd,
+                 "--max-body-memory %zu: at least %zu (MiB: one request body of the largest "
+                 "size, --max-request-bytes %zu, must fit)",
+                 o->body_budget >> 20, mib, body);
+        return false;
+    }
+    if (o->body_budget < body)
+        o->body_budget = mib << 20;
     o->max_connections = fit_connections(o->max_connections, cmd);
+    return true;
 }
 
 http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_conf_t *c) {
@@ -440,7 +451,8 @@ enum {
     O_LAYOUT,
     O_PROFILE,
     O_RCACHE,
-    O_RCACHE_MIB
+    O_RCACHE_MIB,
+    O_MAXREQ
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -458,26 +470,21 @@ static const struct option HTTP_OPTS[] = {
     {"profile", required_argument, NULL, O_PROFILE},
     {"result-cache-entries", required_argument, NULL, O_RCACHE},
     {"result-cache-mib", required_argument, NULL, O_RCACHE_MIB},
+    {"max-request-bytes", required_argument, NULL, O_MAXREQ},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 /* --max-body-memory MIB: below one body of the largest size a request
  * could be refused 429 for ever, so such a value is a usage error rather
- * than silently raised. */
+ * than silently raised (ops_http_opts_finish checks it once
+ * --max-request-bytes is known too). */
 static int body_memory_opt(const char *arg, http_opts_t *o) {
-    size_t       v;
-    const size_t min = ((size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + (1u << 20) - 1) >> 20;
+    size_t v;
     if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v))
         return OPS_EXIT_USAGE;
-    if (v < min) {
-        ops_fail("http",
-                 "--max-body-memory \"%s\": at least %zu (MiB: one request body of the "
-                 "largest size, %u bytes, must fit)",
-                 arg, min, (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
-        return OPS_EXIT_USAGE;
-    }
     o->body_budget = v << 20;
+    o->body_budget_set = true;
     return -1;
 }
 
@@ -526,6 +533,8 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
     case O_RCACHE:
     case O_RCACHE_MIB:
         return ops_cache_opt("http", c == O_RCACHE_MIB, arg, o);
+    case O_MAXREQ:
+        return ops_max_request_opt("http", arg);
     case 'h':
         fputs(HTTP_HELP, stdout);
         return OPS_EXIT_OK;
@@ -549,10 +558,11 @@ static int http_main(const ops_config_t *cfg) {
         ops_fail("http", "--model DIR is required (and no other operand): see --help");
         rc = OPS_EXIT_USAGE;
     }
+    if (rc < 0 && !ops_http_opts_finish(&o, "http"))
+        rc = OPS_EXIT_USAGE;
     if (rc >= 0)
         return rc;
     ops_log_init("http", lv);
-    ops_http_opts_finish(&o, "http");
     return http_package(&o);
 }
 

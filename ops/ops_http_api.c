@@ -234,6 +234,8 @@ static json_t *model_card(http_t *h, int state) {
         eng_package_readout_bf16(h->ask.pkg) ? "fp32/bf16-readout" : "fp32/fp32-readout",
         "parameters", params, "ready", state == HTTP_READY, "status", state_name(state), "reason",
         state == HTTP_READY ? NULL : "the model is not ready", "golden", "plugins");
+    json_object_set_new(json_object_get(card, "limits"), "max_request_bytes",
+                        json_integer((json_int_t)ops_max_request_bytes()));
     if (card && loaded)
         card_media(card, h->ask.model);
     return card;
@@ -251,5 +253,5 @@ void ops_http_models(http_req_t *r, bool systemone) {
     set_json(r, 200,
              json_pack("{s:s, s:s, s:[o], s:{s:i, s:I}}", "object", "list", "api_version",
                        HTTP_API_VERSION, "data", model_card(h, state), "limits", "max_bundle_tasks",
-                       64, "max_request_bytes", (json_int_t)SCH_DEFAULT_MAX_REQUEST_BYTES));
+                       64, "max_request_bytes", (json_int_t)ops_max_request_bytes()));
 }

@@ -41,6 +41,7 @@ typedef struct http_opts {
     unsigned        timeout_s; /* idle connection timeout */
     /* --result-cache-entries (0: no reuse) and --result-cache-mib */
     size_t cache_entries, cache_mib;
+    bool   body_budget_set; /* --max-body-memory given */
 } http_opts_t;
 
 /* The routes: index into the counters. */
@@ -183,9 +184,11 @@ int ops_cache_opt(const char *cmd, bool mib, const char *arg, http_opts_t *o);
     "                      of 4 options), least recently used out past either bound\n"
 /* HOST:PORT (or [V6]:PORT) -> o->host, o->port; false when malformed. */
 bool ops_http_parse_listen(const char *arg, http_opts_t *o);
-/* After the options: the body budget fits one largest body, the connection
- * limit fits the open-file limit (said on stderr when lowered). */
-void ops_http_opts_finish(http_opts_t *o, const char *cmd);
+/* After the options: the body budget fits one largest body
+ * (--max-request-bytes; a default budget is raised to it, a given one too
+ * small is a usage error, said on stderr: false), the connection limit
+ * fits the open-file limit (said on stderr when lowered). */
+bool ops_http_opts_finish(http_opts_t *o, const char *cmd);
 /* Listens on o's address (the address is logged: "listening on
  * http://HOST:PORT") with the package of ask (ask->model NULL: /health says
  * loading and decision requests get 503 until ops_http_ready). o, ask's

@@ -65,7 +65,7 @@ static bool reserve(http_req_t *r, size_t n) {
 /* Frees r's body and gives its budget back. */
 static void drop_body(http_req_t *r) {
     svc_buf_fini(&r->body);
-    svc_buf_init(&r->body, SCH_DEFAULT_MAX_REQUEST_BYTES);
+    svc_buf_init(&r->body, ops_max_request_bytes());
     if (r->reserved)
         atomic_fetch_sub(&r->h->body_bytes, r->reserved);
     r->reserved = 0;
@@ -218,13 +218,13 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
         char              *end = NULL;
         unsigned long long v = strtoull(cl, &end, 10);
         bool               now = answer_before_body(r, end != cl ? v : 0);
-        if (end != cl && v > SCH_DEFAULT_MAX_REQUEST_BYTES) {
+        if (end != cl && v > ops_max_request_bytes()) {
             if (!now) {
                 r->too_large = true; /* read, dropped, answered at the end (finish) */
                 return MHD_YES;
             }
-            ops_http_error(r, 413, "request_too_large", "the request body exceeds %u bytes",
-                           (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+            ops_http_error(r, 413, "request_too_large", "the request body exceeds %zu bytes",
+                           ops_max_request_bytes());
             return send_json(r);
         }
         if (end != cl && v > 0 && (!reserve(r, (size_t)v) || svc_buf_reserve(&r->body, v))) {
@@ -246,7 +246,7 @@ static enum MHD_Result take(http_req_t *r, const char *data, size_t n) {
         r->dropped += n;
         return r->dropped > HTTP_DISCARD_MAX ? MHD_NO : MHD_YES;
     }
-    if (r->body.len + n > SCH_DEFAULT_MAX_REQUEST_BYTES)
+    if (r->body.len + n > ops_max_request_bytes())
         r->too_large = true;
     else if (r->body.len + n > r->reserved && !reserve(r, r->body.len + n - r->reserved))
         r->over_budget = true;
@@ -285,8 +285,8 @@ static bool transport_error(http_req_t *r, bool or_not_object) {
 static enum MHD_Result finish(http_req_t *r) {
     http_t *h = r->h;
     if (r->too_large) {
-        ops_http_error(r, 413, "request_too_large", "the request body exceeds %u bytes",
-                       (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+        ops_http_error(r, 413, "request_too_large", "the request body exceeds %zu bytes",
+                       ops_max_request_bytes());
         return send_json(r);
     }
     if (r->over_budget) {
@@ -370,7 +370,7 @@ enum MHD_Result ops_http_handler(void *cls, struct MHD_Connection *con, const ch
         snprintf(r->method, sizeof r->method, "%s", method);
         snprintf(r->path, sizeof r->path, "%s", url);
         request_id(r);
-        svc_buf_init(&r->body, SCH_DEFAULT_MAX_REQUEST_BYTES);
+        svc_buf_init(&r->body, ops_max_request_bytes());
         svc_buf_init(&r->out, SIZE_MAX / 2);
         atomic_fetch_add(&h->in_flight, 1);
         *req_cls = r;

@@ -67,6 +67,21 @@ int ops_q4nx_layout_opt(const char *cmd, const char *arg, eng_load_opts_t *lo);
     "                      meta.numerics \"approximate\" (where the CPU has AVX-512\n"             \
     "                      VNNI; elsewhere fast runs the exact kernels)\n"
 eng_profile_t ops_profile_default(void);
+/* The largest request body this command takes (--max-request-bytes,
+ * upstream's worker option; SPEC a.1: 8,388,608 by default): the HTTP
+ * shim's 413 (from Content-Length, and while a body arrives), a Kafka
+ * record's JSON (after Avro), `ask`'s input and the decoder all follow it.
+ * ops_max_request_opt parses the option into it (-1 to go on, else the
+ * exit status). */
+#define OPS_MAX_REQUEST_MAX ((size_t)1 << 30)
+size_t ops_max_request_bytes(void);
+int    ops_max_request_opt(const char *cmd, const char *arg);
+#define OPS_MAX_REQUEST_HELP                                                                       \
+    "  --max-request-bytes N\n"                                                                    \
+    "                      the largest request body taken (default 8388608, as\n"                  \
+    "                      upstream); past it the answer is 413 request_too_large.\n"              \
+    "                      Raise it for requests of several large images (each image\n"           \
+    "                      stays at most 8,000,000 bytes, SPEC a.10)\n"
 int           ops_profile_opt(const char *cmd, const char *arg);
 
 /* Decodes body for the package opened from dir (ops_model_info). Returns

@@ -31,7 +31,7 @@ static const char SERVE_HELP[] =
     "                      [--from-beginning] [--stop-at-end] [--workers N] [--max-queue N]\n"
     "                      [--max-queued-tokens N] [--window N] [--window-mib N]\n"
     "                      [--metrics-file PATH] [--result-cache-entries N]\n"
-    "                      [--result-cache-mib N]\n"
+    "                      [--result-cache-mib N] [--max-request-bytes N]\n"
     "                      [--http HOST:PORT]\n"
     "                      [--log-level debug|info|warn|error] [--no-verify] [-X k=v]...\n"
     "\n"
@@ -111,7 +111,7 @@ static const char SERVE_HELP[] =
     "                      not yet taken), in MiB (default 256): past it fetching\n"
     "                      pauses too, so large records bound memory, not only\n"
     "                      their count; one record of any size is always taken\n"
-    OPS_CACHE_HELP
+    OPS_CACHE_HELP OPS_MAX_REQUEST_HELP
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
@@ -544,7 +544,8 @@ enum {
     O_LAYOUT,
     O_PROFILE,
     O_RCACHE,
-    O_RCACHE_MIB
+    O_RCACHE_MIB,
+    O_MAXREQ
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -575,6 +576,7 @@ static const struct option SERVE_OPTS[] = {
     {"profile", required_argument, NULL, O_PROFILE},
     {"result-cache-entries", required_argument, NULL, O_RCACHE},
     {"result-cache-mib", required_argument, NULL, O_RCACHE_MIB},
+    {"max-request-bytes", required_argument, NULL, O_MAXREQ},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -660,6 +662,8 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
     case O_RCACHE:
     case O_RCACHE_MIB:
         return ops_cache_opt("serve", c == O_RCACHE_MIB, arg, &o->http);
+    case O_MAXREQ:
+        return ops_max_request_opt("serve", arg);
     case O_BEGIN:
         o->from_beginning = true;
         return -1;
@@ -736,9 +740,10 @@ static int serve_main(const ops_config_t *cfg) {
             o.http.max_queue = o.max_queue;
         if (o.max_queued_tokens)
             o.http.max_queued_tokens = o.max_queued_tokens;
-        if (o.http_on)
-            ops_http_opts_finish(&o.http, "serve");
-        rc = serve_package(&o);
+        if (o.http_on && !ops_http_opts_finish(&o.http, "serve"))
+            rc = OPS_EXIT_USAGE;
+        else
+            rc = serve_package(&o);
     }
     free(o.props);
     return rc;

@@ -118,7 +118,7 @@ static void decode(serve_t *s, job_t *j) {
     const char *v = cons_msg_value(j->msg, &vlen);
     svc_buf_t   json;
     /* One byte past the limit, so that the decoder answers 413 itself. */
-    svc_buf_init(&json, (size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + 2);
+    svc_buf_init(&json, ops_max_request_bytes() + 2);
     if (s->o->avro) {
         svc_err_t err = avro_to_json(s, v, vlen, &json, j->why, sizeof j->why);
         if (err == SVC_ERR_IO) {
@@ -130,8 +130,7 @@ static void decode(serve_t *s, job_t *j) {
             j->status = own_error(&j->out, 400, "invalid_request", j->why);
         } else if (err == SVC_ERR_TOO_LARGE) {
             char m[96];
-            snprintf(m, sizeof m, "the request body exceeds %u bytes",
-                     (unsigned)SCH_DEFAULT_MAX_REQUEST_BYTES);
+            snprintf(m, sizeof m, "the request body exceeds %zu bytes", ops_max_request_bytes());
             j->status = own_error(&j->out, 413, "request_too_large", m);
         }
         if (err) {

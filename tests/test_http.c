@@ -1071,6 +1071,41 @@ Test(http, disconnect_cancels_and_is_499, .timeout = 240) {
     server_cleanup(&s);
 }
 
+/* Issue 34: --max-request-bytes is the operator's: the 413 from
+ * Content-Length and while a chunked body arrives name it, the card and
+ * /v1/models report it, and a body within it is answered. */
+Test(http, max_request_bytes_is_the_operators, .timeout = 120) {
+    server_t s;
+    server_start(&s, "--max-request-bytes 1000");
+    char body[1200];
+    memset(body, ' ', sizeof body);
+    memcpy(body, "{}", 2);
+    resp_t r;
+    request(&s, "POST", "/v1/systemone", body, sizeof body, &r);
+    cr_assert_eq(r.status, 413);
+    cr_assert(strstr(r.body.data, "the request body exceeds 1000 bytes"), "%s", r.body.data);
+    resp_fini(&r);
+    static const char ok[] = "{\"state\": \"x\", \"questions\": {\"n\": {\"type\": \"noul\", "
+                             "\"instructions\": \"Is it?\"}}}";
+    request(&s, "POST", "/v1/systemone", ok, strlen(ok), &r);
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    resp_fini(&r);
+    request(&s, "GET", "/v1/models", NULL, 0, &r);
+    json_t *j = json_loads(r.body.data, 0, NULL);
+    cr_assert(j, "%s", r.body.data);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(j, "limits"), "max_request_bytes")),
+        1000);
+    json_t *card = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(card, "limits"), "max_request_bytes")),
+        1000, "%s", r.body.data);
+    json_decref(j);
+    resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+}
+
 /* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
 static unsigned char *flat_png(uint32_t w, uint32_t h, uint8_t shade, size_t *len) {
     png_image im = {
