@@ -477,12 +477,19 @@ static const struct option HTTP_OPTS[] = {
 
 /* --max-body-memory MIB: below one body of the largest size a request
  * could be refused 429 for ever, so such a value is a usage error rather
- * than silently raised (ops_http_opts_finish checks it once
- * --max-request-bytes is known too). */
+ * than silently raised: checked here against the limit so far, and by
+ * ops_http_opts_finish once a later --max-request-bytes is known too. */
 static int body_memory_opt(const char *arg, http_opts_t *o) {
-    size_t v;
+    size_t v, body = ops_max_request_bytes(), min = (body + (1u << 20) - 1) >> 20;
     if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v))
         return OPS_EXIT_USAGE;
+    if (v < min) { /* here, so that the value's origin is named (ops_config_blame) */
+        ops_fail("http",
+                 "--max-body-memory \"%s\": at least %zu (MiB: one request body of the "
+                 "largest size, %zu bytes, must fit)",
+                 arg, min, body);
+        return OPS_EXIT_USAGE;
+    }
     o->body_budget = v << 20;
     o->body_budget_set = true;
     return -1;
