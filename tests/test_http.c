@@ -1108,15 +1108,10 @@ Test(http, max_request_bytes_is_the_operators, .timeout = 120) {
 
 /* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
 static unsigned char *flat_png(uint32_t w, uint32_t h, uint8_t shade, size_t *len) {
-    png_image im = {
-        .version = PNG_IMAGE_VERSION, .width = w, .height = h, .format = PNG_FORMAT_GRAY};
-    unsigned char *px = malloc((size_t)w * h), *out = NULL;
+    unsigned char *px = malloc((size_t)w * h);
     cr_assert(px);
     memset(px, shade, (size_t)w * h);
-    cr_assert(png_image_write_to_memory(&im, NULL, len, 0, px, 0, NULL), "%s", im.message);
-    out = malloc(*len);
-    cr_assert(out);
-    cr_assert(png_image_write_to_memory(&im, out, len, 0, px, 0, NULL), "%s", im.message);
+    unsigned char *out = test_png(w, h, PNG_FORMAT_GRAY, px, len);
     free(px);
     return out;
 }

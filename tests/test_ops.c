@@ -8,7 +8,6 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
-#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include "svc.h"
 #include "npu.h"
 #include "test_cmd.h"
+#include "test_util.h"
 
 #define GOLDEN D3_SOURCE_DIR "/tests/golden"
 
@@ -763,21 +763,13 @@ Test(ops, version_usage) {
 /* A request file of one noul question on "x" with n images: each the n_bytes
  * bytes at imgs[k], as PNG data URLs. Returns the file's path (free it). */
 static char *image_request_file(unsigned char *const *imgs, const size_t *n_bytes, size_t n) {
-    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    svc_buf_t         b;
+    svc_buf_t b;
     svc_buf_init(&b, (size_t)1 << 30);
     cr_assert_eq(svc_buf_adds(&b, "{\"state\": \"x\", \"images\": ["), SVC_OK);
     for (size_t k = 0; k < n; k++) {
         cr_assert_eq(svc_buf_adds(&b, k ? ", \"data:image/png;base64," : "\"data:image/png;base64,"),
                      SVC_OK);
-        const unsigned char *p = imgs[k];
-        for (size_t i = 0; i < n_bytes[k]; i += 3) {
-            uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n_bytes[k] ? (uint32_t)p[i + 1] << 8 : 0) |
-                         (i + 2 < n_bytes[k] ? p[i + 2] : 0);
-            char q[4] = {A[v >> 18], A[v >> 12 & 63], i + 1 < n_bytes[k] ? A[v >> 6 & 63] : '=',
-                         i + 2 < n_bytes[k] ? A[v & 63] : '='};
-            cr_assert_eq(svc_buf_add(&b, q, 4), SVC_OK);
-        }
+        b64_add(&b, imgs[k], n_bytes[k]);
         cr_assert_eq(svc_buf_adds(&b, "\""), SVC_OK);
     }
     cr_assert_eq(svc_buf_adds(&b, "], \"questions\": {\"n\": {\"type\": \"noul\", "
@@ -790,17 +782,13 @@ static char *image_request_file(unsigned char *const *imgs, const size_t *n_byte
 
 /* A w x h RGB PNG of noise: incompressible, so about 3 w h bytes. */
 static unsigned char *noise_png(uint32_t w, uint32_t h, uint32_t seed, size_t *len) {
-    png_image im = {.version = PNG_IMAGE_VERSION, .width = w, .height = h, .format = PNG_FORMAT_RGB};
-    unsigned char *px = malloc((size_t)w * h * 3), *out = NULL;
+    unsigned char *px = malloc((size_t)w * h * 3);
     cr_assert(px);
     for (size_t i = 0; i < (size_t)w * h * 3; i++) {
         seed = seed * 1103515245u + 12345u;
         px[i] = (unsigned char)(seed >> 16);
     }
-    cr_assert(png_image_write_to_memory(&im, NULL, len, 0, px, 0, NULL), "%s", im.message);
-    out = malloc(*len);
-    cr_assert(out);
-    cr_assert(png_image_write_to_memory(&im, out, len, 0, px, 0, NULL), "%s", im.message);
+    unsigned char *out = test_png(w, h, PNG_FORMAT_RGB, px, len);
     free(px);
     return out;
 }

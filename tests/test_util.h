@@ -7,6 +7,7 @@
 
 #include <criterion/criterion.h>
 #include <ftw.h>
+#include <png.h>
 #include <stdio.h>
 
 #include "engine.h"
@@ -34,6 +35,18 @@ static inline void b64_add(svc_buf_t *b, const unsigned char *p, size_t n) {
                      i + 2 < n ? A[v & 63] : '='};
         cr_assert_eq(svc_buf_add(b, q, 4), SVC_OK);
     }
+}
+
+/* The w x h pixels px (format: a libpng simplified-API format, e.g.
+ * PNG_FORMAT_RGB) as a PNG in memory, *len bytes; the caller frees it. */
+static inline unsigned char *test_png(uint32_t w, uint32_t h, uint32_t format,
+                                      const unsigned char *px, size_t *len) {
+    png_image im = {.version = PNG_IMAGE_VERSION, .width = w, .height = h, .format = format};
+    cr_assert(png_image_write_to_memory(&im, NULL, len, 0, px, 0, NULL), "%s", im.message);
+    unsigned char *out = malloc(*len);
+    cr_assert(out);
+    cr_assert(png_image_write_to_memory(&im, out, len, 0, px, 0, NULL), "%s", im.message);
+    return out;
 }
 
 /* A request body into b: one synthetic w x h PNG (only its first half when
