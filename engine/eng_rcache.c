@@ -43,12 +43,6 @@ static size_t rc_cost(size_t n) {
     return (req + 15) / 16 * 16;
 }
 
-static size_t rc_bucket(const eng_rcache_t *c, const unsigned char *key) {
-    uint64_t h;
-    memcpy(&h, key, sizeof h); /* a SHA-256 is uniform already */
-    return (size_t)h & (c->n_buckets - 1);
-}
-
 static void key_update(EVP_MD_CTX *md, const void *p, size_t n) {
     (void)EVP_DigestUpdate(md, p, n);
 }
@@ -125,7 +119,7 @@ void eng_rcache_free(eng_rcache_t *c) {
 /* ---- under c->mu ---- */
 
 static rc_entry_t **rc_find(eng_rcache_t *c, const unsigned char *key) {
-    rc_entry_t **link = &c->buckets[rc_bucket(c, key)];
+    rc_entry_t **link = &c->buckets[eng_rcache_bucket(key, c->n_buckets)];
     while (*link && memcmp((*link)->key, key, ENG_RCACHE_KEY) != 0)
         link = &(*link)->hnext;
     return link;
@@ -176,10 +170,8 @@ static void rc_grow(eng_rcache_t *c) {
     for (size_t i = 0; i < c->n_buckets; i++)
         for (rc_entry_t *e = c->buckets[i], *nx; e; e = nx) {
             nx = e->hnext;
-            uint64_t h;
-            memcpy(&h, e->key, sizeof h);
-            e->hnext = b[(size_t)h & (nb - 1)];
-            b[(size_t)h & (nb - 1)] = e;
+            e->hnext = b[eng_rcache_bucket(e->key, nb)];
+            b[eng_rcache_bucket(e->key, nb)] = e;
         }
     free(c->buckets);
     c->buckets = b;
@@ -226,7 +218,7 @@ void eng_rcache_put(eng_rcache_t *c, const unsigned char key[ENG_RCACHE_KEY], co
         rc_remove(c, rc_find(c, c->tail->key));
         c->st.evictions++;
     }
-    size_t b = rc_bucket(c, key);
+    size_t b = eng_rcache_bucket(key, c->n_buckets);
     e->hnext = c->buckets[b];
     c->buckets[b] = e;
     lru_push_front(c, e);

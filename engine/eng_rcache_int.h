@@ -20,9 +20,20 @@
 
 #include "engine.h"
 
+#include <string.h>
+
 #define ENG_RCACHE_KEY 32
 
 typedef struct eng_rcache eng_rcache_t;
+
+/* Bucket of key among nb (a power of two): its first 8 bytes, a SHA-256
+ * being uniform already. The cache's table and the scheduler's table of
+ * questions in flight both use it. */
+static inline size_t eng_rcache_bucket(const unsigned char *key, size_t nb) {
+    uint64_t h;
+    memcpy(&h, key, sizeof h);
+    return (size_t)h & (nb - 1);
+}
 
 /* The key's inputs beside the prompt's ids: the package identity (any
  * string: the manifest's model_sha256 where known, and the served name),
@@ -35,11 +46,13 @@ typedef struct eng_rcache_ctx {
 } eng_rcache_ctx_t;
 
 /**
- * @brief key = SHA-256 of ctx, n_options, the prompt's ids (n, images as
- *        their placeholders) and each image of the question's part in
- *        order (its SHA-256 and its token count): every input of the
- *        answer's bits. (The forward pass's grouping is not one: the
- *        scheduler's answers equal those of a lone pass.)
+ * @brief key = SHA-256 of ctx, n_options, the prompt's ids (n; each image
+ *        is one <|image_pad|> id there) and each image of the question's
+ *        part in order (its SHA-256 and its token count): every input of
+ *        the answer. The scheduler's grouping is left out: it moves an
+ *        answer by the kernels' rounding only (prefix states shift the
+ *        delta rule's chunk boundaries), and a hit returns the bits of the
+ *        pass that computed it.
  */
 void eng_rcache_key(const eng_rcache_ctx_t *ctx, size_t n_options, const int32_t *ids, size_t n,
                     const unsigned char (*img_sha)[32], const size_t *img_tokens, size_t n_images,

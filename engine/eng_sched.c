@@ -432,15 +432,9 @@ static void live_unlink_locked(eng_sched_t *s, sreq_t *r) {
 
 /* ---- the questions in flight that others may join (s->fl) ---- */
 
-static size_t fl_bucket(size_t nb, const unsigned char *key) {
-    uint64_t h;
-    memcpy(&h, key, sizeof h); /* a SHA-256 is uniform already */
-    return (size_t)h & (nb - 1);
-}
-
 /* The leader in flight with key, or NULL. @locks s->mu held. */
 static squ_t *fl_find_locked(const eng_sched_t *s, const unsigned char *key) {
-    squ_t *q = s->fl[fl_bucket(s->fl_nb, key)];
+    squ_t *q = s->fl[eng_rcache_bucket(key, s->fl_nb)];
     while (q && memcmp(q->key, key, ENG_RCACHE_KEY) != 0)
         q = q->hnext;
     return q;
@@ -455,8 +449,8 @@ static void fl_insert_locked(eng_sched_t *s, squ_t *q) {
         for (size_t i = 0; b && i < s->fl_nb; i++)
             for (squ_t *e = s->fl[i], *nx; e; e = nx) {
                 nx = e->hnext;
-                e->hnext = b[fl_bucket(nb, e->key)];
-                b[fl_bucket(nb, e->key)] = e;
+                e->hnext = b[eng_rcache_bucket(e->key, nb)];
+                b[eng_rcache_bucket(e->key, nb)] = e;
             }
         if (b) {
             free(s->fl);
@@ -464,7 +458,7 @@ static void fl_insert_locked(eng_sched_t *s, squ_t *q) {
             s->fl_nb = nb;
         }
     }
-    squ_t **head = &s->fl[fl_bucket(s->fl_nb, q->key)];
+    squ_t **head = &s->fl[eng_rcache_bucket(q->key, s->fl_nb)];
     q->hnext = *head;
     *head = q;
     q->leader = true;
@@ -472,7 +466,7 @@ static void fl_insert_locked(eng_sched_t *s, squ_t *q) {
 }
 
 static void fl_remove_locked(eng_sched_t *s, squ_t *q) {
-    squ_t **link = &s->fl[fl_bucket(s->fl_nb, q->key)];
+    squ_t **link = &s->fl[eng_rcache_bucket(q->key, s->fl_nb)];
     while (*link != q)
         link = &(*link)->hnext;
     *link = q->hnext;

@@ -424,17 +424,12 @@ static svc_err_t check_answered(bench_t *bn, const sch_request_t *req, const eng
     return SVC_OK;
 }
 
-/* One timed run of reqs[0..n_req-1] through a fresh scheduler (answer
- * reuse on when cache: the served default's bounds); adds the prompt
- * tokens answered to *tokens. */
-static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_req, bool cache,
-                            double *sec, size_t *tokens, bench_result_t *res) {
-    eng_sched_t     *s = NULL;
-    eng_sched_conf_t conf = {.n_workers = bn->o->workers,
-                             .cache_entries = cache ? ENG_SCHED_CACHE_ENTRIES : 0};
-    svc_err_t err = eng_sched_new(bn->pkg, bn->model, &conf, &s, bn->errstr, sizeof bn->errstr);
-    if (err)
-        return err;
+/* One timed run of reqs[0..n_req-1] through s, until all are answered;
+ * adds the prompt tokens answered to *tokens, and the scheduler's counts
+ * of the run to res. */
+static svc_err_t sched_run(bench_t *bn, eng_sched_t *s, sch_request_t *const *reqs, size_t n_req,
+                           double *sec, size_t *tokens, bench_result_t *res) {
+    svc_err_t         err = SVC_OK;
     bench_wait_t      w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     bench_job_t       jobs[BENCH_MAX_Q];
     size_t            submitted = 0;
@@ -461,7 +456,6 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
     pthread_mutex_unlock(&w.mu);
     *sec = now_s() - t0;
     eng_sched_stats(s, &st1);
-    eng_sched_free(s);
     if (!err && w.err) {
         err = w.err;
         svc_errf(bn->errstr, sizeof bn->errstr, "%s", w.errstr);
@@ -485,6 +479,20 @@ static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_re
     res->reused = st1.cache_hits + st1.joins - st0.cache_hits - st0.joins;
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
+    return err;
+}
+
+/* sched_run through a fresh scheduler (answer reuse on when cache: the
+ * served default's bounds). */
+static svc_err_t sched_once(bench_t *bn, sch_request_t *const *reqs, size_t n_req, bool cache,
+                            double *sec, size_t *tokens, bench_result_t *res) {
+    eng_sched_t     *s = NULL;
+    eng_sched_conf_t conf = {.n_workers = bn->o->workers,
+                             .cache_entries = cache ? ENG_SCHED_CACHE_ENTRIES : 0};
+    svc_err_t err = eng_sched_new(bn->pkg, bn->model, &conf, &s, bn->errstr, sizeof bn->errstr);
+    if (!err)
+        err = sched_run(bn, s, reqs, n_req, sec, tokens, res);
+    eng_sched_free(s);
     return err;
 }
 
@@ -543,30 +551,6 @@ static svc_err_t run_images(bench_t *bn, const bench_row_t *row, double *secs,
     return err;
 }
 
-/* One request through s, waited for: *sec from submit to done. */
-static svc_err_t submit_wait(bench_t *bn, eng_sched_t *s, sch_request_t *req, double *sec) {
-    bench_wait_t w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    bench_job_t  job = {&w, 0};
-    double       t0 = now_s();
-    svc_err_t    err = eng_sched_submit(s, req, on_done, &job, NULL);
-    if (err) {
-        svc_errf(bn->errstr, sizeof bn->errstr, "submit: %s", svc_err_name(err));
-        return err;
-    }
-    pthread_mutex_lock(&w.mu);
-    while (w.n_done < 1)
-        pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    *sec = now_s() - t0;
-    err = w.err;
-    if (err)
-        svc_errf(bn->errstr, sizeof bn->errstr, "%s", w.errstr);
-    else
-        err = check_answered(bn, req, w.ans[0]);
-    eng_answers_free(w.ans[0]);
-    return err;
-}
-
 /* The cache row: per run a new question (its own state) asked twice of
  * one scheduler with the served default's answer reuse: the repeat's time
  * from submit to done (secs), the first's in first_s. */
@@ -579,16 +563,13 @@ static svc_err_t run_cache(bench_t *bn, const bench_row_t *row, double *secs,
     if (!err && !first)
         err = SVC_ERR_NOMEM;
     for (size_t r = 0; !err && r < bn->o->runs; r++) {
-        sch_request_t    *req = NULL;
-        eng_sched_stats_t st0, st1;
+        sch_request_t *req = NULL;
+        size_t         tokens = 0;
         err = synthesise(bn, 100 + r, row->size, 1, &req);
         if (!err)
-            err = submit_wait(bn, s, req, &first[r]);
-        eng_sched_stats(s, &st0);
+            err = sched_run(bn, s, &req, 1, &first[r], &tokens, res);
         if (!err)
-            err = submit_wait(bn, s, req, &secs[r]);
-        eng_sched_stats(s, &st1);
-        res->reused = st1.cache_hits - st0.cache_hits;
+            err = sched_run(bn, s, &req, 1, &secs[r], &tokens, res);
         res->tokens = row->size;
         if (!err && res->reused != 1) {
             svc_errf(bn->errstr, sizeof bn->errstr, "the repeat was not answered from the cache");

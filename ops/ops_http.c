@@ -266,17 +266,29 @@ static size_t fit_connections(size_t want, const char *cmd) {
     return want;
 }
 
+/* Whether a --max-body-memory of mib MiB (shown as given) holds one
+ * request body of the largest size; says why not. Below that a request
+ * could be refused 429 for ever, so it is a usage error rather than
+ * silently raised. */
+static bool body_memory_fits(const char *cmd, size_t mib, const char *shown) {
+    size_t body = ops_max_request_bytes(), min = (body + (1u << 20) - 1) >> 20;
+    if (mib >= min)
+        return true;
+    ops_fail(cmd,
+             "--max-body-memory \"%s\": at least %zu (MiB: one request body of the largest "
+             "size, %zu bytes (--max-request-bytes), must fit)",
+             shown, min, body);
+    return false;
+}
+
 bool ops_http_opts_finish(http_opts_t *o, const char *cmd) {
-    size_t body = ops_max_request_bytes(), mib = (body + (1u << 20) - 1) >> 20;
-    if (o->body_budget < body && o->body_budget_set) {
-        ops_fail(cmd,
-                 "--max-body-memory %zu: at least %zu (MiB: one request body of the largest "
-                 "size, --max-request-bytes %zu, must fit)",
-                 o->body_budget >> 20, mib, body);
+    char   shown[32];
+    size_t body = ops_max_request_bytes();
+    snprintf(shown, sizeof shown, "%zu", o->body_budget >> 20);
+    if (o->body_budget_set && !body_memory_fits(cmd, o->body_budget >> 20, shown))
         return false;
-    }
-    if (o->body_budget < body)
-        o->body_budget = mib << 20;
+    if (o->body_budget < body) /* the default: one body always fits */
+        o->body_budget = (body + (1u << 20) - 1) >> 20 << 20;
     o->max_connections = fit_connections(o->max_connections, cmd);
     return true;
 }
@@ -475,21 +487,15 @@ static const struct option HTTP_OPTS[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* --max-body-memory MIB: below one body of the largest size a request
- * could be refused 429 for ever, so such a value is a usage error rather
- * than silently raised: checked here against the limit so far, and by
- * ops_http_opts_finish once a later --max-request-bytes is known too. */
+/* --max-body-memory MIB: checked here against the request limit so far,
+ * so that a value from the file or the environment is named by its origin
+ * (ops_config_blame), and again by ops_http_opts_finish once a later
+ * --max-request-bytes is known. */
 static int body_memory_opt(const char *arg, http_opts_t *o) {
-    size_t v, body = ops_max_request_bytes(), min = (body + (1u << 20) - 1) >> 20;
-    if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v))
+    size_t v;
+    if (!ops_count_opt("http", "max-body-memory", arg, 1u << 20, &v) ||
+        !body_memory_fits("http", v, arg))
         return OPS_EXIT_USAGE;
-    if (v < min) { /* here, so that the value's origin is named (ops_config_blame) */
-        ops_fail("http",
-                 "--max-body-memory \"%s\": at least %zu (MiB: one request body of the "
-                 "largest size, %zu bytes, must fit)",
-                 arg, min, body);
-        return OPS_EXIT_USAGE;
-    }
     o->body_budget = v << 20;
     o->body_budget_set = true;
     return -1;

@@ -20,12 +20,6 @@ static eng_rcache_ctx_t ctx0(void) {
                               .readout_bf16 = false};
 }
 
-static void key_of(const eng_rcache_ctx_t *c, size_t n_opt, const int32_t *ids, size_t n,
-                   const unsigned char (*sha)[32], const size_t *tok, size_t n_img,
-                   unsigned char key[ENG_RCACHE_KEY]) {
-    eng_rcache_key(c, n_opt, ids, n, sha, tok, n_img, key);
-}
-
 /* The key is a function of every input, and of nothing else. */
 Test(rcache, key_depends_on_every_input) {
     eng_rcache_ctx_t c = ctx0();
@@ -33,44 +27,44 @@ Test(rcache, key_depends_on_every_input) {
     unsigned char    sha[2][32];
     size_t           tok[2] = {64, 64};
     memset(sha, 7, sizeof sha);
-    key_of(&c, 2, IDS, N_IDS, sha, tok, 2, k0);
-    key_of(&c, 2, IDS, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&c, 2, IDS, N_IDS, sha, tok, 2, k0);
+    eng_rcache_key(&c, 2, IDS, N_IDS, sha, tok, 2, k1);
     cr_assert_eq(memcmp(k0, k1, 32), 0, "the same inputs, the same key");
 
     eng_rcache_ctx_t d = c;
     d.profile = ENG_PROFILE_FAST;
-    key_of(&d, 2, IDS, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&d, 2, IDS, N_IDS, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "profile");
     d = c;
     d.identity = "another-package";
-    key_of(&d, 2, IDS, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&d, 2, IDS, N_IDS, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "package identity");
     d = c;
     d.temperature = 0.5;
-    key_of(&d, 2, IDS, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&d, 2, IDS, N_IDS, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "temperature");
-    key_of(&c, 3, IDS, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&c, 3, IDS, N_IDS, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "option count");
-    key_of(&c, 2, IDS, N_IDS - 1, sha, tok, 2, k1);
+    eng_rcache_key(&c, 2, IDS, N_IDS - 1, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "a shorter prompt");
     int32_t other[N_IDS];
     memcpy(other, IDS, sizeof other);
     other[3]++;
-    key_of(&c, 2, other, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&c, 2, other, N_IDS, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "one id");
     sha[1][31] ^= 1;
-    key_of(&c, 2, IDS, N_IDS, sha, tok, 2, k1);
+    eng_rcache_key(&c, 2, IDS, N_IDS, sha, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "one bit of an image");
     sha[1][31] ^= 1;
-    key_of(&c, 2, IDS, N_IDS, sha, tok, 1, k1);
+    eng_rcache_key(&c, 2, IDS, N_IDS, sha, tok, 1, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "one image fewer");
     /* image order: two different images swapped */
     memset(sha[1], 9, 32);
-    key_of(&c, 2, IDS, N_IDS, sha, tok, 2, k0);
+    eng_rcache_key(&c, 2, IDS, N_IDS, sha, tok, 2, k0);
     unsigned char swapped[2][32];
     memcpy(swapped[0], sha[1], 32);
     memcpy(swapped[1], sha[0], 32);
-    key_of(&c, 2, IDS, N_IDS, swapped, tok, 2, k1);
+    eng_rcache_key(&c, 2, IDS, N_IDS, swapped, tok, 2, k1);
     cr_assert_neq(memcmp(k0, k1, 32), 0, "image order");
 }
 
