@@ -25,11 +25,11 @@ typedef struct rc_entry {
 } rc_entry_t;
 
 struct eng_rcache {
-    pthread_mutex_t mu;
-    rc_entry_t    **buckets; /* (n_buckets), a power of two */
-    size_t          n_buckets;
-    rc_entry_t     *head, *tail;
-    size_t          max_entries, max_bytes;
+    pthread_mutex_t    mu;
+    rc_entry_t       **buckets; /* (n_buckets), a power of two */
+    size_t             n_buckets;
+    rc_entry_t        *head, *tail;
+    size_t             max_entries, max_bytes;
     eng_rcache_stats_t st;
 };
 
@@ -52,7 +52,7 @@ void eng_rcache_key(const eng_rcache_ctx_t *ctx, size_t n_options, const int32_t
                     unsigned char key[ENG_RCACHE_KEY]) {
     static const char tag[] = "d3stream result cache 1";
     uint64_t          head[6] = {(uint64_t)ctx->profile, ctx->noncausal, ctx->readout_bf16,
-                                 (uint64_t)n_options, (uint64_t)n, (uint64_t)n_images};
+                                 (uint64_t)n_options,    (uint64_t)n,    (uint64_t)n_images};
     const char       *id = ctx->identity ? ctx->identity : "";
     uint64_t          id_len = strlen(id);
     EVP_MD_CTX       *md = EVP_MD_CTX_new();

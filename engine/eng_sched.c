@@ -413,8 +413,8 @@ typedef struct wctx {
     eng_profile_t      prof;
     float             *hidden; /* (max_group, hidden_size) final hidden states */
     sreq_t            *done;   /* requests finished by this batch, to complete unlocked */
-    leaf_t            *pend; /* (max_group) questions to run in one batched pass */
-    eng_fwd_seq_t     *seqs; /* (max_group) */
+    leaf_t            *pend;   /* (max_group) questions to run in one batched pass */
+    eng_fwd_seq_t     *seqs;   /* (max_group) */
     size_t             n_pend, pend_rows;
     char               errstr[512];
 } wctx_t;
@@ -643,9 +643,9 @@ static svc_err_t leaf_forward(wctx_t *w, const leaf_t *lf, float *hidden) {
  * and the bookkeeping. dt: its part of the pass's time. */
 static void leaf_finish(wctx_t *w, const leaf_t *lf, svc_err_t err, const float *hidden,
                         double dt) {
-    eng_sched_t *s = w->s;
-    squ_t       *q = lf->q;
-    sreq_t      *r = q->r;
+    eng_sched_t  *s = w->s;
+    squ_t        *q = lf->q;
+    sreq_t       *r = q->r;
     const double *probs = NULL;
     if (!lf->skip && !err) {
         double t0 = eng_now_ms();

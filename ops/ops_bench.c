@@ -554,8 +554,7 @@ static svc_err_t run_images(bench_t *bn, const bench_row_t *row, double *secs,
 /* The cache row: per run a new question (its own state) asked twice of
  * one scheduler with the served default's answer reuse: the repeat's time
  * from submit to done (secs), the first's in first_s. */
-static svc_err_t run_cache(bench_t *bn, const bench_row_t *row, double *secs,
-                           bench_result_t *res) {
+static svc_err_t run_cache(bench_t *bn, const bench_row_t *row, double *secs, bench_result_t *res) {
     eng_sched_t     *s = NULL;
     eng_sched_conf_t conf = {.n_workers = bn->o->workers, .cache_entries = ENG_SCHED_CACHE_ENTRIES};
     svc_err_t err = eng_sched_new(bn->pkg, bn->model, &conf, &s, bn->errstr, sizeof bn->errstr);
@@ -602,7 +601,7 @@ static svc_err_t run_repeats(bench_t *bn, const bench_row_t *row, double *secs,
     for (size_t i = half; i < row->n; i++)
         reqs[i] = reqs[i - half];
     for (size_t r = 0; !err && r < bn->o->runs; r++) {
-        size_t tokens = 0;
+        size_t         tokens = 0;
         bench_result_t off_res;
         err = sched_once(bn, reqs, row->n, false, &off[r], &tokens, &off_res);
         tokens = 0;
@@ -746,8 +745,9 @@ static void print_row(const bench_t *bn, const bench_row_t *row, const bench_res
                 json_object_set_new(o, "first_s", json_real(res->first_s));
             }
             if (row->kind == BENCH_REPEATS) {
-                json_object_set_new(o, "answers_per_s",
-                                    json_real(res->median_s > 0 ? (double)row->n / res->median_s : 0));
+                json_object_set_new(
+                    o, "answers_per_s",
+                    json_real(res->median_s > 0 ? (double)row->n / res->median_s : 0));
                 json_object_set_new(o, "cache_off_s", json_real(res->off_s));
                 json_object_set_new(o, "reused", json_integer((json_int_t)res->reused));
             }

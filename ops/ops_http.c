@@ -94,8 +94,8 @@ static const char HTTP_HELP[] =
     "                        silent clients are disconnected\n"
     "  --max-body-memory MIB request bodies and answers held at once, in MiB\n"
     "                        (default 256; at least 8, so that one body of the\n"
-    "                        largest size fits); past it new bodies get 429\n"
-    OPS_CACHE_HELP OPS_MAX_REQUEST_HELP
+    "                        largest size fits); past it new bodies get 429\n" OPS_CACHE_HELP
+        OPS_MAX_REQUEST_HELP
     "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
         OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"

@@ -173,7 +173,7 @@ int ops_cache_opt(const char *cmd, bool mib, const char *arg, http_opts_t *o);
 /* Their --help lines. */
 #define OPS_CACHE_HELP                                                                             \
     "  --result-cache-entries N\n"                                                                 \
-    "                      answers kept for repeats (default 16384, as upstream; 0:\n"              \
+    "                      answers kept for repeats (default 16384, as upstream; 0:\n"             \
     "                      off): a question asked again (the same package, profile,\n"             \
     "                      prompt, images and readout) is answered from memory, bit\n"             \
     "                      for bit, without a pass, and one identical to a question\n"             \

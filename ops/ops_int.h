@@ -80,9 +80,9 @@ int    ops_max_request_opt(const char *cmd, const char *arg);
     "  --max-request-bytes N\n"                                                                    \
     "                      the largest request body taken (default 8388608, as\n"                  \
     "                      upstream); past it the answer is 413 request_too_large.\n"              \
-    "                      Raise it for requests of several large images (each image\n"           \
+    "                      Raise it for requests of several large images (each image\n"            \
     "                      stays at most 8,000,000 bytes, SPEC a.10)\n"
-int           ops_profile_opt(const char *cmd, const char *arg);
+int ops_profile_opt(const char *cmd, const char *arg);
 
 /* Decodes body for the package opened from dir (ops_model_info). Returns
  * OPS_EXIT_OK with *req set, else the exit status: OPS_EXIT_VERDICT with

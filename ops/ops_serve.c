@@ -110,8 +110,8 @@ static const char SERVE_HELP[] =
     "  --window-mib N      and their bytes (keys and values, with those fetched and\n"
     "                      not yet taken), in MiB (default 256): past it fetching\n"
     "                      pauses too, so large records bound memory, not only\n"
-    "                      their count; one record of any size is always taken\n"
-    OPS_CACHE_HELP OPS_MAX_REQUEST_HELP
+    "                      their count; one record of any size is always taken\n" OPS_CACHE_HELP
+        OPS_MAX_REQUEST_HELP
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
@@ -422,7 +422,7 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
     eng_sched_conf_t sc = ops_sched_conf(&o->http, ask->model_sha256);
-    int rc = OPS_EXIT_FAILURE;
+    int              rc = OPS_EXIT_FAILURE;
     s.reg = sch_registry_new(o->registry_url, 0, errstr, sizeof errstr);
     if (!s.reg)
         ops_fail("serve", "--schema-registry: %s", errstr);

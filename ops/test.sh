@@ -10,6 +10,9 @@ cd "$ROOT"
 JOBS="$(nproc)"
 
 ops/setup-deps.sh
+# Format and banned functions first: a minute of build is not worth spending
+# on a tree that cannot land.
+ops/check-style.sh
 export D3_QWEN3_DIR="${D3_QWEN3_DIR:-$ROOT/build/_fetch/qwen3-tokenizer}"
 tests/tools/fetch_qwen3_tokenizer.sh "$D3_QWEN3_DIR"
 # PyPI's openapi-spec-validator, pinned, for tests/http_formats.sh.
@@ -45,5 +48,4 @@ if [ "${1:-}" != "--quick" ]; then
     LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
     run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD3_SANITIZE=ON
 fi
-ops/check-style.sh
 echo "== all tests passed"

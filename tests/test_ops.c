@@ -767,8 +767,9 @@ static char *image_request_file(unsigned char *const *imgs, const size_t *n_byte
     svc_buf_init(&b, (size_t)1 << 30);
     cr_assert_eq(svc_buf_adds(&b, "{\"state\": \"x\", \"images\": ["), SVC_OK);
     for (size_t k = 0; k < n; k++) {
-        cr_assert_eq(svc_buf_adds(&b, k ? ", \"data:image/png;base64," : "\"data:image/png;base64,"),
-                     SVC_OK);
+        cr_assert_eq(
+            svc_buf_adds(&b, k ? ", \"data:image/png;base64," : "\"data:image/png;base64,"),
+            SVC_OK);
         b64_add(&b, imgs[k], n_bytes[k]);
         cr_assert_eq(svc_buf_adds(&b, "\""), SVC_OK);
     }
@@ -796,7 +797,8 @@ static unsigned char *noise_png(uint32_t w, uint32_t h, uint32_t seed, size_t *l
 /* `ask` on file with args: its exit status and stdout into out. */
 static int ask_file(const char *args, const char *file, svc_buf_t *out) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' ask --model '%s' %s '%s' 2>/dev/null", binary(), VL, args, file);
+    snprintf(cmd, sizeof cmd, "'%s' ask --model '%s' %s '%s' 2>/dev/null", binary(), VL, args,
+             file);
     return run_shell(cmd, out);
 }
 

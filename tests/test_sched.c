@@ -1601,7 +1601,7 @@ Test(sched, cancelled_leader_hands_over) {
     waiter_t       w;
     eng_sched_t   *s = reuse_sched(&l, 64, &w);
     sch_request_t *ra = blocker(), *rb = n_states(1), *rc = n_states(1), *rd = n_states(1);
-    slot_t a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
+    slot_t         a = {.w = &w, .block = true}, b = {.w = &w}, c = {.w = &w}, d = {.w = &w};
     block_worker(s, ra, &a);
     eng_sched_stats_t st0, st1;
     eng_sched_stats(s, &st0);

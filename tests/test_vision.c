@@ -616,8 +616,8 @@ Test(vision, result_cache_keys_the_images) {
     char             errstr[512] = "";
     cr_assert_eq(eng_sched_new(g_l.pkg, g_l.model, &conf, &s, errstr, sizeof errstr), SVC_OK, "%s",
                  errstr);
-    sch_request_t    *a = image_request(64, 48, false, "\"x\""), *b = image_request(48, 64, false,
-                                                                                        "\"x\"");
+    sch_request_t *a = image_request(64, 48, false, "\"x\""),
+                  *b = image_request(48, 64, false, "\"x\"");
     eng_answers_t    *a1 = answered(s, a);
     eng_sched_stats_t st0, st1;
     eng_sched_stats(s, &st0);
@@ -626,7 +626,8 @@ Test(vision, result_cache_keys_the_images) {
     cr_assert_eq(st1.cache_hits, st0.cache_hits + 1);
     cr_assert_eq(st1.questions, st0.questions);
     cr_assert_eq(st1.images_encoded, st0.images_encoded, "a hit needs no tower");
-    const double *p1 = eng_answers_results(a1)[0][0].probs, *p2 = eng_answers_results(a2)[0][0].probs;
+    const double *p1 = eng_answers_results(a1)[0][0].probs,
+                 *p2 = eng_answers_results(a2)[0][0].probs;
     cr_assert(p1 && p2);
     cr_assert_eq(memcmp(p1, p2, 2 * sizeof *p1), 0);
     eng_answers_t *b1 = answered(s, b);
