@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, fixtures, a real Kafka
-# broker (ops/kafka.sh), a -Werror build with every test, then the same tests
-# again under ASan+UBSan, then the format and banned-function checks.
+# The whole test suite, as CI runs it: dependencies, the format and
+# banned-function checks, fixtures, a real Kafka broker (ops/kafka.sh), a
+# -Werror build with every test, then the same tests again under ASan+UBSan.
 #   ops/test.sh            everything
 #   ops/test.sh --quick    the plain build only
 set -euo pipefail
