@@ -576,10 +576,39 @@ static inline const float *conv_row(const float *x, const float *state_in, size_
     return tt >= hist ? x + (tt - hist) * C : state_in ? state_in + tt * C : NULL;
 }
 
+typedef struct conv_job {
+    const float *x, *wt, *state_in;
+    float       *out;
+    size_t       T, C, K, Cp, per; /* per: rows per item */
+} conv_job_t;
+
+#define CONV_ITEM_FLOATS 32768 /* at least this much of out per item */
+
+/* Rows [i per, i per + per) of out. */
+static void conv_rows(void *ctx, size_t i) {
+    const conv_job_t *j = ctx;
+    size_t            hist = j->K - 1, C = j->C;
+    for (size_t t = i * j->per; t < j->T && t < (i + 1) * j->per; t++) {
+        const float *rows[CONV_MAX_K];
+        for (size_t k = 0; k < j->K; k++)
+            rows[k] = conv_row(j->x, j->state_in, t + k, hist, C);
+        for (size_t c0 = 0; c0 < C; c0 += 16) {
+            __mmask16 cm = npu_mask16(C - c0);
+            __m512    acc = _mm512_setzero_ps();
+            for (size_t k = 0; k < j->K; k++)
+                if (rows[k])
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(j->wt + k * j->Cp + c0),
+                                          _mm512_maskz_loadu_ps(cm, rows[k] + c0), acc);
+            _mm512_mask_storeu_ps(j->out + t * C + c0, cm, silu512(acc));
+        }
+    }
+}
+
 /* Row by row, so that x and out stream in order (a channel strip walked
  * down the rows strides C floats and missed the cache on every row: 2.4%
- * of a nano prefill). Each output sums its K taps in the same order as
- * before, so the bits are the same. */
+ * of a nano prefill); blocks of rows on the pool (each row reads only x,
+ * state_in and the taps, so the bits are those of one thread). Each output
+ * sums its K taps in the same order as before, so the bits are the same. */
 void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
                                    const float *state_in, float *state_out, float *out) {
     SVC_ASSERT(K >= 1);
@@ -597,23 +626,18 @@ void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, siz
     for (size_t i = 0; i < K; i++)
         for (size_t c = 0; c < Cp; c++)
             wt[i * Cp + c] = c < C ? w[c * K + i] : 0.0f;
-    for (size_t t = 0; t < T; t++) {
-        const float *rows[CONV_MAX_K];
-        for (size_t i = 0; i < K; i++)
-            rows[i] = conv_row(x, state_in, t + i, hist, C);
-        for (size_t c0 = 0; c0 < C; c0 += 16) {
-            __mmask16 cm = npu_mask16(C - c0);
-            __m512    acc = _mm512_setzero_ps();
-            for (size_t i = 0; i < K; i++)
-                if (rows[i])
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(wt + i * Cp + c0),
-                                          _mm512_maskz_loadu_ps(cm, rows[i] + c0), acc);
-            _mm512_mask_storeu_ps(out + t * C + c0, cm, silu512(acc));
-        }
-    }
+    conv_job_t j = {
+        .x = x, .wt = wt, .state_in = state_in, .out = out, .T = T, .C = C, .K = K, .Cp = Cp};
+    j.per = C < CONV_ITEM_FLOATS ? CONV_ITEM_FLOATS / C : 1;
+    size_t items = (T + j.per - 1) / j.per;
+    if (items > 1)
+        npu_parallel_for(items, conv_rows, &j);
+    else if (items == 1)
+        conv_rows(&j, 0);
     if (!state_out || hist == 0)
         return;
-    /* As the reference: oldest row first, so state_out may alias state_in. */
+    /* As the reference: oldest row first, so state_out may alias state_in
+     * (after every row above has read state_in). */
     for (size_t r = 0; r < hist; r++) {
         size_t tt = T + r;
         if (tt >= hist)

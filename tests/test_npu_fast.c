@@ -415,6 +415,44 @@ Test(npu_fast, norms_shapes) {
             check_norms(&r, Ts[i], Ds[j]);
 }
 
+/* Rows split over the pool (npu_fast.c's rows_run, the conv's row blocks)
+ * give the bits of one call per row: the norms against the AVX-512
+ * kernels called on the whole block (no split), the conv against one row
+ * at a time with the state carried. Sizes well past one item's 32,768
+ * floats, so several items run. */
+Test(npu_fast, pool_split_bit_identical) {
+    expect_fast_dispatch();
+    rng_t  r = {14};
+    size_t T = 97, D = 2048, K = 4, hist = K - 1;
+    float *x = rand_vec(&r, T * D, -3, 3), *z = rand_vec(&r, T * D, -6, 6);
+    float *w = rand_vec(&r, D, -0.5f, 1.5f), *cw = rand_vec(&r, D * K, -1, 1);
+    float *a = nans(T * D), *b = nans(T * D);
+    npu_rmsnorm(x, w, T, D, 1e-6f, a, true);
+    npu_rmsnorm_avx512(x, w, T, D, 1e-6f, b, true);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "rmsnorm");
+    npu_rmsnorm_gated(x, z, w, T, D, 1e-6f, a);
+    npu_rmsnorm_gated_avx512(x, z, w, T, D, 1e-6f, b);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "rmsnorm_gated");
+    npu_l2norm(x, T, D, 1e-6f, a);
+    npu_l2norm_avx512(x, T, D, 1e-6f, b);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "l2norm");
+    npu_silu_mul(z, x, T, D, a);
+    npu_silu_mul_avx512(z, x, T, D, b);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "silu_mul");
+    memcpy(a, x, T * D * sizeof *a), memcpy(b, x, T * D * sizeof *b);
+    npu_sigmoid_mul(z, a, T * D);
+    npu_sigmoid_mul_avx512(z, b, T * D);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "sigmoid_mul");
+    float *s0 = rand_vec(&r, hist * D, -2, 2), *sa = nans(hist * D), *sb = nans(hist * D);
+    npu_conv1d_causal_silu(x, cw, T, D, K, s0, sa, a);
+    memcpy(sb, s0, hist * D * sizeof *sb);
+    for (size_t t = 0; t < T; t++) /* one row a call, the state carried in place */
+        npu_conv1d_causal_silu(x + t * D, cw, 1, D, K, sb, sb, b + t * D);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "conv rows");
+    cr_expect(memcmp(sa, sb, hist * D * sizeof *sa) == 0, "conv state");
+    free(x), free(z), free(w), free(cw), free(a), free(b), free(s0), free(sa), free(sb);
+}
+
 /* silu's saturated ends: large |x| must give x or 0, not NaN or inf. */
 Test(npu_fast, silu_extremes) {
     const float gate[6] = {-1000.0f, -100.0f, -20.0f, 20.0f, 100.0f, 1000.0f};
