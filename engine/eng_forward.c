@@ -1115,6 +1115,116 @@ static bool same_shape(const eng_model_t *a, const eng_model_t *b) {
     return true;
 }
 
+/* Runs layer li of the pass from the reference layer l (m's others
+ * untouched: view is m with l in place of layer li), then each of r's alt
+ * models on the same input; f->x leaves with the reference's output. */
+static svc_err_t ref_layer(fwd_t *f, const eng_model_t *m, eng_model_t *view, const eng_layer_t *l,
+                           size_t li, const eng_fwd_ref_t *r, bool noncausal, float *x_in,
+                           float *x_ref) {
+    size_t n = f->T * m->cfg.hidden;
+    if (r->n_alt)
+        memcpy(x_in, f->x, n * sizeof *x_in);
+    view->layers[li] = *l;
+    f->m = view;
+    svc_err_t err = layer_forward(f, li, noncausal, false);
+    view->layers[li] = m->layers[li];
+    if (err || !r->n_alt)
+        return err;
+    memcpy(x_ref, f->x, n * sizeof *x_ref);
+    for (size_t a = 0; !err && a < r->n_alt; a++) {
+        memcpy(f->x, x_in, n * sizeof *f->x);
+        f->m = r->alt[a]; /* the same shape: the pass's buffers fit it */
+        err = layer_forward(f, li, noncausal, false);
+        if (!err)
+            eng_step_error_add(f->x, x_ref, x_in, n, &r->num[a][li], &r->den[a][li]);
+    }
+    memcpy(f->x, x_ref, n * sizeof *f->x); /* the next layer's input: the reference's */
+    return err;
+}
+
+static svc_err_t ref_seqs(const eng_model_t *m, const eng_fwd_seq_t *seqs, size_t S,
+                          const eng_media_t *md, fwd_seq_t *in, char *errstr, size_t errstr_size) {
+    for (size_t s = 0; s < S; s++) {
+        char why[400];
+        if (seqs[s].st) {
+            svc_errf(errstr, errstr_size, "reference pass: sequence %zu has a prefix state", s);
+            return SVC_ERR_INVALID;
+        }
+        if (check_ids(m, seqs[s].ids, seqs[s].T, md, why, sizeof why)) {
+            svc_errf(errstr, errstr_size, "sequence %zu of %zu: %s", s, S, why);
+            return SVC_ERR_INVALID;
+        }
+        in[s] = (fwd_seq_t){.ids = seqs[s].ids, .T = seqs[s].T};
+    }
+    return SVC_OK;
+}
+
+svc_err_t eng_fwd_reference(const eng_model_t *m, const eng_fwd_ref_t *r, const eng_fwd_seq_t *seqs,
+                            size_t S, const eng_media_t *md, bool noncausal, char *errstr,
+                            size_t errstr_size) {
+    const eng_model_cfg_t *c = &m->cfg;
+    SVC_ASSERT(r->n_alt <= ENG_FWD_REF_ALTS);
+    fwd_seq_t  *in = calloc(S ? S : 1, sizeof *in);
+    float     **fin = calloc(S ? S : 1, sizeof *fin);
+    eng_model_t view = *m;
+    svc_err_t   err = in && fin ? SVC_OK : SVC_ERR_NOMEM;
+    if (!err)
+        err = ref_seqs(m, seqs, S, md, in, errstr, errstr_size);
+    for (size_t s = 0; !err && s < S; s++)
+        fin[s] = seqs[s].final_last;
+    view.layers = err ? NULL : malloc(c->n_layers * sizeof *view.layers);
+    fwd_t  f = {0};
+    size_t rows = 0;
+    for (size_t s = 0; s < S; s++)
+        rows += seqs[s].T;
+    float *x_in = r->n_alt ? malloc(rows * c->hidden * sizeof *x_in) : NULL;
+    float *x_ref = r->n_alt ? malloc(rows * c->hidden * sizeof *x_ref) : NULL;
+    if (!err && (!view.layers || (r->n_alt && (!x_in || !x_ref))))
+        err = SVC_ERR_NOMEM;
+    if (!err) {
+        memcpy(view.layers, m->layers, c->n_layers * sizeof *view.layers);
+        err = fwd_alloc(&f, m, in, S, false);
+    }
+    if (!err)
+        embed_all(&f, md);
+    for (size_t li = 0; !err && li < c->n_layers; li++) {
+        eng_layer_t l = {0};
+        if ((err = r->fetch(r->user, li, &l, errstr, errstr_size)))
+            break;
+        if (l.kind != m->layers[li].kind) {
+            svc_errf(errstr, errstr_size, "reference pass: layer %zu is of another kind", li);
+            err = SVC_ERR_INVALID;
+        } else
+            err = ref_layer(&f, m, &view, &l, li, r, noncausal, x_in, x_ref);
+        r->drop(r->user, &l);
+    }
+    if (!err) {
+        f.m = m;
+        final_rows(&f, m, fin);
+    }
+    if (err == SVC_ERR_NOMEM && errstr_size && !errstr[0])
+        svc_errf(errstr, errstr_size, "out of memory for a reference pass over %zu tokens", rows);
+    fwd_free(&f); /* zeroed or set up by fwd_alloc: either frees */
+    free(view.layers);
+    free(x_in);
+    free(x_ref);
+    free(in);
+    free(fin);
+    return err;
+}
+
+/* eng_fwd_layer_errors' reference layers: ref's own, shared. */
+static svc_err_t model_layer(void *user, size_t li, eng_layer_t *l, char *errstr,
+                             size_t errstr_size) {
+    (void)errstr, (void)errstr_size;
+    *l = ((const eng_model_t *)user)->layers[li];
+    return SVC_OK;
+}
+
+static void model_layer_keep(void *user, eng_layer_t *l) {
+    (void)user, (void)l;
+}
+
 svc_err_t eng_fwd_layer_errors(const eng_model_t *ref, const eng_model_t *alt, const int32_t *ids,
                                size_t T, bool noncausal, double *num, double *den, char *errstr,
                                size_t errstr_size) {
@@ -1122,36 +1232,19 @@ svc_err_t eng_fwd_layer_errors(const eng_model_t *ref, const eng_model_t *alt, c
         svc_errf(errstr, errstr_size, "layer errors: the two models differ in shape");
         return SVC_ERR_INVALID;
     }
-    svc_err_t err = check_ids(ref, ids, T, NULL, errstr, errstr_size);
-    if (err)
-        return err;
-    fwd_seq_t in = {.ids = ids, .T = T};
-    fwd_t     f;
-    size_t    n = T * ref->cfg.hidden;
-    float    *x_in = malloc(n * sizeof *x_in), *x_ref = malloc(n * sizeof *x_ref);
-    err = fwd_alloc(&f, ref, &in, 1, false);
-    if (!err && (!x_in || !x_ref))
-        err = SVC_ERR_NOMEM;
-    if (!err)
-        embed_all(&f, NULL);
-    for (size_t li = 0; !err && li < ref->cfg.n_layers; li++) {
-        memcpy(x_in, f.x, n * sizeof *x_in);
-        f.m = ref;
-        err = layer_forward(&f, li, noncausal, false);
-        if (err)
-            break;
-        memcpy(x_ref, f.x, n * sizeof *x_ref);
-        memcpy(f.x, x_in, n * sizeof *f.x);
-        f.m = alt; /* the same shape: the pass's buffers fit it */
-        err = layer_forward(&f, li, noncausal, false);
-        if (!err)
-            eng_step_error_add(f.x, x_ref, x_in, n, &num[li], &den[li]);
-        memcpy(f.x, x_ref, n * sizeof *f.x); /* the next layer's input: ref's */
-    }
+    float        *fin = malloc(ref->cfg.hidden * sizeof *fin);
+    eng_fwd_ref_t r = {.fetch = model_layer,
+                       .drop = model_layer_keep,
+                       .user = (void *)ref,
+                       .alt = {alt},
+                       .num = {num},
+                       .den = {den},
+                       .n_alt = 1};
+    eng_fwd_seq_t seq = {.ids = ids, .T = T, .final_last = fin};
+    svc_err_t err = fin ? eng_fwd_reference(ref, &r, &seq, 1, NULL, noncausal, errstr, errstr_size)
+                        : SVC_ERR_NOMEM;
     if (err == SVC_ERR_NOMEM)
         svc_errf(errstr, errstr_size, "out of memory for layer errors over %zu tokens", T);
-    fwd_free(&f);
-    free(x_in);
-    free(x_ref);
+    free(fin);
     return err;
 }

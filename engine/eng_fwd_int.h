@@ -52,6 +52,7 @@
 #ifndef D3STREAM_ENG_FWD_INT_H
 #define D3STREAM_ENG_FWD_INT_H
 
+#include "eng_model_int.h"
 #include "engine.h"
 
 typedef struct eng_fwd_state eng_fwd_state_t;
@@ -182,5 +183,39 @@ SVC_WUR svc_err_t eng_model_forward_batch(const eng_model_t *m, const eng_fwd_se
 SVC_WUR svc_err_t eng_fwd_layer_errors(const eng_model_t *ref, const eng_model_t *alt,
                                        const int32_t *ids, size_t T, bool noncausal, double *num,
                                        double *den, char *errstr, size_t errstr_size);
+
+/* At most this many models compared layer by layer in one
+ * eng_fwd_reference (the golden check's two profiles). */
+#define ENG_FWD_REF_ALTS 2
+
+/* Where eng_fwd_reference takes its layers from, and what it compares. */
+typedef struct eng_fwd_ref {
+    /* Fills *l with layer li (its kind m's): the golden check's fp32
+     * layers read from the package one at a time; drop frees what fetch
+     * made, right after the layer ran. */
+    svc_err_t (*fetch)(void *user, size_t li, eng_layer_t *l, char *errstr, size_t errstr_size);
+    void (*drop)(void *user, eng_layer_t *l);
+    void *user;
+    /* Optional: models of m's shape (another profile's view, a twin) run
+     * teacher-forced on each layer's reference input; per layer li,
+     * num[a][li] and den[a][li] get eng_step_error_add's sums. */
+    const eng_model_t *alt[ENG_FWD_REF_ALTS];
+    double            *num[ENG_FWD_REF_ALTS], *den[ENG_FWD_REF_ALTS];
+    size_t             n_alt;
+} eng_fwd_ref_t;
+
+/**
+ * @brief eng_model_forward_batch's read-only pass over seqs (no prefix
+ *        states), with each layer li taken from r->fetch instead of m
+ *        (m gives the embedding, the final norm and the shape), one layer
+ *        held at a time; and, where r has alt models, their layers run on
+ *        the same input and compared (eng_fwd_layer_errors' measure).
+ * @returns SVC_OK (every final_last written); SVC_ERR_INVALID (bad ids, a
+ *          state given, a fetched layer of another kind), SVC_ERR_NOMEM or
+ *          fetch's error, with errstr.
+ */
+SVC_WUR svc_err_t eng_fwd_reference(const eng_model_t *m, const eng_fwd_ref_t *r,
+                                    const eng_fwd_seq_t *seqs, size_t n, const eng_media_t *md,
+                                    bool noncausal, char *errstr, size_t errstr_size);
 
 #endif /* D3STREAM_ENG_FWD_INT_H */

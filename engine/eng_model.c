@@ -184,7 +184,7 @@ static svc_err_t ld_pack_groups(const eng_ld_t *ld, const char *name, const uint
 
 svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
                       npu_wpack_t **dst) {
-    if (ld->q && rank == 2 && dims[0] && dims[1]) {
+    if (ld->q && !ld->fp32 && rank == 2 && dims[0] && dims[1]) {
         char name[256];
         snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
         svc_err_t err = ld_pack_groups(ld, name, dims, dst);
@@ -204,8 +204,10 @@ svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank, const
      * why); a bf16 one stays exact on the bf16 tiles. Decided by the
      * values, so a q4nx package and its F32 twin (the same dequantised
      * values) get the same packs. */
-    err = (bf16_exact(w, (size_t)dims[0] * (size_t)k) ? npu_wpack_new : npu_wpack_new_quantised)(
-        w, (size_t)dims[0], (size_t)k, dst);
+    err = (ld->fp32 ? npu_wpack_new_fp32
+           : bf16_exact(w, (size_t)dims[0] * (size_t)k)
+               ? npu_wpack_new
+               : npu_wpack_new_quantised)(w, (size_t)dims[0], (size_t)k, dst);
     if (err) {
         free(w);
         return eng_ld_fail(ld, err, "out of memory packing tensor \"%s%s\"", ld->prefix, suffix);
@@ -491,7 +493,7 @@ static svc_err_t load_vision(const char *dir, const eng_ld_t *ld, eng_model_t *m
  * same loader either way, only the lookup of a name differs (eng_st_set.c). */
 static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, char *errstr,
                               size_t n) {
-    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params};
+    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params, false};
     svc_err_t   err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
                               : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
     const char *vprefix = NULL;
@@ -545,7 +547,7 @@ static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr,
         if (!err)
             err = eng_q4nx_set_vision_tiles(q, mm_n, mm_k, errstr, n);
         if (!err) {
-            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL};
+            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL, false};
             err = load_vision(dir, &ld, m);
         }
         if (err == SVC_ERR_INVALID)
@@ -573,7 +575,7 @@ static svc_err_t load_q4nx(const char *dir, const eng_q4nx_layout_t *lay, eng_mo
         m->format =
             eng_q4nx_generation(q) == ENG_Q4NX_GEN_A ? ENG_MODEL_Q4NX_GEN_A : ENG_MODEL_Q4NX_GEN_B;
         eng_ld_t ld = {NULL,   q, "model.q4nx", path, "model.language_model.",
-                       errstr, n, &m->n_params};
+                       errstr, n, &m->n_params, false};
         err = ld_tower(&ld, m);
     }
     eng_q4nx_close(q);
@@ -605,7 +607,7 @@ static float to_bf16(float x) {
 /* readout.safetensors: exactly one tensor `weight` [255, hidden] (SPEC d.5),
  * its values rounded to bf16 when the readout is loaded as bfloat16. */
 static svc_err_t load_readout(const char *dir, eng_model_t *m, char *errstr, size_t n) {
-    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL};
+    eng_ld_t  ld = {NULL, NULL, "readout.safetensors", NULL, "", errstr, n, NULL, false};
     svc_err_t err = eng_st_set_open_file(dir, ld.file, &ld.set, errstr, n);
     if (err)
         return err;
@@ -700,6 +702,86 @@ void eng_model_free(eng_model_t *m) {
     free(m->readout);
     eng_vision_free(m->vision);
     free(m);
+}
+
+/* ---- the golden check's reference layers (eng_model_int.h) ---- */
+
+struct eng_ref_src {
+    eng_ld_t           ld;
+    eng_q4nx_t        *q;
+    struct eng_st_set *set;
+    char              *path;
+};
+
+void eng_ref_close(eng_ref_src_t *r) {
+    if (!r)
+        return;
+    eng_q4nx_close(r->q);
+    eng_st_set_close(r->set);
+    free(r->path);
+    free(r);
+}
+
+/* As eng_model_load_with picks the weights: upstream's files first. */
+static svc_err_t ref_open_files(const char *dir, const eng_q4nx_layout_t *lay, eng_ref_src_t *r,
+                                char *errstr, size_t n) {
+    bool        single = eng_dir_has_file(dir, ST_SINGLE);
+    bool        sharded = !single && eng_dir_has_file(dir, ST_INDEX);
+    const char *vprefix = NULL;
+    if (!single && !sharded && eng_dir_has_file(dir, "model.q4nx")) {
+        r->path = eng_path_join(dir, "model.q4nx");
+        svc_err_t err =
+            r->path ? eng_q4nx_open_with(r->path, lay, &r->q, errstr, n) : SVC_ERR_NOMEM;
+        r->ld = (eng_ld_t){
+            .q = r->q, .file = "model.q4nx", .path = r->path, .prefix = "model.language_model."};
+        return err;
+    }
+    svc_err_t err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &r->set, errstr, n)
+                            : eng_st_set_open_file(dir, ST_SINGLE, &r->set, errstr, n);
+    if (err)
+        return err;
+    r->ld = (eng_ld_t){.set = r->set,
+                       .file = eng_st_set_file(r->set),
+                       .path = eng_st_set_path(r->set),
+                       .errstr = errstr,
+                       .errstr_size = n};
+    return ld_prefix(&r->ld, &vprefix);
+}
+
+svc_err_t eng_ref_open(const char *dir, const eng_load_opts_t *opts, eng_ref_src_t **out,
+                       char *errstr, size_t errstr_size) {
+    *out = NULL;
+    eng_q4nx_layout_t lay;
+    svc_err_t         err =
+        eng_q4nx_layout_parse(opts ? opts->q4nx_layout : NULL, &lay, errstr, errstr_size);
+    eng_ref_src_t *r = err ? NULL : calloc(1, sizeof *r);
+    if (!err && !r)
+        err = SVC_ERR_NOMEM;
+    if (!err)
+        err = ref_open_files(dir, &lay, r, errstr, errstr_size);
+    if (err) {
+        eng_ref_close(r);
+        return err;
+    }
+    r->ld.fp32 = true;
+    *out = r;
+    return SVC_OK;
+}
+
+svc_err_t eng_ref_layer(eng_ref_src_t *r, const eng_model_t *m, size_t i, eng_layer_t *l,
+                        char *errstr, size_t errstr_size) {
+    memset(l, 0, sizeof *l);
+    r->ld.errstr = errstr;
+    r->ld.errstr_size = errstr_size;
+    svc_err_t err = ld_layer(&r->ld, &m->cfg, i, l);
+    if (err)
+        layer_free(l);
+    return err;
+}
+
+void eng_ref_layer_free(eng_layer_t *l) {
+    layer_free(l);
+    memset(l, 0, sizeof *l);
 }
 
 static const char *const PROFILE_NAMES[ENG_PROFILE_COUNT] = {"exact", "fast"};

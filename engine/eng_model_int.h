@@ -130,6 +130,7 @@ typedef struct eng_ld {
     char                  *errstr;
     size_t                 errstr_size;
     uint64_t              *numel; /* optional: adds the elements of every tensor taken */
+    bool                   fp32; /* eng_ld_pack: every matrix as fp32 values (npu_wpack_new_fp32) */
 } eng_ld_t;
 
 /* Fails with err and `<file> "<path>": <message>` in ld->errstr. */
@@ -157,6 +158,21 @@ SVC_WUR svc_err_t eng_ld_mat(const eng_ld_t *ld, const char *suffix, size_t r, s
  * tiles where the CPU has AMX-INT8), the rest through npu_wpack_new. */
 SVC_WUR svc_err_t eng_ld_pack(const eng_ld_t *ld, const char *suffix, size_t rank,
                               const uint64_t *dims, npu_wpack_t **dst);
+
+/* ---- the golden check's reference layers (eng_golden.c) ----
+ * The package's weight file opened again, and each layer read from it as
+ * fp32 values on oneDNN's sgemm (npu_wpack_new_fp32): the same decoder as
+ * the load, none of the serving packs or their kernels. */
+typedef struct eng_ref_src eng_ref_src_t;
+
+/* Opens dir's weights as the load did (opts: the load's). */
+SVC_WUR svc_err_t eng_ref_open(const char *dir, const eng_load_opts_t *opts, eng_ref_src_t **out,
+                               char *errstr, size_t errstr_size);
+/* Layer i of m's shape into *l (free with eng_ref_layer_free). */
+SVC_WUR svc_err_t eng_ref_layer(eng_ref_src_t *r, const eng_model_t *m, size_t i, eng_layer_t *l,
+                                char *errstr, size_t errstr_size);
+void              eng_ref_layer_free(eng_layer_t *l);
+void              eng_ref_close(eng_ref_src_t *r); /* NULL is a no-op */
 
 /* Row id of the embedding (embed or embed16) as fp32 into out (H). */
 void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out);

@@ -433,6 +433,15 @@ SVC_WUR svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpac
 SVC_WUR svc_err_t npu_wpack_new_groups(uint8_t *u, float *d, float *m, size_t N, size_t K,
                                        npu_wpack_t **out);
 
+/**
+ * @brief As npu_wpack_new, but in fp32 whatever the process's layout:
+ *   oneDNN's sgemm on w as given, or where oneDNN refuses the AVX-512 fp32
+ *   panels (the references without AVX-512); no fast companion. The
+ *   golden check's reference (eng_golden.c): kernels other than those
+ *   that serve, on weights other than the serving packs. Same ownership.
+ */
+SVC_WUR svc_err_t npu_wpack_new_fp32(float *w, size_t N, size_t K, npu_wpack_t **out);
+
 /* ---- the fast profile (SPEC point 6) ----
  * Where npu_fast_usable() (AVX-512 VNNI with BW and VL, the AVX-512
  * kernels in use, D3_NPU_KERNELS not "avx512"), every pack also holds its
@@ -461,6 +470,12 @@ void npu_matmul_packed_fast_n(const float *x, size_t T, size_t n, const npu_wpac
 /* Whether the pack took an int8x3 layout, AMX or VNNI, or the group codes
  * (npu_wpack_new_quantised, npu_wpack_new_groups). */
 bool npu_wpack_is_int8(const npu_wpack_t *wp);
+
+/* Test hook (the golden check's test, D3_TEST_CORRUPT_PACK): flips one
+ * bit in every 4 KiB of the packed weight and of its fast companion, as a
+ * pack damaged in memory after the manifest check would be. Never called
+ * by the product otherwise. */
+void npu_wpack_test_corrupt(npu_wpack_t *wp);
 
 /* Frees a pack and its weight; NULL is a no-op. */
 void npu_wpack_free(npu_wpack_t *wp);

@@ -542,6 +542,40 @@ svc_err_t npu_wpack_new_quantised(float *w, size_t N, size_t K, npu_wpack_t **ou
     return wpack_make(w, N, K, true, true, out);
 }
 
+void npu_wpack_test_corrupt(npu_wpack_t *wp) {
+    for (npu_wpack_t *p = wp; p; p = p->fast)
+        for (size_t i = 0; i < p->bytes; i += 4096)
+            ((unsigned char *)p->data)[i] ^= 0x40;
+}
+
+svc_err_t npu_wpack_new_fp32(float *w, size_t N, size_t K, npu_wpack_t **out) {
+    *out = NULL;
+    npu_wpack_t *wp = calloc(1, sizeof *wp);
+    if (!wp)
+        return SVC_ERR_NOMEM;
+    wp->N = N;
+    wp->K = K;
+    wp->layout = !npu_dnnl_refusal()      ? WPACK_DNNL
+                 : kernels() == &k_avx512 ? WPACK_PANELS
+                                          : WPACK_PLAIN;
+    if (wp->layout != WPACK_PANELS) {
+        wp->data = w;
+        wp->bytes = N * K * sizeof *w;
+        *out = wp;
+        return SVC_OK;
+    }
+    wp->bytes = wpack_size(WPACK_PANELS, N, K);
+    wp->data = aligned_alloc(64, wp->bytes);
+    if (!wp->data) {
+        free(wp);
+        return SVC_ERR_NOMEM;
+    }
+    wpack_panels(w, N, K, wp->data);
+    free(w);
+    *out = wp;
+    return SVC_OK;
+}
+
 /* w = d u + m, as the q4nx decoder computes it (fp32 product, then sum). */
 static float *grp_dequant(const uint8_t *u, const float *d, const float *m, size_t N, size_t K) {
     size_t G = (K + NPU_GRP_K - 1) / NPU_GRP_K;

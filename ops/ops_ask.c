@@ -13,8 +13,8 @@
 #include <jansson.h>
 
 static const char ASK_HELP[] =
-    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--profile P]\n"
-    "                    [--q4nx-layout S] [--max-request-bytes N] [FILE]\n"
+    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--no-golden]\n"
+    "                    [--profile P] [--q4nx-layout S] [--max-request-bytes N] [FILE]\n"
     "\n"
     "Answers the System One request in FILE (or stdin) with the package in DIR and\n"
     "prints, as one line, the exact response body the HTTP shim sends: the 200 body\n"
@@ -37,14 +37,20 @@ static const char ASK_HELP[] =
     "                 the files are checked against MODEL_MANIFEST.json (SPEC e.3,\n"
     "                 e.4), else MANIFEST.sha256, before anything is loaded, and\n"
     "                 the loaded parameter counts against MODEL_MANIFEST.json\n"
-    "                 parameters after; a package with neither is refused\n" OPS_PROFILE_HELP
+    "                 parameters after; a package with neither is refused\n"
+    "  --no-golden    skip the golden check (a warning is printed). By default the\n"
+    "                 golden request (SPEC f.1) is answered after the load on the\n"
+    "                 kernels that serve and on an fp32 reference that reads the\n"
+    "                 weights again; a difference past the tests' tolerances\n"
+    "                 refuses the package (docs/operations.md, \"Golden check\")\n" OPS_PROFILE_HELP
         OPS_Q4NX_LAYOUT_HELP OPS_MAX_REQUEST_HELP "\n"
     "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
     "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
     "a warning on stderr, not refused (test packages cannot carry the real bytes).\n"
     "\n"
     "Exit status: 0 answered, 1 a whole-request error printed, 2 usage, 3 the\n"
-    "package failed its manifest or could not be loaded, or the input is unreadable.\n";
+    "package failed its manifest or golden check or could not be loaded, or the\n"
+    "input is unreadable.\n";
 
 /* ---------------------------------------------------------------- checks */
 
@@ -234,7 +240,7 @@ static int ask_run(const ops_ask_t *a, const char *path) {
 }
 
 /* Verify, open, load, answer. */
-static int ask_package(const char *dir, bool no_verify, const eng_load_opts_t *lo,
+static int ask_package(const char *dir, bool no_verify, bool no_golden, const eng_load_opts_t *lo,
                        const char *path) {
     char sha[ENG_SHA256_HEX + 1];
     int  rc = ask_verify("ask", dir, no_verify, sha);
@@ -253,8 +259,10 @@ static int ask_package(const char *dir, bool no_verify, const eng_load_opts_t *l
         ops_fail("ask", "%s", errstr);
         rc = OPS_EXIT_FAILURE;
     } else {
-        ops_ask_t a = {pkg, model, dir, sha};
-        rc = ask_run(&a, path);
+        ops_ask_t    a = {pkg, model, dir, sha};
+        ops_golden_t g;
+        rc = ops_golden_run("ask", &a, model, lo, no_golden, &g) ? ask_run(&a, path)
+                                                                 : OPS_EXIT_FAILURE;
     }
     eng_model_free(model);
     eng_package_free(pkg);
@@ -275,6 +283,7 @@ int ops_cmd_ask(int argc, char **argv) {
         {"model", required_argument, NULL, 'm'},
         {"device", required_argument, NULL, 'd'},
         {"no-verify", no_argument, NULL, 'n'},
+        {"no-golden", no_argument, NULL, 'G'},
         {"q4nx-layout", required_argument, NULL, 'L'},
         {"profile", required_argument, NULL, 'P'},
         {"max-request-bytes", required_argument, NULL, 'B'},
@@ -282,13 +291,15 @@ int ops_cmd_ask(int argc, char **argv) {
         {NULL, 0, NULL, 0},
     };
     const char     *dir = NULL;
-    bool            no_verify = false;
+    bool            no_verify = false, no_golden = false;
     eng_load_opts_t lo = {0};
     int             c, rc;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         if (c == 'n')
             no_verify = true;
+        else if (c == 'G')
+            no_golden = true;
         else if (c == 'L') {
             if ((rc = ops_q4nx_layout_opt("ask", optarg, &lo)) >= 0)
                 return rc;
@@ -306,5 +317,5 @@ int ops_cmd_ask(int argc, char **argv) {
     }
     if ((rc = ops_opt_end(argc, ASK_HELP, dir, 1)) >= 0)
         return rc;
-    return ask_package(dir, no_verify, &lo, optind < argc ? argv[optind] : NULL);
+    return ask_package(dir, no_verify, no_golden, &lo, optind < argc ? argv[optind] : NULL);
 }

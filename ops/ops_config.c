@@ -51,6 +51,7 @@ static const cfg_opt_t CFG_OPTS[] = {
     {"from-beginning", CMD_SERVE, CFG_BOOL, "false"},
     {"stop-at-end", CMD_SERVE, CFG_BOOL, "false"},
     {"no-verify", CMD_BOTH, CFG_BOOL, "false"},
+    {"no-golden", CMD_BOTH, CFG_BOOL, "false"},
     {"q4nx-layout", CMD_BOTH, CFG_STR, NULL},
     {"profile", CMD_BOTH, CFG_STR, "exact"},
     {"workers", CMD_BOTH, CFG_NUM, NULL},

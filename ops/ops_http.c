@@ -96,8 +96,13 @@ static const char HTTP_HELP[] =
     "                        (default 256; at least 8, so that one body of the\n"
     "                        largest size fits); past it new bodies get 429\n" OPS_CACHE_HELP
         OPS_MAX_REQUEST_HELP
-    "  --no-verify           skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
-        OPS_Q4NX_LAYOUT_HELP
+    "  --no-verify           skip the manifest check (a warning is printed)\n"
+    "  --no-golden           skip the golden check (a warning is printed). By default\n"
+    "                        the golden request (SPEC f.1) runs after the load on\n"
+    "                        the kernels that serve and on an fp32 reference that\n"
+    "                        reads the weights again; a difference past the tests'\n"
+    "                        tolerances keeps /health at 503 with the reason (never\n"
+    "                        ready; exit 3 on SIGTERM)\n" OPS_PROFILE_HELP OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
     "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -323,6 +328,14 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
     return h;
 }
 
+void ops_http_golden(http_t *h, const ops_golden_t *g) {
+    pthread_mutex_lock(&h->lock);
+    h->golden = *g;
+    pthread_mutex_unlock(&h->lock);
+    if (g->state == OPS_GOLDEN_FAILED)
+        atomic_store(&h->state, HTTP_REFUSED);
+}
+
 void ops_http_ready(http_t *h, const eng_model_t *model, eng_sched_t *sched) {
     h->ask.model = model;
     h->sched = sched;
@@ -366,10 +379,11 @@ void ops_http_free(http_t *h) {
 
 /* ------------------------------------------------------------ running */
 
-/* Loads the weights and starts the scheduler; false after saying why. */
-static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **model,
-                      eng_sched_t **sched) {
-    char errstr[1024] = "";
+/* Loads the weights, checks them (golden) and starts the scheduler;
+ * false after saying why (a failed golden check: h refuses to serve). */
+static bool http_load(const http_opts_t *o, http_t *h, eng_model_t **model, eng_sched_t **sched) {
+    const ops_ask_t *ask = &h->ask;
+    char             errstr[1024] = "";
     if (eng_model_load_with(o->dir, &o->load, model, errstr, sizeof errstr) ||
         eng_model_check_package(*model, ask->pkg, errstr, sizeof errstr) ||
         (!o->no_verify && eng_model_check_parameters(*model, o->dir, errstr, sizeof errstr))) {
@@ -377,6 +391,12 @@ static bool http_load(const http_opts_t *o, const ops_ask_t *ask, eng_model_t **
         return false;
     }
     ops_warn_dnnl();
+    ops_ask_t    a = {ask->pkg, *model, o->dir, ask->model_sha256};
+    ops_golden_t g;
+    bool         ok = ops_golden_run("http", &a, *model, &o->load, o->no_golden, &g);
+    ops_http_golden(h, &g);
+    if (!ok)
+        return false;
     eng_sched_conf_t sc = ops_sched_conf(o, ask->model_sha256);
     if (eng_sched_new(ask->pkg, *model, &sc, sched, errstr, sizeof errstr)) {
         ops_fail("http", "engine: %s", errstr);
@@ -395,7 +415,7 @@ static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *
     if (!h)
         return OPS_EXIT_FAILURE;
     double t = ops_http_now_s();
-    if (http_load(o, ask, &model, &sched)) {
+    if (http_load(o, h, &model, &sched)) {
         ops_http_ready(h, model, sched);
         ops_logf(OPS_LOG_INFO, "ready (model loaded in %.1f s)", ops_http_now_s() - t);
         int sig = 0;
@@ -404,6 +424,13 @@ static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *
         ops_logf(OPS_LOG_INFO, "%s: stopping (finishing %zu requests)",
                  sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&h->in_flight));
         rc = OPS_EXIT_OK;
+    } else if (atomic_load(&h->state) == HTTP_REFUSED) {
+        /* Up, never ready: /health and the card say why until stopped. */
+        ops_logf(OPS_LOG_ERROR, "not serving: the golden check failed (/health says why); "
+                                "exits 3 on SIGTERM");
+        int sig = 0;
+        while (sigwait(sigs, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
+            ;
     }
     ops_http_quiesce(h);
     if (!ops_http_drain(h, HTTP_DRAIN_S))
@@ -464,7 +491,8 @@ enum {
     O_PROFILE,
     O_RCACHE,
     O_RCACHE_MIB,
-    O_MAXREQ
+    O_MAXREQ,
+    O_NOGOLDEN
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -477,6 +505,7 @@ static const struct option HTTP_OPTS[] = {
     {"timeout", required_argument, NULL, O_TIMEOUT},
     {"max-body-memory", required_argument, NULL, O_BODYMEM},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
+    {"no-golden", no_argument, NULL, O_NOGOLDEN},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
@@ -536,6 +565,9 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return body_memory_opt(arg, o);
     case O_NOVERIFY:
         o->no_verify = true;
+        return -1;
+    case O_NOGOLDEN:
+        o->no_golden = true;
         return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;

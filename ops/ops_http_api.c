@@ -13,6 +13,7 @@
 #include "ops_http_int.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 
 void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...) {
@@ -174,7 +175,31 @@ static void set_json(http_req_t *r, int status, json_t *v) {
 }
 
 static const char *state_name(int state) {
-    return state == HTTP_READY ? "ready" : state == HTTP_STOPPING ? "stopping" : "loading";
+    return state == HTTP_READY      ? "ready"
+           : state == HTTP_STOPPING ? "stopping"
+           : state == HTTP_REFUSED  ? "failed"
+                                    : "loading";
+}
+
+static ops_golden_t golden_of(http_t *h) {
+    pthread_mutex_lock(&h->lock);
+    ops_golden_t g = h->golden;
+    pthread_mutex_unlock(&h->lock);
+    return g;
+}
+
+/* A refused model's /health: the golden check's reason and numbers. */
+static json_t *health_refused(http_t *h) {
+    ops_golden_t g = golden_of(h);
+    char         reason[700];
+    snprintf(reason, sizeof reason, "golden check failed: %s", g.r.reason);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s}", "api_version", HTTP_API_VERSION, "status",
+                          "failed", "reason", reason, "model", h->label);
+    if (j && !isnan(g.r.max_dp))
+        json_object_set_new(j, "golden",
+                            json_pack("{s:f, s:f, s:I}", "max_dp", g.r.max_dp, "worst_layer_error",
+                                      g.r.layer_err, "worst_layer", (json_int_t)g.r.layer_at));
+    return j;
 }
 
 void ops_http_health(http_req_t *r, bool live) {
@@ -185,6 +210,10 @@ void ops_http_health(http_req_t *r, bool live) {
         return;
     }
     int state = atomic_load(&h->state);
+    if (state == HTTP_REFUSED) {
+        set_json(r, 503, health_refused(h));
+        return;
+    }
     set_json(r, state == HTTP_READY ? 200 : 503,
              json_pack("{s:s, s:s, s:s?, s:s}", "api_version", HTTP_API_VERSION, "status",
                        state_name(state), "reason",
@@ -217,12 +246,13 @@ static json_t *model_card(http_t *h, int state) {
         params =
             json_integer((json_int_t)(mi.n_params_text + mi.n_params_readout + mi.n_params_vision));
     }
-    const char *sha = h->ask.model_sha256 && h->ask.model_sha256[0] ? h->ask.model_sha256 : NULL;
+    const char  *sha = h->ask.model_sha256 && h->ask.model_sha256[0] ? h->ask.model_sha256 : NULL;
+    ops_golden_t g = golden_of(h);
     _Static_assert(ENG_PROFILE_COUNT == 2, "the card below lists every profile");
     json_t *card = json_pack(
         "{s:s, s:s, s:s, s:s, s:n, s:n, s:s?, s:n, s:[s], s:[s,s,s], s:[s], "
         "s:{s:I, s:i, s:i, s:i, s:i}, s:n, s:s, s:[s,s], s:s, s:s, s:b, s:s, s:s, s:o, s:b, s:s, "
-        "s:s?, s:n, s:[]}",
+        "s:s?, s:s, s:[]}",
         "id", h->label, "object", "model", "owned_by", "vllm-sr", "family", "decision3", "repo",
         "revision", "model_sha256", sha, "manifest_sha256", "surfaces", "decisions",
         "question_types", "choice", "noul", "score", "modalities", "text", "limits",
@@ -230,10 +260,11 @@ static json_t *model_card(http_t *h, int state) {
         "max_options", 255, "min_levels", 2, "max_levels", 10, "licence", "profile",
         eng_profile_name(ops_profile_default()), "profiles", eng_profile_names()[0],
         eng_profile_names()[1], "engine", "d3stream", "accelerator", "cpu", "accelerator_validated",
-        0, "device", h->device, "dtype",
+        g.state == OPS_GOLDEN_PASSED, "device", h->device, "dtype",
         eng_package_readout_bf16(h->ask.pkg) ? "fp32/bf16-readout" : "fp32/fp32-readout",
         "parameters", params, "ready", state == HTTP_READY, "status", state_name(state), "reason",
-        state == HTTP_READY ? NULL : "the model is not ready", "golden", "plugins");
+        state == HTTP_READY ? NULL : "the model is not ready", "golden", ops_golden_name(g.state),
+        "plugins");
     json_object_set_new(json_object_get(card, "limits"), "max_request_bytes",
                         json_integer((json_int_t)ops_max_request_bytes()));
     if (card && loaded)

@@ -36,7 +36,8 @@ typedef struct http_opts {
     char            host[256];
     int             port;
     bool            no_verify;
-    eng_load_opts_t load; /* --q4nx-layout */
+    bool            no_golden; /* --no-golden */
+    eng_load_opts_t load;      /* --q4nx-layout */
     size_t          workers, max_queue, max_queued_tokens, max_connections, body_budget;
     unsigned        timeout_s; /* idle connection timeout */
     /* --result-cache-entries (0: no reuse) and --result-cache-mib */
@@ -67,6 +68,7 @@ typedef enum http_state {
     HTTP_LOADING = 0,
     HTTP_READY = 1,
     HTTP_STOPPING = 2,
+    HTTP_REFUSED = 3, /* loaded, but the golden check failed: never serves */
 } http_state_t;
 
 #define HTTP_N_STATUS  11 /* 200 400 404 405 413 422 429 499 500 503, other */
@@ -108,6 +110,7 @@ typedef struct http {
     pthread_mutex_t    lock;       /* counts */
     http_counts_t      n;
     char               device[512]; /* meta.device, for model cards */
+    ops_golden_t       golden;      /* under lock: the card's and /health's verdict */
     /* ops_http_intake.c: the intake queue and the watch list, under ilock */
     pthread_mutex_t  ilock;
     pthread_cond_t   icv, wcv; /* intake threads; the watcher's stop */
@@ -197,6 +200,10 @@ bool ops_http_opts_finish(http_opts_t *o, const char *cmd);
 http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_conf_t *c);
 /* The model is loaded and sched runs: requests go to the engine. */
 void ops_http_ready(http_t *h, const eng_model_t *model, eng_sched_t *sched);
+/* The golden check's verdict for the card and /health; a failed one puts
+ * h in HTTP_REFUSED (503 with the reason, never ready). Before
+ * ops_http_ready. */
+void ops_http_golden(http_t *h, const ops_golden_t *g);
 /* Stops accepting connections; new requests on open ones get 503. */
 void ops_http_quiesce(http_t *h);
 /* Waits up to s seconds for every request begun to complete; false when

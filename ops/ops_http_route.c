@@ -313,6 +313,13 @@ static enum MHD_Result finish(http_req_t *r) {
             ops_http_error(r, 503, "not_ready", "model %s is loading", h->label);
         return send_json(r);
     }
+    if (state == HTTP_REFUSED) {
+        if (!transport_error(r, false))
+            ops_http_error(r, 503, "not_ready",
+                           "model %s failed its golden check and is not served (/health says why)",
+                           h->label);
+        return send_json(r);
+    }
     if (!ops_http_intake_push(r)) { /* stopping, or the intake never started */
         ops_http_error(r, 503, "not_ready", "the runtime is shutting down");
         return send_json(r);

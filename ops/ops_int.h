@@ -31,6 +31,30 @@ void ops_matmul_desc(char *buf, size_t n);
  * allows, and the cause (MemoryDenyWriteExecute=) is the operator's. */
 void ops_warn_dnnl(void);
 
+/* ---- the golden check before serving (ops_golden.c, eng_golden.c) ---- */
+
+typedef enum ops_golden_state {
+    OPS_GOLDEN_PENDING = 0, /* not run yet (loading) */
+    OPS_GOLDEN_PASSED,
+    OPS_GOLDEN_FAILED,  /* the answers differ, or the check could not run */
+    OPS_GOLDEN_SKIPPED, /* --no-golden */
+} ops_golden_state_t;
+
+typedef struct ops_golden {
+    ops_golden_state_t state;
+    eng_golden_t       r; /* the numbers (r.reason when failed) */
+} ops_golden_t;
+
+/* The card's "golden": "pending", "passed", "failed", "skipped". */
+const char *ops_golden_name(ops_golden_state_t s);
+
+/* Runs the check on a loaded model for cmd unless skip (--no-golden: a
+ * warning); D3_TEST_CORRUPT_PACK=1 first damages a pack (the tests' hook).
+ * Logs the outcome; true when the model may serve, false after saying
+ * why (ops_fail), with g filled either way. */
+bool ops_golden_run(const char *cmd, const ops_ask_t *a, eng_model_t *m, const eng_load_opts_t *lo,
+                    bool skip, ops_golden_t *g);
+
 /* The --model DIR and --help cases (and any unknown option) of a getopt
  * loop over a command's options: -1 to go on (*dir set for 'm'), else the
  * exit status with the help printed (stdout for --help, stderr else). */

@@ -14,6 +14,7 @@ static const char MAKE_HELP[] =
     "                             [--format safetensors|q4nx] [--twin DIR] [--tokenizer DIR]\n"
     "                             [--force] [--q4nx-tiles q4_k|q4_1|q4_0] [--q4nx-raster A|B]\n"
     "                             [--q4nx-embed tied|bf16] [--q4nx-alpha q8|tiles]\n"
+    "                             [--no-golden]\n"
     "\n"
     "Writes a complete decision3 package with RANDOM weights: config.json,\n"
     "model.safetensors (BF16, text and vision towers), readout.safetensors,\n"
@@ -62,6 +63,11 @@ static const char MAKE_HELP[] =
     "  --q4nx-alpha A   alpha/beta in q8 tiles (default) or in the projections' tiles\n"
     "                   (a GGUF whose alpha/beta share their type)\n"
     "\n"
+    "Then the package is loaded and the golden request (SPEC f.1) answered on this\n"
+    "machine's exact kernels into golden.json, which ask, http and serve hold their\n"
+    "own answers to before serving (docs/operations.md, \"Golden check\"); --no-golden\n"
+    "leaves it out (a layout that does not load without --q4nx-layout does too).\n"
+    "\n"
     "lite and nano keep the real 248,320-row embedding whatever the tokenizer.\n"
     "Progress goes to stderr for lite and nano.\n"
     "\n"
@@ -71,7 +77,30 @@ typedef struct make_args {
     eng_make_opts_t opts;
     bool            force;
     bool            have_size;
+    bool            no_golden;
 } make_args_t;
+
+/* dir/golden.json from the package just written; a package that does not
+ * load as it is (a layout its bytes leave open) is left without one. */
+static svc_err_t make_golden(const char *dir, char *errstr, size_t n) {
+    eng_package_t *pkg = NULL;
+    eng_model_t   *m = NULL;
+    char           why[1024] = "";
+    if (eng_package_open(dir, &pkg, why, sizeof why) || eng_model_load(dir, &m, why, sizeof why) ||
+        eng_model_check_package(m, pkg, why, sizeof why)) {
+        fprintf(stderr,
+                "d3stream make-package: %s has no golden.json: it does not load without "
+                "options (%s)\n",
+                dir, why);
+        eng_model_free(m);
+        eng_package_free(pkg);
+        return SVC_OK;
+    }
+    svc_err_t err = eng_golden_record(pkg, m, dir, errstr, n);
+    eng_model_free(m);
+    eng_package_free(pkg);
+    return err;
+}
 
 static void make_progress(uint64_t done, uint64_t total, void *user) {
     (void)user;
@@ -194,6 +223,13 @@ static int make_run(make_args_t *a) {
         a->opts.progress = make_progress;
     char      errstr[1024];
     svc_err_t err = eng_package_make(&a->opts, errstr, sizeof errstr);
+    for (size_t i = 0; !err && !a->no_golden && i < 2; i++)
+        if (dirs[i][1]) {
+            if (a->opts.size != ENG_MAKE_TINY)
+                fprintf(stderr, "d3stream make-package: recording the golden answers of %s\n",
+                        dirs[i][1]);
+            err = make_golden(dirs[i][1], errstr, sizeof errstr);
+        }
     if (err) {
         ops_fail("make-package", "%s", errstr);
         return err == SVC_ERR_INVALID ? OPS_EXIT_USAGE : OPS_EXIT_FAILURE;
@@ -221,6 +257,7 @@ int ops_cmd_make_package(int argc, char **argv) {
         {"q4nx-raster", required_argument, NULL, 'R'},
         {"q4nx-embed", required_argument, NULL, 'E'},
         {"q4nx-alpha", required_argument, NULL, 'A'},
+        {"no-golden", no_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -231,6 +268,10 @@ int ops_cmd_make_package(int argc, char **argv) {
         if (c == 'h') {
             fputs(MAKE_HELP, stdout);
             return OPS_EXIT_OK;
+        }
+        if (c == 'G') {
+            a.no_golden = true;
+            continue;
         }
         int rc = parse_opt(c, &a);
         if (rc)

@@ -49,7 +49,12 @@ static const char SERVE_HELP[] =
     "lose one. --exactly-once makes it exactly once for read_committed readers.\n"
     "\n"
     "  --model DIR         the decision3 package, loaded and checked once, as `ask`\n"
-    "  --no-verify         skip the manifest check (a warning is printed)\n" OPS_PROFILE_HELP
+    "  --no-verify         skip the manifest check (a warning is printed)\n"
+    "  --no-golden         skip the golden check (a warning is printed). By default\n"
+    "                      the golden request (SPEC f.1) runs after the load on the\n"
+    "                      kernels that serve and on an fp32 reference that reads\n"
+    "                      the weights again; a difference past the tests'\n"
+    "                      tolerances exits 3 before joining the group\n" OPS_PROFILE_HELP
         OPS_Q4NX_LAYOUT_HELP "  --brokers H:P       bootstrap servers\n"
     "  --group G           consumer group id\n"
     "  --input T           the requests topic\n"
@@ -501,9 +506,13 @@ static int serve_package(const serve_opts_t *o) {
         ops_fail("serve", "%s", errstr);
         rc = OPS_EXIT_FAILURE;
     } else {
-        ops_ask_t a = {pkg, model, o->dir, sha};
+        ops_ask_t    a = {pkg, model, o->dir, sha};
+        ops_golden_t g;
         ops_warn_dnnl();
-        rc = serve_run(o, &a, http, &snap);
+        bool ok = ops_golden_run("serve", &a, model, &o->load, o->http.no_golden, &g);
+        if (http)
+            ops_http_golden(http, &g);
+        rc = ok ? serve_run(o, &a, http, &snap) : OPS_EXIT_FAILURE;
     }
     if (http) {
         ops_http_quiesce(http);
@@ -545,7 +554,8 @@ enum {
     O_PROFILE,
     O_RCACHE,
     O_RCACHE_MIB,
-    O_MAXREQ
+    O_MAXREQ,
+    O_NOGOLDEN
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -564,6 +574,7 @@ static const struct option SERVE_OPTS[] = {
     {"from-beginning", no_argument, NULL, O_BEGIN},
     {"stop-at-end", no_argument, NULL, O_END},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
+    {"no-golden", no_argument, NULL, O_NOGOLDEN},
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
@@ -672,6 +683,9 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return -1;
     case O_NOVERIFY:
         o->no_verify = true;
+        return -1;
+    case O_NOGOLDEN:
+        o->http.no_golden = true;
         return -1;
     case O_COMMIT:
         if (!ops_count_opt("serve", "commit-ms", arg, 600000, &v))
