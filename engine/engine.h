@@ -448,7 +448,8 @@ SVC_WUR svc_err_t eng_readout_probs(const eng_model_t *m, const float *hidden, s
 
 /* Bounds (eng_golden.c). Per layer, teacher-forced: exact within the
  * 1e-3 relative that test_tower holds states to (measured 9e-6 to 1.1e-5
- * on tiny and nano); fast ~2x the worst layer measured (0.031 on tiny,
+ * on tiny and nano BF16, 2.2e-4 on the nano q4nx package, whose exact
+ * kernel rounds activations to 2^-16 of their row's largest); fast ~2x the worst layer measured (0.031 on tiny,
  * 0.026 on nano; 0.0204 in docs/profiles.md). End to end, exact: issue 7's
  * 1e-2 cap on a probability, not test_tower's 1e-4: random weights amplify
  * the exact kernels' 2^-16 rounding through every layer (measured 2.8e-4

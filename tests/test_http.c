@@ -71,9 +71,9 @@ typedef struct server {
     char  dir[64], pkg[128], log[128];
 } server_t;
 
-/* Starts `d3stream http` on a free port with a new tiny package and waits
- * until /health answers 200. */
-static void server_start(server_t *s, const char *extra) {
+/* Starts `d3stream http` on a free port with a new tiny package, env
+ * (assignments or "") in its environment, until it listens. */
+static void server_launch(server_t *s, const char *env, const char *extra) {
     snprintf(s->dir, sizeof s->dir, "/tmp/d3http-XXXXXX");
     cr_assert_not_null(mkdtemp(s->dir));
     snprintf(s->pkg, sizeof s->pkg, "%s/pkg", s->dir);
@@ -82,7 +82,7 @@ static void server_start(server_t *s, const char *extra) {
     snprintf(cmd, sizeof cmd, "'%s' make-package --size tiny --out '%s' >/dev/null 2>&1", binary(),
              s->pkg);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
-    snprintf(cmd, sizeof cmd, "exec '%s' http --model '%s' --listen 127.0.0.1:0 %s 2>'%s'",
+    snprintf(cmd, sizeof cmd, "%s exec '%s' http --model '%s' --listen 127.0.0.1:0 %s 2>'%s'", env,
              binary(), s->pkg, extra, s->log);
     s->pid = fork();
     cr_assert(s->pid >= 0);
@@ -107,6 +107,12 @@ static void server_start(server_t *s, const char *extra) {
         cr_assert_eq(waitpid(s->pid, NULL, WNOHANG), 0, "d3stream http exited; see %s", s->log);
     }
     cr_assert(s->port > 0, "d3stream http did not listen; see %s", s->log);
+}
+
+/* As server_launch, then waits until /health answers 200. */
+static void server_start(server_t *s, const char *extra) {
+    server_launch(s, "", extra);
+    double end = now_s() + wait_s(30);
     /* Listening comes before the weights are loaded: /health says when. */
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/health", s->port);
@@ -1103,6 +1109,50 @@ Test(http, max_request_bytes_is_the_operators, .timeout = 120) {
     json_decref(j);
     resp_fini(&r);
     cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+}
+
+/* The golden check's verdict (issue 35): passed on the card of a package
+ * that serves; a pack damaged after the load (the test hook) is never
+ * served: /health stays 503 naming the reason, the card says failed, a
+ * request gets 503, and SIGTERM exits 3. */
+Test(http, golden_check_on_the_card, .timeout = 120) {
+    server_t s;
+    server_start(&s, "");
+    resp_t r;
+    request(&s, "GET", "/v1/models", NULL, 0, &r);
+    json_t *j = json_loads(r.body.data, 0, NULL),
+           *card = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(card, "golden")), "passed", "%s",
+                     r.body.data);
+    cr_assert(json_is_true(json_object_get(card, "accelerator_validated")), "%s", r.body.data);
+    json_decref(j);
+    resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+
+    server_launch(&s, "D3_TEST_CORRUPT_PACK=1", "");
+    double end = now_s() + wait_s(30);
+    for (;;) { /* loading, then failed */
+        request(&s, "GET", "/health", NULL, 0, &r);
+        if (strstr(r.body.data, "\"failed\"") || now_s() > end)
+            break;
+        resp_fini(&r);
+        usleep(20000);
+    }
+    cr_assert_eq(r.status, 503, "%s", r.body.data);
+    cr_assert(strstr(r.body.data, "golden check failed: profile exact: layer"), "%s", r.body.data);
+    resp_fini(&r);
+    request(&s, "GET", "/v1/models", NULL, 0, &r);
+    cr_assert(strstr(r.body.data, "\"golden\":\"failed\""), "%s", r.body.data);
+    cr_assert(strstr(r.body.data, "\"accelerator_validated\":false"), "%s", r.body.data);
+    resp_fini(&r);
+    static const char q[] = "{\"state\": \"x\", \"questions\": {\"n\": {\"type\": \"noul\", "
+                            "\"instructions\": \"Is it?\"}}}";
+    request(&s, "POST", "/v1/systemone", q, strlen(q), &r);
+    cr_assert_eq(r.status, 503, "%s", r.body.data);
+    resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 3);
     server_cleanup(&s);
 }
 
