@@ -26,12 +26,18 @@
  *   on random weights (every synthetic package) 24 layers amplify fast's
  *   ~2% per layer into anything (docs/profiles.md), while a layer's own
  *   error does not depend on the weights being trained;
+ * - the vision tower, where there is one: each block teacher-forced over a
+ *   synthetic 256 x 256 image against the same block read again
+ *   (eng_vision_reference; the patch embedding and the merger, 2-3% of its
+ *   weights, run on the serving packs only), with the text tower's bounds;
  * - where the package carries golden.json (make-package records it), the
  *   whole golden request answered as clients are (eng_answer_request,
  *   exact) against the recorded answers (ENG_GOLDEN_TOL_RECORDED): this
  *   covers what the reference shares with serving, the decoder included.
  */
 #include "eng_fwd_int.h"
+#include "eng_image_int.h"
+#include "eng_vision_int.h"
 #include "eng_model_int.h"
 #include "eng_answer_int.h"
 #include "eng_util_int.h"
@@ -68,7 +74,13 @@ typedef struct golden_run {
     size_t               n_options[G_NQ];
     eng_ref_src_t       *src;
     double              *num[ENG_PROFILE_COUNT], *den[ENG_PROFILE_COUNT];
+    double              *vnum[ENG_PROFILE_COUNT], *vden[ENG_PROFILE_COUNT]; /* (depth) */
 } golden_run_t;
+
+/* The golden image: a synthetic 256 x 256 PNG (eng_image_synth_png: the
+ * smallest size the resize keeps, 256 patches), seed fixed. */
+#define G_IMAGE_SIDE 256
+#define G_IMAGE_SEED 35
 
 static svc_err_t golden_decode(golden_run_t *g, char *errstr, size_t errstr_size) {
     sch_limits_t limits = {SCH_DEFAULT_MAX_REQUEST_BYTES};
@@ -256,6 +268,44 @@ static svc_err_t golden_reference(golden_run_t *g, bool fast, char *errstr, size
     return err;
 }
 
+static svc_err_t vis_fetch(void *user, size_t i, eng_vis_block_t *b, char *errstr,
+                           size_t errstr_size) {
+    golden_run_t *g = user;
+    return eng_ref_vision_block(g->src, g->m, i, b, errstr, errstr_size);
+}
+
+/* The vision tower over the golden image, block by block against the
+ * reference blocks (the patch embedding is the serving one). */
+static svc_err_t golden_vision(golden_run_t *g, bool fast, char *errstr, size_t errstr_size) {
+    size_t            depth = g->m->vision->cfg.depth, len = 0, gh = 0, gw = 0;
+    unsigned char    *png = NULL;
+    eng_image_prep_t *prep = NULL;
+    float            *rows = NULL;
+    svc_err_t err = eng_image_synth_png(G_IMAGE_SIDE, G_IMAGE_SIDE, G_IMAGE_SEED, &png, &len);
+    for (size_t p = 0; !err && p < ENG_PROFILE_COUNT; p++) {
+        g->vnum[p] = calloc(depth ? depth : 1, sizeof *g->vnum[p]);
+        g->vden[p] = calloc(depth ? depth : 1, sizeof *g->vden[p]);
+        if (!g->vnum[p] || !g->vden[p])
+            err = SVC_ERR_NOMEM;
+    }
+    sch_image_t img = {png, len, "png", G_IMAGE_SIDE, G_IMAGE_SIDE};
+    if (!err)
+        err = eng_image_prepare(g->m, &img, &prep, errstr, errstr_size);
+    if (!err)
+        err = eng_image_prep_rows(g->m, prep, &rows, &gh, &gw);
+    eng_vis_ref_t r = {.fetch = vis_fetch,
+                       .user = g,
+                       .fast = fast,
+                       .num = {g->vnum[0], g->vnum[1]},
+                       .den = {g->vden[0], g->vden[1]}};
+    if (!err)
+        err = eng_vision_reference(g->m->vision, &r, rows, gh, gw, errstr, errstr_size);
+    free(rows);
+    eng_image_prep_free(prep);
+    free(png);
+    return err;
+}
+
 static double golden_max_dp(const golden_run_t *g, size_t p) {
     double worst = 0.0;
     for (size_t o = 0; o < g->n_options[0]; o++) {
@@ -275,12 +325,12 @@ static double golden_recorded_dp(const golden_run_t *g) {
     return worst;
 }
 
-/* The worst layer of profile p: its relative RMS error and where. */
-static double golden_layer_worst(const golden_run_t *g, size_t p, size_t *at) {
+/* The worst of n layers (or blocks): its relative RMS error and where. */
+static double golden_worst(const double *num, const double *den, size_t n, size_t *at) {
     double worst = 0.0;
     *at = 0;
-    for (size_t li = 0; li < g->m->cfg.n_layers; li++) {
-        double e = g->den[p][li] > 0 ? sqrt(g->num[p][li] / g->den[p][li]) : 0.0;
+    for (size_t li = 0; li < n; li++) {
+        double e = den[li] > 0 ? sqrt(num[li] / den[li]) : 0.0;
         if (e > worst || isnan(e)) {
             worst = e;
             *at = li;
@@ -294,9 +344,13 @@ static double golden_layer_worst(const golden_run_t *g, size_t p, size_t *at) {
 static void golden_verdict(const golden_run_t *g, bool fast, eng_golden_t *out) {
     out->max_dp_recorded = out->recorded ? golden_recorded_dp(g) : NAN;
     out->max_dp = golden_max_dp(g, ENG_PROFILE_EXACT);
-    out->layer_err = golden_layer_worst(g, ENG_PROFILE_EXACT, &out->layer_at);
+    size_t L = g->m->cfg.n_layers, D = out->vision ? g->m->vision->cfg.depth : 0;
+    out->layer_err = golden_worst(g->num[0], g->den[0], L, &out->layer_at);
+    out->vis_err = out->vision ? golden_worst(g->vnum[0], g->vden[0], D, &out->vis_at) : NAN;
+    out->vis_err_fast =
+        out->vision && fast ? golden_worst(g->vnum[1], g->vden[1], D, &out->vis_at_fast) : NAN;
     out->max_dp_fast = fast ? golden_max_dp(g, ENG_PROFILE_FAST) : NAN;
-    out->layer_err_fast = fast ? golden_layer_worst(g, ENG_PROFILE_FAST, &out->layer_at_fast) : NAN;
+    out->layer_err_fast = fast ? golden_worst(g->num[1], g->den[1], L, &out->layer_at_fast) : NAN;
     out->passed = true;
     if (!(out->layer_err <= ENG_GOLDEN_LAYER_EXACT))
         snprintf(out->reason, sizeof out->reason,
@@ -313,6 +367,16 @@ static void golden_verdict(const golden_run_t *g, bool fast, eng_golden_t *out) 
                  "profile exact: a golden answer differs from the package's recorded one (%s) "
                  "by %.3g (bound %.0e) on %s",
                  ENG_GOLDEN_FILE, out->max_dp_recorded, ENG_GOLDEN_TOL_RECORDED, out->kernels);
+    else if (out->vision && !(out->vis_err <= ENG_GOLDEN_LAYER_EXACT))
+        snprintf(out->reason, sizeof out->reason,
+                 "profile exact: vision block %zu differs from the fp32 reference by %.3g "
+                 "relative RMS (bound %.0e) on %s",
+                 out->vis_at, out->vis_err, ENG_GOLDEN_LAYER_EXACT, out->kernels);
+    else if (out->vision && fast && !(out->vis_err_fast <= ENG_GOLDEN_LAYER_FAST))
+        snprintf(out->reason, sizeof out->reason,
+                 "profile fast: vision block %zu differs from the fp32 reference by %.3g "
+                 "relative RMS (bound %.0e) on %s",
+                 out->vis_at_fast, out->vis_err_fast, ENG_GOLDEN_LAYER_FAST, out->kernels);
     else if (fast && !(out->layer_err_fast <= ENG_GOLDEN_LAYER_FAST))
         snprintf(out->reason, sizeof out->reason,
                  "profile fast: layer %zu differs from the fp32 reference by %.3g relative RMS "
@@ -334,6 +398,8 @@ static void golden_free(golden_run_t *g) {
     for (size_t p = 0; p < ENG_PROFILE_COUNT; p++) {
         free(g->num[p]);
         free(g->den[p]);
+        free(g->vnum[p]);
+        free(g->vden[p]);
     }
     eng_ref_close(g->src);
 }
@@ -368,6 +434,9 @@ svc_err_t eng_golden_check(const eng_package_t *pkg, const eng_model_t *m, const
         err = eng_ref_open(dir, opts, &g.src, errstr, errstr_size);
     if (!err)
         err = golden_reference(&g, fast, errstr, errstr_size);
+    out->vision = eng_model_has_vision(m);
+    if (!err && out->vision)
+        err = golden_vision(&g, fast, errstr, errstr_size);
     out->seconds_ref = (eng_now_ms() - t1) / 1000.0;
     if (!err)
         golden_verdict(&g, fast, out);
@@ -378,7 +447,9 @@ svc_err_t eng_golden_check(const eng_package_t *pkg, const eng_model_t *m, const
     return err;
 }
 
-void eng_model_test_corrupt(eng_model_t *m) {
-    eng_layer_t *l = &m->layers[m->cfg.n_layers / 2];
-    npu_wpack_test_corrupt(l->mlp_down);
+void eng_model_test_corrupt(eng_model_t *m, bool vision) {
+    if (vision && m->vision)
+        npu_wpack_test_corrupt(m->vision->blocks[m->vision->cfg.depth / 2].fc2);
+    else if (!vision)
+        npu_wpack_test_corrupt(m->layers[m->cfg.n_layers / 2].mlp_down);
 }

@@ -141,3 +141,8 @@ void eng_image_emb_fini(eng_image_emb_t *e) {
     free(e->rows);
     memset(e, 0, sizeof *e);
 }
+
+svc_err_t eng_image_prep_rows(const eng_model_t *m, const eng_image_prep_t *p, float **rows,
+                              size_t *gh, size_t *gw) {
+    return eng_image_patches(&p->px, m->vision->proc, rows, gh, gw);
+}

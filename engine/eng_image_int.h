@@ -145,4 +145,10 @@ void eng_vis_input_fini(eng_vis_input_t *in);
 SVC_WUR svc_err_t eng_image_preprocess(const sch_image_t *img, const eng_vis_proc_t *p,
                                        eng_vis_input_t *out, char *errstr, size_t errstr_size);
 
+/* The tower's input rows of a prepared image (eng_image_patches on its
+ * resized pixels): *rows (gh * gw, patch elems) owned by the caller. The
+ * golden check's image. m has a vision tower. */
+SVC_WUR svc_err_t eng_image_prep_rows(const eng_model_t *m, const eng_image_prep_t *p, float **rows,
+                                      size_t *gh, size_t *gw);
+
 #endif /* D3STREAM_ENG_IMAGE_INT_H */

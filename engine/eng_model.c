@@ -516,47 +516,75 @@ static svc_err_t load_weights(const char *dir, bool sharded, eng_model_t *m, cha
  * file (Q4NX.md §6; "vision_weight.q4nx"), its vision_config the tile
  * sizes of §5. A package without the key, the file or
  * preprocessor_config.json reads no images. */
-static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+/* Opens the file config.json's vision_model_weight names, its tiles set
+ * from vision_config: *q and *file (both NULL when the package has no
+ * such tower), owned by the caller (eng_q4nx_close, free). */
+static svc_err_t q4nx_vision_open(const char *dir, eng_q4nx_t **q, char **file, char *errstr,
+                                  size_t n) {
+    *q = NULL;
+    *file = NULL;
     char *cfg = eng_path_join(dir, "config.json");
     if (!cfg)
         return SVC_ERR_NOMEM;
     json_t       *root = json_load_file(cfg, 0, NULL);
     const json_t *vw = json_object_get(root, "vision_model_weight");
-    const char   *file = json_is_string(vw) ? json_string_value(vw) : NULL;
+    const char   *name = json_is_string(vw) ? json_string_value(vw) : NULL;
     svc_err_t     err = SVC_OK;
     if (vw && !json_is_string(vw)) {
         svc_errf(errstr, n, "config.json \"%s\": vision_model_weight must be a file name", cfg);
         err = SVC_ERR_FORMAT;
     }
-    if (!err && file && (strchr(file, '/') || strcmp(file, "..") == 0)) {
+    if (!err && name && (strchr(name, '/') || strcmp(name, "..") == 0)) {
         svc_errf(errstr, n,
                  "config.json \"%s\": vision_model_weight \"%s\" is not a file name in the "
                  "package",
-                 cfg, file);
+                 cfg, name);
         err = SVC_ERR_FORMAT;
     }
     /* "" means no vision tower (LM_Config: non-empty means a VLM) */
-    if (!err && file && file[0] && eng_dir_has_file(dir, file)) {
-        char       *path = eng_path_join(dir, file);
-        eng_q4nx_t *q = NULL;
-        size_t      mm_n = 0, mm_k = 0;
-        err = path ? eng_q4nx_open(path, &q, errstr, n) : SVC_ERR_NOMEM;
+    if (!err && name && name[0] && eng_dir_has_file(dir, name)) {
+        char  *path = eng_path_join(dir, name);
+        size_t mm_n = 0, mm_k = 0;
+        *file = strdup(name);
+        err = path && *file ? eng_q4nx_open(path, q, errstr, n) : SVC_ERR_NOMEM;
         if (!err)
             err = eng_q4nx_vision_tiles_from_config(json_object_get(root, "vision_config"), &mm_n,
                                                     &mm_k, errstr, n);
         if (!err)
-            err = eng_q4nx_set_vision_tiles(q, mm_n, mm_k, errstr, n);
-        if (!err) {
-            eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL, false};
-            err = load_vision(dir, &ld, m);
-        }
-        if (err == SVC_ERR_INVALID)
-            err = SVC_ERR_FORMAT;
-        eng_q4nx_close(q);
+            err = eng_q4nx_set_vision_tiles(*q, mm_n, mm_k, errstr, n);
         free(path);
+    }
+    if (err) {
+        eng_q4nx_close(*q);
+        free(*file);
+        *q = NULL;
+        *file = NULL;
     }
     json_decref(root);
     free(cfg);
+    return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
+}
+
+/* FastFlowLM's vision tower: config.json `vision_model_weight` names the
+ * file (Q4NX.md §6; "vision_weight.q4nx"), its vision_config the tile
+ * sizes of §5. A package without the key, the file or
+ * preprocessor_config.json reads no images. */
+static svc_err_t load_q4nx_vision(const char *dir, eng_model_t *m, char *errstr, size_t n) {
+    eng_q4nx_t *q = NULL;
+    char       *file = NULL;
+    svc_err_t   err = q4nx_vision_open(dir, &q, &file, errstr, n);
+    char       *path = q ? eng_path_join(dir, file) : NULL;
+    if (!err && q && !path)
+        err = SVC_ERR_NOMEM;
+    if (!err && q) {
+        eng_ld_t ld = {NULL, q, file, path, ENG_Q4NX_VISION_PREFIX, errstr, n, NULL, false};
+        err = load_vision(dir, &ld, m);
+        if (err == SVC_ERR_INVALID)
+            err = SVC_ERR_FORMAT;
+    }
+    eng_q4nx_close(q);
+    free(file);
+    free(path);
     return err;
 }
 
@@ -707,19 +735,43 @@ void eng_model_free(eng_model_t *m) {
 /* ---- the golden check's reference layers (eng_model_int.h) ---- */
 
 struct eng_ref_src {
-    eng_ld_t           ld;
-    eng_q4nx_t        *q;
+    eng_ld_t           ld, vld; /* vld: the vision tower's, when vision */
+    eng_q4nx_t        *q, *vq;
     struct eng_st_set *set;
-    char              *path;
+    char              *path, *vfile, *vpath;
+    bool               vision;
 };
 
 void eng_ref_close(eng_ref_src_t *r) {
     if (!r)
         return;
     eng_q4nx_close(r->q);
+    eng_q4nx_close(r->vq);
     eng_st_set_close(r->set);
     free(r->path);
+    free(r->vfile);
+    free(r->vpath);
     free(r);
+}
+
+/* The vision tower's tensors: vision_weight.q4nx beside a model.q4nx,
+ * else the safetensors' vision prefix (vprefix). */
+static svc_err_t ref_open_vision(const char *dir, const char *vprefix, eng_ref_src_t *r,
+                                 char *errstr, size_t n) {
+    if (!r->q) {
+        r->vld = r->ld;
+        r->vld.prefix = vprefix;
+        r->vision = vprefix != NULL;
+        return SVC_OK;
+    }
+    svc_err_t err = q4nx_vision_open(dir, &r->vq, &r->vfile, errstr, n);
+    if (err || !r->vq)
+        return err;
+    r->vpath = eng_path_join(dir, r->vfile);
+    r->vld = (eng_ld_t){
+        .q = r->vq, .file = r->vfile, .path = r->vpath, .prefix = ENG_Q4NX_VISION_PREFIX};
+    r->vision = true;
+    return r->vpath ? SVC_OK : SVC_ERR_NOMEM;
 }
 
 /* As eng_model_load_with picks the weights: upstream's files first. */
@@ -734,7 +786,7 @@ static svc_err_t ref_open_files(const char *dir, const eng_q4nx_layout_t *lay, e
             r->path ? eng_q4nx_open_with(r->path, lay, &r->q, errstr, n) : SVC_ERR_NOMEM;
         r->ld = (eng_ld_t){
             .q = r->q, .file = "model.q4nx", .path = r->path, .prefix = "model.language_model."};
-        return err;
+        return err ? err : ref_open_vision(dir, NULL, r, errstr, n);
     }
     svc_err_t err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &r->set, errstr, n)
                             : eng_st_set_open_file(dir, ST_SINGLE, &r->set, errstr, n);
@@ -745,7 +797,8 @@ static svc_err_t ref_open_files(const char *dir, const eng_q4nx_layout_t *lay, e
                        .path = eng_st_set_path(r->set),
                        .errstr = errstr,
                        .errstr_size = n};
-    return ld_prefix(&r->ld, &vprefix);
+    err = ld_prefix(&r->ld, &vprefix);
+    return err ? err : ref_open_vision(dir, vprefix, r, errstr, n);
 }
 
 svc_err_t eng_ref_open(const char *dir, const eng_load_opts_t *opts, eng_ref_src_t **out,
@@ -764,8 +817,24 @@ svc_err_t eng_ref_open(const char *dir, const eng_load_opts_t *opts, eng_ref_src
         return err;
     }
     r->ld.fp32 = true;
+    r->vld.fp32 = true;
     *out = r;
     return SVC_OK;
+}
+
+svc_err_t eng_ref_vision_block(eng_ref_src_t *r, const eng_model_t *m, size_t i,
+                               struct eng_vis_block *b, char *errstr, size_t errstr_size) {
+    memset(b, 0, sizeof *b);
+    if (!r->vision || !m->vision) {
+        svc_errf(errstr, errstr_size, "reference: the package has no vision tower");
+        return SVC_ERR_INVALID;
+    }
+    r->vld.errstr = errstr;
+    r->vld.errstr_size = errstr_size;
+    svc_err_t err = eng_vision_load_block(&r->vld, &m->vision->cfg, i, b);
+    if (err)
+        eng_vision_block_free(b);
+    return err;
 }
 
 svc_err_t eng_ref_layer(eng_ref_src_t *r, const eng_model_t *m, size_t i, eng_layer_t *l,

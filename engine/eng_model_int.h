@@ -172,6 +172,11 @@ SVC_WUR svc_err_t eng_ref_open(const char *dir, const eng_load_opts_t *opts, eng
 SVC_WUR svc_err_t eng_ref_layer(eng_ref_src_t *r, const eng_model_t *m, size_t i, eng_layer_t *l,
                                 char *errstr, size_t errstr_size);
 void              eng_ref_layer_free(eng_layer_t *l);
+/* Block i of m's vision tower into *b (free with eng_vision_block_free);
+ * SVC_ERR_INVALID when the package has none. */
+struct eng_vis_block;
+SVC_WUR svc_err_t eng_ref_vision_block(eng_ref_src_t *r, const eng_model_t *m, size_t i,
+                                       struct eng_vis_block *b, char *errstr, size_t errstr_size);
 void              eng_ref_close(eng_ref_src_t *r); /* NULL is a no-op */
 
 /* Row id of the embedding (embed or embed16) as fp32 into out (H). */

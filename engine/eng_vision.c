@@ -53,8 +53,8 @@ static svc_err_t vl_bproj(const eng_ld_t *ld, size_t i, const char *rest, size_t
     return err ? err : vl_proj(ld, s, r, c, dst);
 }
 
-static svc_err_t vl_block(const eng_ld_t *ld, const eng_vis_cfg_t *c, size_t i,
-                          eng_vis_block_t *b) {
+svc_err_t eng_vision_load_block(const eng_ld_t *ld, const eng_vis_cfg_t *c, size_t i,
+                                eng_vis_block_t *b) {
     size_t    H = c->hidden, I = c->inter;
     svc_err_t err;
     if ((err = vl_bvec(ld, i, "norm1.weight", H, &b->n1_w)) ||
@@ -98,7 +98,7 @@ svc_err_t eng_vision_load(const eng_ld_t *ld_in, const eng_vis_cfg_t *c, eng_vis
     if (!err)
         err = eng_ld_mat(&ld, "pos_embed.weight", c->n_pos, H, &v->pos);
     for (size_t i = 0; !err && i < c->depth; i++)
-        err = vl_block(&ld, c, i, &v->blocks[i]);
+        err = eng_vision_load_block(&ld, c, i, &v->blocks[i]);
     if (!err && !(err = eng_ld_vec(&ld, "merger.norm.weight", H, &v->mn_w)) &&
         !(err = eng_ld_vec(&ld, "merger.norm.bias", H, &v->mn_b)) &&
         !(err = vl_proj(&ld, "merger.linear_fc1.weight", M, M, &v->m_fc1)) &&
@@ -113,20 +113,22 @@ svc_err_t eng_vision_load(const eng_ld_t *ld_in, const eng_vis_cfg_t *c, eng_vis
     return SVC_OK;
 }
 
+void eng_vision_block_free(eng_vis_block_t *b) {
+    float *all[] = {b->n1_w, b->n1_b, b->n2_w, b->n2_b, b->qkv_b, b->proj_b, b->fc1_b, b->fc2_b};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        free(all[k]);
+    npu_wpack_free(b->qkv);
+    npu_wpack_free(b->proj);
+    npu_wpack_free(b->fc1);
+    npu_wpack_free(b->fc2);
+    memset(b, 0, sizeof *b);
+}
+
 void eng_vision_free(eng_vision_t *v) {
     if (!v)
         return;
-    for (size_t i = 0; v->blocks && i < v->cfg.depth; i++) {
-        eng_vis_block_t *b = &v->blocks[i];
-        float           *all[] = {b->n1_w,  b->n1_b,   b->n2_w,  b->n2_b,
-                                  b->qkv_b, b->proj_b, b->fc1_b, b->fc2_b};
-        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
-            free(all[k]);
-        npu_wpack_free(b->qkv);
-        npu_wpack_free(b->proj);
-        npu_wpack_free(b->fc1);
-        npu_wpack_free(b->fc2);
-    }
+    for (size_t i = 0; v->blocks && i < v->cfg.depth; i++)
+        eng_vision_block_free(&v->blocks[i]);
     free(v->blocks);
     npu_wpack_free(v->patch);
     free(v->patch_b);
@@ -420,6 +422,52 @@ svc_err_t eng_vision_block_errors(const eng_vision_t *v, const float *rows, size
         if (!err)
             eng_step_error_add(f.x, x_ref, x_in, n, &num[b], &den[b]);
         memcpy(f.x, x_ref, n * sizeof *f.x);
+    }
+    vfwd_free(&f);
+    free(x_in);
+    free(x_ref);
+    vis_nomem(err, gh, gw, errstr, errstr_size);
+    return err;
+}
+
+/* Block b of the pass from the reference block rb, then the serving
+ * block under exact and (fast) fast on the same input; f->x leaves with
+ * the reference's output. */
+static svc_err_t vref_block(vfwd_t *f, const eng_vis_block_t *rb, size_t b, bool fast, float *x_in,
+                            float *x_ref, double *const *num, double *const *den) {
+    size_t n = f->N * f->v->cfg.hidden;
+    memcpy(x_in, f->x, n * sizeof *x_in);
+    f->fast = false;
+    svc_err_t err = vis_block(f, rb);
+    if (!err)
+        memcpy(x_ref, f->x, n * sizeof *x_ref);
+    for (size_t a = 0; !err && a < (fast ? 2u : 1u); a++) {
+        memcpy(f->x, x_in, n * sizeof *f->x);
+        f->fast = a == 1;
+        err = vis_block(f, &f->v->blocks[b]);
+        if (!err)
+            eng_step_error_add(f->x, x_ref, x_in, n, &num[a][b], &den[a][b]);
+    }
+    memcpy(f->x, x_ref, n * sizeof *f->x);
+    f->fast = false;
+    return err;
+}
+
+svc_err_t eng_vision_reference(const eng_vision_t *v, const eng_vis_ref_t *r, const float *rows,
+                               size_t gh, size_t gw, char *errstr, size_t errstr_size) {
+    vfwd_t    f;
+    svc_err_t err = vis_start(&f, v, false, rows, gh, gw, errstr, errstr_size);
+    size_t    n = gh * gw * v->cfg.hidden;
+    float    *x_in = err ? NULL : malloc(n * sizeof *x_in),
+          *x_ref = err ? NULL : malloc(n * sizeof *x_ref);
+    if (!err && (!x_in || !x_ref))
+        err = SVC_ERR_NOMEM;
+    for (size_t b = 0; !err && b < v->cfg.depth; b++) {
+        eng_vis_block_t rb = {0};
+        if ((err = r->fetch(r->user, b, &rb, errstr, errstr_size)))
+            break;
+        err = vref_block(&f, &rb, b, r->fast, x_in, x_ref, r->num, r->den);
+        eng_vision_block_free(&rb);
     }
     vfwd_free(&f);
     free(x_in);

@@ -106,6 +106,34 @@ SVC_WUR svc_err_t eng_vision_proc_attach(const char *dir, eng_vision_t *v, char 
 /* Frees everything the tower owns. NULL is a no-op. */
 void eng_vision_free(eng_vision_t *v);
 
+/* Block i's tensors through ld into *b (the loader's step; the golden
+ * check's reference blocks, with ld->fp32), and their release. */
+SVC_WUR svc_err_t eng_vision_load_block(const eng_ld_t *ld, const eng_vis_cfg_t *c, size_t i,
+                                        eng_vis_block_t *b);
+void              eng_vision_block_free(eng_vis_block_t *b);
+
+/* The golden check's vision reference (eng_vision_reference). */
+typedef struct eng_vis_ref {
+    /* Fills *b with block i read from the package again (fp32 packs). */
+    svc_err_t (*fetch)(void *user, size_t i, eng_vis_block_t *b, char *errstr, size_t errstr_size);
+    void *user;
+    bool  fast; /* also the serving blocks under fast (num[1], den[1]) */
+    /* (depth) each: eng_step_error_add's sums, [0] exact, [1] fast */
+    double *num[2], *den[2];
+} eng_vis_ref_t;
+
+/**
+ * @brief The tower's blocks over one image, each block from r->fetch (one
+ *        held at a time), with the serving blocks run teacher-forced on
+ *        the same inputs and compared (eng_vision_block_errors' measure).
+ *        The patch embedding is the serving one; the merger is not run.
+ * @returns SVC_OK; SVC_ERR_INVALID (a bad grid), SVC_ERR_NOMEM or fetch's
+ *          error, with errstr.
+ */
+SVC_WUR svc_err_t eng_vision_reference(const eng_vision_t *v, const eng_vis_ref_t *r,
+                                       const float *rows, size_t gh, size_t gw, char *errstr,
+                                       size_t errstr_size);
+
 /**
  * @brief Runs the tower over one image's patch rows.
  * @param fast the fast profile's kernels (npu_matmul_packed_fast for every

@@ -449,12 +449,11 @@ SVC_WUR svc_err_t eng_readout_probs(const eng_model_t *m, const float *hidden, s
 /* Bounds (eng_golden.c). Per layer, teacher-forced: exact within the
  * 1e-3 relative that test_tower holds states to (measured 9e-6 to 1.1e-5
  * on tiny and nano BF16, 2.2e-4 on the nano q4nx package, whose exact
- * kernel rounds activations to 2^-16 of their row's largest); fast ~2x the worst layer measured (0.031 on tiny,
- * 0.026 on nano; 0.0204 in docs/profiles.md). End to end, exact: issue 7's
- * 1e-2 cap on a probability, not test_tower's 1e-4: random weights amplify
- * the exact kernels' 2^-16 rounding through every layer (measured 2.8e-4
- * on the nano q4nx package over 64 tokens, 2.6e-5 on nano BF16); the
- * per-layer bound is the sharp one (a damaged pack: 7e-3 on tiny). */
+ * kernel rounds activations to 2^-16 of their row's largest); fast ~2x the worst layer measured
+ * (0.031 on tiny, 0.026 on nano; 0.0204 in docs/profiles.md). End to end, exact: issue 7's 1e-2 cap
+ * on a probability, not test_tower's 1e-4: random weights amplify the exact kernels' 2^-16 rounding
+ * through every layer (measured 2.8e-4 on the nano q4nx package over 64 tokens, 2.6e-5 on nano
+ * BF16); the per-layer bound is the sharp one (a damaged pack: 7e-3 on tiny). */
 #define ENG_GOLDEN_TOL_EXACT   1e-2
 #define ENG_GOLDEN_LAYER_EXACT 1e-3
 #define ENG_GOLDEN_LAYER_FAST  6e-2
@@ -476,6 +475,11 @@ typedef struct eng_golden {
     double max_dp_fast;    /* fast: the same (reported, not bounded); NAN when fast does */
     double layer_err_fast; /* not run its own kernels (npu_fast_usable() false) */
     size_t layer_at_fast;
+    bool   vision;  /* the package has a vision tower: its blocks checked */
+    double vis_err; /* exact: the worst vision block, teacher-forced */
+    size_t vis_at;
+    double vis_err_fast; /* fast: the same (NAN where fast has no kernels) */
+    size_t vis_at_fast;
     bool   recorded;        /* the package carries golden.json, checked */
     double max_dp_recorded; /* the golden answers against it (NAN without) */
     double seconds;         /* the whole check, wall clock */
@@ -495,10 +499,11 @@ typedef struct eng_golden {
 SVC_WUR svc_err_t eng_golden_record(const eng_package_t *pkg, const eng_model_t *m, const char *dir,
                                     char *errstr, size_t errstr_size);
 
-/* Test hook (D3_TEST_CORRUPT_PACK, ops_golden.c): damages the packs of
- * the middle layer's MLP (npu_wpack_test_corrupt), so that a test can see
- * the golden check refuse a pack damaged after the manifest check. */
-void eng_model_test_corrupt(eng_model_t *m);
+/* Test hook (D3_TEST_CORRUPT_PACK, ops_golden.c): damages the middle
+ * layer's MLP down projection, or with vision the middle vision block's
+ * fc2 (npu_wpack_test_corrupt), so that a test can see the golden check
+ * refuse a pack damaged after the manifest check. */
+void eng_model_test_corrupt(eng_model_t *m, bool vision);
 
 /**
  * @brief Runs the golden check on a loaded package.

@@ -27,6 +27,11 @@ static void golden_log_passed(const eng_golden_t *r) {
         ops_log_strf(&l, "fast_max_dp", "%.3g", r->max_dp_fast);
         ops_log_strf(&l, "fast_worst_layer", "%.3g", r->layer_err_fast);
     }
+    if (r->vision) {
+        ops_log_strf(&l, "vision_exact_worst_block", "%.3g", r->vis_err);
+        if (!isnan(r->vis_err_fast))
+            ops_log_strf(&l, "vision_fast_worst_block", "%.3g", r->vis_err_fast);
+    }
     if (r->recorded)
         ops_log_strf(&l, "recorded_max_dp", "%.3g", r->max_dp_recorded);
     else
@@ -39,9 +44,10 @@ bool ops_golden_run(const char *cmd, const ops_ask_t *a, eng_model_t *m, const e
                     bool skip, ops_golden_t *g) {
     const char *hook = getenv("D3_TEST_CORRUPT_PACK");
     memset(g, 0, sizeof *g);
-    if (hook && strcmp(hook, "1") == 0) {
-        ops_logf(OPS_LOG_WARN, "D3_TEST_CORRUPT_PACK=1: a pack of this model is damaged (test)");
-        eng_model_test_corrupt(m);
+    if (hook && (strcmp(hook, "1") == 0 || strcmp(hook, "vision") == 0)) {
+        ops_logf(OPS_LOG_WARN, "D3_TEST_CORRUPT_PACK=%s: a pack of this model is damaged (test)",
+                 hook);
+        eng_model_test_corrupt(m, strcmp(hook, "vision") == 0);
     }
     if (skip) {
         g->state = OPS_GOLDEN_SKIPPED;

@@ -49,7 +49,8 @@ typedef struct ops_golden {
 const char *ops_golden_name(ops_golden_state_t s);
 
 /* Runs the check on a loaded model for cmd unless skip (--no-golden: a
- * warning); D3_TEST_CORRUPT_PACK=1 first damages a pack (the tests' hook).
+ * warning); D3_TEST_CORRUPT_PACK=1 (a text layer) or =vision (a vision
+ * block) first damages a pack (the tests' hook).
  * Logs the outcome; true when the model may serve, false after saying
  * why (ops_fail), with g filled either way. */
 bool ops_golden_run(const char *cmd, const ops_ask_t *a, eng_model_t *m, const eng_load_opts_t *lo,

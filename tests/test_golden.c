@@ -83,7 +83,7 @@ Test(golden, passes_with_recorded_answers) {
 Test(golden, refuses_a_damaged_pack) {
     loaded_t l;
     load(TINY_UPSTREAM, &l);
-    eng_model_test_corrupt(l.model);
+    eng_model_test_corrupt(l.model, false);
     eng_golden_t     g = check(&l);
     eng_model_info_t mi;
     eng_model_get_info(l.model, &mi);
@@ -93,6 +93,27 @@ Test(golden, refuses_a_damaged_pack) {
     cr_expect(g.layer_err > ENG_GOLDEN_LAYER_EXACT, "%g", g.layer_err);
     cr_expect(strstr(g.reason, g.kernels) != NULL, "the reason names the kernels: %s", g.reason);
     unload(&l);
+}
+
+/* The vision tower: its blocks are checked too (make-package's tiny has
+ * two), and a damaged one is named. */
+Test(golden, checks_the_vision_blocks) {
+    char    *dir = make(ENG_MAKE_Q4NX);
+    loaded_t l;
+    load(dir, &l);
+    eng_golden_t g = check(&l);
+    cr_expect(g.passed && g.vision, "%s", g.reason);
+    cr_expect(g.vis_err > 0 && g.vis_err <= ENG_GOLDEN_LAYER_EXACT, "%g", g.vis_err);
+    if (npu_fast_usable())
+        cr_expect(g.vis_err_fast > g.vis_err && g.vis_err_fast <= ENG_GOLDEN_LAYER_FAST, "%g",
+                  g.vis_err_fast);
+    eng_model_test_corrupt(l.model, true);
+    g = check(&l);
+    cr_expect(!g.passed);
+    cr_expect(strstr(g.reason, "profile exact: vision block 1 differs") != NULL, "%s", g.reason);
+    unload(&l);
+    rm_tree(dir);
+    free(dir);
 }
 
 /* golden.json that is not this package's: the recorded bound refuses it;
