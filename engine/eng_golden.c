@@ -274,6 +274,11 @@ static svc_err_t vis_fetch(void *user, size_t i, eng_vis_block_t *b, char *errst
     return eng_ref_vision_block(g->src, g->m, i, b, errstr, errstr_size);
 }
 
+static void vis_drop(void *user, eng_vis_block_t *b) {
+    (void)user;
+    eng_vision_block_free(b);
+}
+
 /* The vision tower over the golden image, block by block against the
  * reference blocks (the patch embedding is the serving one). */
 static svc_err_t golden_vision(golden_run_t *g, bool fast, char *errstr, size_t errstr_size) {
@@ -294,6 +299,7 @@ static svc_err_t golden_vision(golden_run_t *g, bool fast, char *errstr, size_t 
     if (!err)
         err = eng_image_prep_rows(g->m, prep, &rows, &gh, &gw);
     eng_vis_ref_t r = {.fetch = vis_fetch,
+                       .drop = vis_drop,
                        .user = g,
                        .fast = fast,
                        .num = {g->vnum[0], g->vnum[1]},

@@ -400,48 +400,19 @@ svc_err_t eng_vision_forward(const eng_vision_t *v, bool fast, const float *rows
     return err;
 }
 
-svc_err_t eng_vision_block_errors(const eng_vision_t *v, const float *rows, size_t gh, size_t gw,
-                                  double *num, double *den, char *errstr, size_t errstr_size) {
-    vfwd_t    f;
-    svc_err_t err = vis_start(&f, v, false, rows, gh, gw, errstr, errstr_size);
-    size_t    n = gh * gw * v->cfg.hidden;
-    float    *x_in = err ? NULL : malloc(n * sizeof *x_in),
-          *x_ref = err ? NULL : malloc(n * sizeof *x_ref);
-    if (!err && (!x_in || !x_ref))
-        err = SVC_ERR_NOMEM;
-    for (size_t b = 0; !err && b < v->cfg.depth; b++) {
-        memcpy(x_in, f.x, n * sizeof *x_in);
-        f.fast = false;
-        err = vis_block(&f, &v->blocks[b]);
-        if (err)
-            break;
-        memcpy(x_ref, f.x, n * sizeof *x_ref);
-        memcpy(f.x, x_in, n * sizeof *f.x);
-        f.fast = true;
-        err = vis_block(&f, &v->blocks[b]);
-        if (!err)
-            eng_step_error_add(f.x, x_ref, x_in, n, &num[b], &den[b]);
-        memcpy(f.x, x_ref, n * sizeof *f.x);
-    }
-    vfwd_free(&f);
-    free(x_in);
-    free(x_ref);
-    vis_nomem(err, gh, gw, errstr, errstr_size);
-    return err;
-}
-
 /* Block b of the pass from the reference block rb, then the serving
  * block under exact and (fast) fast on the same input; f->x leaves with
  * the reference's output. */
-static svc_err_t vref_block(vfwd_t *f, const eng_vis_block_t *rb, size_t b, bool fast, float *x_in,
-                            float *x_ref, double *const *num, double *const *den) {
+static svc_err_t vref_block(vfwd_t *f, const eng_vis_block_t *rb, size_t b, const eng_vis_ref_t *r,
+                            float *x_in, float *x_ref) {
     size_t n = f->N * f->v->cfg.hidden;
     memcpy(x_in, f->x, n * sizeof *x_in);
     f->fast = false;
-    svc_err_t err = vis_block(f, rb);
+    svc_err_t      err = vis_block(f, rb);
+    double *const *num = r->num, *const *den = r->den;
     if (!err)
         memcpy(x_ref, f->x, n * sizeof *x_ref);
-    for (size_t a = 0; !err && a < (fast ? 2u : 1u); a++) {
+    for (size_t a = r->no_exact ? 1 : 0; !err && a < (r->fast ? 2u : 1u); a++) {
         memcpy(f->x, x_in, n * sizeof *f->x);
         f->fast = a == 1;
         err = vis_block(f, &f->v->blocks[b]);
@@ -466,12 +437,36 @@ svc_err_t eng_vision_reference(const eng_vision_t *v, const eng_vis_ref_t *r, co
         eng_vis_block_t rb = {0};
         if ((err = r->fetch(r->user, b, &rb, errstr, errstr_size)))
             break;
-        err = vref_block(&f, &rb, b, r->fast, x_in, x_ref, r->num, r->den);
-        eng_vision_block_free(&rb);
+        err = vref_block(&f, &rb, b, r, x_in, x_ref);
+        r->drop(r->user, &rb);
     }
     vfwd_free(&f);
     free(x_in);
     free(x_ref);
     vis_nomem(err, gh, gw, errstr, errstr_size);
     return err;
+}
+
+/* eng_vision_block_errors' reference blocks: the tower's own, shared. */
+static svc_err_t own_block(void *user, size_t i, eng_vis_block_t *b, char *errstr,
+                           size_t errstr_size) {
+    (void)errstr, (void)errstr_size;
+    *b = ((const eng_vision_t *)user)->blocks[i];
+    return SVC_OK;
+}
+
+static void own_block_keep(void *user, eng_vis_block_t *b) {
+    (void)user, (void)b;
+}
+
+svc_err_t eng_vision_block_errors(const eng_vision_t *v, const float *rows, size_t gh, size_t gw,
+                                  double *num, double *den, char *errstr, size_t errstr_size) {
+    eng_vis_ref_t r = {.fetch = own_block,
+                       .drop = own_block_keep,
+                       .user = (void *)v,
+                       .fast = true,
+                       .no_exact = true,
+                       .num = {NULL, num},
+                       .den = {NULL, den}};
+    return eng_vision_reference(v, &r, rows, gh, gw, errstr, errstr_size);
 }

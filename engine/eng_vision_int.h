@@ -116,8 +116,10 @@ void              eng_vision_block_free(eng_vis_block_t *b);
 typedef struct eng_vis_ref {
     /* Fills *b with block i read from the package again (fp32 packs). */
     svc_err_t (*fetch)(void *user, size_t i, eng_vis_block_t *b, char *errstr, size_t errstr_size);
+    void (*drop)(void *user, eng_vis_block_t *b); /* after the block ran */
     void *user;
-    bool  fast; /* also the serving blocks under fast (num[1], den[1]) */
+    bool  fast;     /* also the serving blocks under fast (num[1], den[1]) */
+    bool  no_exact; /* not the serving blocks under exact (num[0] unused) */
     /* (depth) each: eng_step_error_add's sums, [0] exact, [1] fast */
     double *num[2], *den[2];
 } eng_vis_ref_t;
