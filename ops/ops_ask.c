@@ -14,7 +14,8 @@
 
 static const char ASK_HELP[] =
     "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--no-golden]\n"
-    "                    [--profile P] [--q4nx-layout S] [--max-request-bytes N] [FILE]\n"
+    "                    [--profile P] [--q4nx-layout S] [--max-request-bytes N]\n"
+    "                    [--model-alias N]... [--no-default-alias] [FILE]\n"
     "\n"
     "Answers the System One request in FILE (or stdin) with the package in DIR and\n"
     "prints, as one line, the exact response body the HTTP shim sends: the 200 body\n"
@@ -42,8 +43,11 @@ static const char ASK_HELP[] =
     "                 golden request (SPEC f.1) is answered after the load on the\n"
     "                 kernels that serve and on an fp32 reference that reads the\n"
     "                 weights again; a difference past the tests' tolerances\n"
-    "                 refuses the package (docs/operations.md, \"Golden check\")\n" OPS_PROFILE_HELP
-        OPS_Q4NX_LAYOUT_HELP OPS_MAX_REQUEST_HELP "\n"
+    "                 refuses the package (docs/operations.md, \"Golden check\")\n"
+    "  --model-alias N  another name a request's model may give (repeatable;\n"
+    "                 jev-latest, the official SDK's default, is one unless\n"
+    "                 --no-default-alias)\n" OPS_PROFILE_HELP OPS_Q4NX_LAYOUT_HELP
+        OPS_MAX_REQUEST_HELP "\n"
     "chat_template.jinja: d3stream renders the d3 prompt itself and never executes\n"
     "the template, so a template whose SHA-256 is not one SPEC e.5 pins is used with\n"
     "a warning on stderr, not refused (test packages cannot carry the real bytes).\n"
@@ -284,6 +288,8 @@ int ops_cmd_ask(int argc, char **argv) {
         {"device", required_argument, NULL, 'd'},
         {"no-verify", no_argument, NULL, 'n'},
         {"no-golden", no_argument, NULL, 'G'},
+        {"model-alias", required_argument, NULL, 'A'},
+        {"no-default-alias", no_argument, NULL, 'D'},
         {"q4nx-layout", required_argument, NULL, 'L'},
         {"profile", required_argument, NULL, 'P'},
         {"max-request-bytes", required_argument, NULL, 'B'},
@@ -300,7 +306,12 @@ int ops_cmd_ask(int argc, char **argv) {
             no_verify = true;
         else if (c == 'G')
             no_golden = true;
-        else if (c == 'L') {
+        else if (c == 'D')
+            ops_no_default_alias();
+        else if (c == 'A') {
+            if ((rc = ops_model_alias_opt("ask", optarg)) >= 0)
+                return rc;
+        } else if (c == 'L') {
             if ((rc = ops_q4nx_layout_opt("ask", optarg, &lo)) >= 0)
                 return rc;
         } else if (c == 'P') {

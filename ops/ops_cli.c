@@ -250,8 +250,65 @@ int ops_profile_opt(const char *cmd, const char *arg) {
     return -1;
 }
 
+/* --model-alias: the names besides the package's own that select it
+ * (SPEC a.2 4.); the SDK's default first unless --no-default-alias. */
+static const char *g_aliases[OPS_ALIAS_MAX] = {OPS_DEFAULT_ALIAS};
+static size_t      g_n_aliases = 1;
+
+size_t ops_model_aliases(const char *const **out) {
+    *out = g_aliases;
+    return g_n_aliases;
+}
+
+void ops_no_default_alias(void) {
+    for (size_t i = 0; i < g_n_aliases; i++)
+        if (strcmp(g_aliases[i], OPS_DEFAULT_ALIAS) == 0) {
+            memmove(&g_aliases[i], &g_aliases[i + 1], (g_n_aliases - i - 1) * sizeof *g_aliases);
+            g_n_aliases--;
+            return;
+        }
+}
+
+/* One name: 1 to 128 visible ASCII bytes, no comma (the list separator). */
+static bool alias_ok(const char *a, size_t n) {
+    if (n == 0 || n > 128)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] <= ' ' || a[i] > '~' || a[i] == ',')
+            return false;
+    return true;
+}
+
+int ops_model_alias_opt(const char *cmd, const char *arg) {
+    for (const char *p = arg;;) {
+        size_t n = strcspn(p, ",");
+        if (!alias_ok(p, n)) {
+            ops_fail(cmd,
+                     "--model-alias \"%s\": each name must be 1 to 128 visible ASCII "
+                     "characters, comma-separated",
+                     arg);
+            return OPS_EXIT_USAGE;
+        }
+        bool seen = false;
+        for (size_t i = 0; i < g_n_aliases; i++)
+            seen = seen || (strlen(g_aliases[i]) == n && memcmp(g_aliases[i], p, n) == 0);
+        if (!seen && g_n_aliases == OPS_ALIAS_MAX) {
+            ops_fail(cmd, "--model-alias: at most %d names", OPS_ALIAS_MAX);
+            return OPS_EXIT_USAGE;
+        }
+        if (!seen && !(g_aliases[g_n_aliases++] = strndup(p, n))) {
+            ops_fail(cmd, "out of memory");
+            return OPS_EXIT_FAILURE;
+        }
+        if (!p[n])
+            return -1;
+        p += n + 1;
+    }
+}
+
 void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
-                    const char *names[3], char last[OPS_NAME_MAX], sch_model_info_t *info) {
+                    const char *names[OPS_NAMES_MAX], char last[OPS_NAME_MAX],
+                    sch_model_info_t *info) {
     /* The last component as Python's Path(dir).name: trailing '/' dropped. */
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/')
@@ -263,9 +320,11 @@ void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
     names[0] = eng_package_model_id(pkg);
     names[1] = dir;
     names[2] = last[0] ? last : dir;
+    for (size_t i = 0; i < g_n_aliases; i++)
+        names[3 + i] = g_aliases[i];
     *info = (sch_model_info_t){
         .names = names,
-        .n_names = 3,
+        .n_names = 3 + g_n_aliases,
         .label = names[0],
         .has_vision = has_vision,
         .reads_videos = false,
@@ -290,7 +349,7 @@ bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body) {
 int ops_decode_request(const eng_package_t *pkg, const char *dir, unsigned flags, const char *body,
                        size_t len, sch_request_t **req, svc_buf_t *out, int *status, char *errstr,
                        size_t errstr_size) {
-    const char      *names[3];
+    const char      *names[OPS_NAMES_MAX];
     char             last[OPS_NAME_MAX];
     sch_model_info_t info;
     ops_model_info(pkg, dir, flags & OPS_DECODE_VISION, names, last, &info);

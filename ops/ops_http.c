@@ -102,7 +102,8 @@ static const char HTTP_HELP[] =
     "                        the kernels that serve and on an fp32 reference that\n"
     "                        reads the weights again; a difference past the tests'\n"
     "                        tolerances keeps /health at 503 with the reason (never\n"
-    "                        ready; exit 3 on SIGTERM)\n" OPS_PROFILE_HELP OPS_Q4NX_LAYOUT_HELP
+    "                        ready; exit 3 on SIGTERM)\n" OPS_ALIAS_HELP OPS_PROFILE_HELP
+        OPS_Q4NX_LAYOUT_HELP
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
     "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -492,7 +493,9 @@ enum {
     O_RCACHE,
     O_RCACHE_MIB,
     O_MAXREQ,
-    O_NOGOLDEN
+    O_NOGOLDEN,
+    O_ALIAS,
+    O_NODEFALIAS
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -506,6 +509,9 @@ static const struct option HTTP_OPTS[] = {
     {"max-body-memory", required_argument, NULL, O_BODYMEM},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
     {"no-golden", no_argument, NULL, O_NOGOLDEN},
+    {"model-alias", required_argument, NULL, O_ALIAS},
+    {"model-aliases", required_argument, NULL, O_ALIAS},
+    {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
@@ -568,6 +574,11 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return -1;
     case O_NOGOLDEN:
         o->no_golden = true;
+        return -1;
+    case O_ALIAS:
+        return ops_model_alias_opt("http", arg);
+    case O_NODEFALIAS:
+        ops_no_default_alias();
         return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;

@@ -14,6 +14,8 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <stdarg.h>
 
 void ops_http_error(http_req_t *r, int status, const char *code, const char *fmt, ...) {
@@ -272,6 +274,38 @@ static json_t *model_card(http_t *h, int state) {
     return card;
 }
 
+/* The package's date for the SDK's release_date (YYYY-MM-DD): config.json's
+ * modification time, UTC (a package carries no release date of its own). */
+static void package_date(const char *dir, char out[11]) {
+    char        path[4096];
+    struct stat sb;
+    struct tm   tm;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    time_t t = stat(path, &sb) == 0 ? sb.st_mtime : 0;
+    if (!gmtime_r(&t, &tm) || strftime(out, 11, "%Y-%m-%d", &tm) != 10)
+        snprintf(out, 11, "1970-01-01");
+}
+
+/* The list the official SDK reads (ListModelsResponse: models[].name,
+ * description, release_date): the package's name, then every alias. */
+static json_t *sdk_models(const http_t *h) {
+    const char *const *al;
+    size_t             n = ops_model_aliases(&al);
+    char               date[11], desc[512];
+    package_date(h->ask.dir, date);
+    json_t *list = json_array();
+    for (size_t i = 0; list && i <= n; i++) {
+        const char *name = i == 0 ? h->label : al[i - 1];
+        if (i == 0)
+            snprintf(desc, sizeof desc, "decision3 package %s served by d3stream", h->label);
+        else
+            snprintf(desc, sizeof desc, "alias of %s (decision3, served by d3stream)", h->label);
+        json_array_append_new(list, json_pack("{s:s, s:s, s:s}", "name", name, "description", desc,
+                                              "release_date", date));
+    }
+    return list;
+}
+
 void ops_http_models(http_req_t *r, bool systemone) {
     http_t *h = r->h;
     int     state = atomic_load(&h->state);
@@ -282,7 +316,8 @@ void ops_http_models(http_req_t *r, bool systemone) {
         return;
     }
     set_json(r, 200,
-             json_pack("{s:s, s:s, s:[o], s:{s:i, s:I}}", "object", "list", "api_version",
+             json_pack("{s:s, s:s, s:[o], s:{s:i, s:I}, s:o}", "object", "list", "api_version",
                        HTTP_API_VERSION, "data", model_card(h, state), "limits", "max_bundle_tasks",
-                       64, "max_request_bytes", (json_int_t)ops_max_request_bytes()));
+                       64, "max_request_bytes", (json_int_t)ops_max_request_bytes(), "models",
+                       sdk_models(h)));
 }

@@ -149,15 +149,40 @@ SVC_WUR svc_err_t ops_manifest_verify(const char *dir, const char **which, struc
  * not pinned by SPEC e.5 (never a refusal: d3stream does not execute it). */
 void ops_chat_template_warn(const char *cmd, const char *dir);
 
+/* Model aliases (issue 30): names that select the served package besides
+ * its own (model_name, the directory as given and its last component).
+ * The official SDK's default model name is one by default, so that the SDK
+ * works with only a base URL; --no-default-alias removes it. Process-wide
+ * as --profile: the commands set them while parsing options. */
+#define OPS_DEFAULT_ALIAS "jev-latest"
+#define OPS_ALIAS_MAX     32
+#define OPS_NAMES_MAX     (3 + OPS_ALIAS_MAX)
+/* --model-alias NAME[,NAME...] (repeatable): -1 to go on, else the exit
+ * status after saying why. */
+int  ops_model_alias_opt(const char *cmd, const char *arg);
+void ops_no_default_alias(void);
+/* The aliases in effect, in the order given. */
+size_t ops_model_aliases(const char *const **out);
+#define OPS_ALIAS_HELP                                                                             \
+    "  --model-alias N     another name that selects the package (repeatable, or\n"                \
+    "                      comma-separated): a request naming it is answered by the\n"             \
+    "                      package, under the package's own name. jev-latest (the\n"               \
+    "                      official SDK's default model) is one unless\n"                          \
+    "                      --no-default-alias\n"                                                   \
+    "  --model-aliases L   the same as a comma-separated list (the config file's\n"                \
+    "                      model-aliases: key)\n"                                                  \
+    "  --no-default-alias  jev-latest selects nothing\n"
+
 #define OPS_NAME_MAX 4096
 
 /* What the contract must know about the package opened from dir: the names
  * that select it (its id, the path, the path's last component without
- * trailing '/', written to last; SPEC a.2 4.), the "exact" profile and
+ * trailing '/', written to last; SPEC a.2 4.; then the aliases), the "exact" profile and
  * whether images are rendered (has_vision). names and info point into dir
  * and last, which must outlive them. */
 void ops_model_info(const eng_package_t *pkg, const char *dir, bool has_vision,
-                    const char *names[3], char last[OPS_NAME_MAX], sch_model_info_t *info);
+                    const char *names[OPS_NAMES_MAX], char last[OPS_NAME_MAX],
+                    sch_model_info_t *info);
 
 /* The manifest check `ask` makes before loading (ops_ask.c), shared with
  * serve and http: sha (ENG_SHA256_HEX + 1 bytes) gets meta.model_sha256 ("" when unknown).

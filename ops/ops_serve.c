@@ -54,8 +54,8 @@ static const char SERVE_HELP[] =
     "                      the golden request (SPEC f.1) runs after the load on the\n"
     "                      kernels that serve and on an fp32 reference that reads\n"
     "                      the weights again; a difference past the tests'\n"
-    "                      tolerances exits 3 before joining the group\n" OPS_PROFILE_HELP
-        OPS_Q4NX_LAYOUT_HELP "  --brokers H:P       bootstrap servers\n"
+    "                      tolerances exits 3 before joining the group\n" OPS_ALIAS_HELP
+        OPS_PROFILE_HELP OPS_Q4NX_LAYOUT_HELP "  --brokers H:P       bootstrap servers\n"
     "  --group G           consumer group id\n"
     "  --input T           the requests topic\n"
     "  --output T          the results topic\n"
@@ -116,7 +116,7 @@ static const char SERVE_HELP[] =
     "                      not yet taken), in MiB (default 256): past it fetching\n"
     "                      pauses too, so large records bound memory, not only\n"
     "                      their count; one record of any size is always taken\n" OPS_CACHE_HELP
-        OPS_MAX_REQUEST_HELP
+                         OPS_MAX_REQUEST_HELP
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
@@ -555,7 +555,9 @@ enum {
     O_RCACHE,
     O_RCACHE_MIB,
     O_MAXREQ,
-    O_NOGOLDEN
+    O_NOGOLDEN,
+    O_ALIAS,
+    O_NODEFALIAS
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -575,6 +577,9 @@ static const struct option SERVE_OPTS[] = {
     {"stop-at-end", no_argument, NULL, O_END},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
     {"no-golden", no_argument, NULL, O_NOGOLDEN},
+    {"model-alias", required_argument, NULL, O_ALIAS},
+    {"model-aliases", required_argument, NULL, O_ALIAS},
+    {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
@@ -686,6 +691,11 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return -1;
     case O_NOGOLDEN:
         o->http.no_golden = true;
+        return -1;
+    case O_ALIAS:
+        return ops_model_alias_opt("serve", arg);
+    case O_NODEFALIAS:
+        ops_no_default_alias();
         return -1;
     case O_COMMIT:
         if (!ops_count_opt("serve", "commit-ms", arg, 600000, &v))

@@ -477,6 +477,10 @@ static svc_err_t read_media(sch_request_t *req, size_t p, const part_src_t *src,
         return refuse(err, 400, "invalid_request", "videos must be a list of video data URLs");
     if (!n_images && !n_videos)
         return SVC_OK;
+    /* Upstream checks a package without a vision tower for videos first
+     * (issue 30: its words, whatever images come with them). */
+    if (model && !model->has_vision && n_videos && !model->reads_videos)
+        return refuse(err, 400, "invalid_request", "model %s reads no videos", model->label);
     if (model && !model->has_vision)
         return refuse(err, 400, "invalid_request",
                       "model %s has no vision tower; images are not supported", model->label);

@@ -1156,6 +1156,47 @@ Test(http, golden_check_on_the_card, .timeout = 120) {
     server_cleanup(&s);
 }
 
+/* Model aliases (issue 30): a request naming one is answered by the
+ * package under its own name; the SDK's default is one unless removed;
+ * /v1/models lists every name for the SDK (models[]) beside upstream's
+ * data[]. */
+Test(http, model_aliases, .timeout = 120) {
+    server_t s;
+    server_start(&s, "--model-alias foo,bar --model-alias baz --no-default-alias");
+    static const char fmt[] = "{\"model\": \"%s\", \"state\": \"x\", \"questions\": {\"n\": "
+                              "{\"type\": \"noul\", \"instructions\": \"Is it?\"}}}";
+    const char       *names[] = {"foo", "bar", "baz", "jev-latest"};
+    for (size_t i = 0; i < 4; i++) {
+        char   body[256];
+        resp_t r;
+        snprintf(body, sizeof body, fmt, names[i]);
+        request(&s, "POST", "/v1/systemone", body, strlen(body), &r);
+        if (i < 3) {
+            cr_assert_eq(r.status, 200, "%s: %s", names[i], r.body.data);
+            cr_assert(strstr(r.body.data, "\"model\":\"d3stream-synthetic-tiny\""), "%s",
+                      r.body.data);
+        } else
+            cr_assert_eq(r.status, 404, "the removed default alias: %s", r.body.data);
+        resp_fini(&r);
+    }
+    resp_t r;
+    request(&s, "GET", "/v1/models", NULL, 0, &r);
+    json_t *j = json_loads(r.body.data, 0, NULL), *models = json_object_get(j, "models");
+    cr_assert_eq(json_array_size(models), 4, "%s", r.body.data);
+    const char *want[] = {"d3stream-synthetic-tiny", "foo", "bar", "baz"};
+    for (size_t i = 0; i < 4; i++) {
+        json_t *m = json_array_get(models, i);
+        cr_assert_str_eq(json_string_value(json_object_get(m, "name")), want[i]);
+        cr_assert_eq(strlen(json_string_value(json_object_get(m, "release_date"))), 10);
+        cr_assert(json_is_string(json_object_get(m, "description")));
+    }
+    cr_assert_eq(json_array_size(json_object_get(j, "data")), 1, "upstream's list stays");
+    json_decref(j);
+    resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+}
+
 /* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
 static unsigned char *flat_png(uint32_t w, uint32_t h, uint8_t shade, size_t *len) {
     unsigned char *px = malloc((size_t)w * h);

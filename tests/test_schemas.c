@@ -318,8 +318,13 @@ Test(schemas, model_vision_and_videos) {
     const char *img = "{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1 "\"]}";
     expect_error(img, &NANO, 400, "invalid_request",
                  "model d3-nano has no vision tower; images are not supported");
+    /* no vision tower: videos are refused first, in upstream's words (issue 30),
+     * with or without images */
     expect_error("{\"state\": \"s\", " Q_NOUL ", \"videos\": [\"x\"]}", &NANO, 400,
-                 "invalid_request", "model d3-nano has no vision tower; images are not supported");
+                 "invalid_request", "model d3-nano reads no videos");
+    expect_error("{\"state\": \"s\", " Q_NOUL ", \"images\": [\"" PNG_1X1
+                 "\"], \"videos\": [\"x\"]}",
+                 &NANO, 400, "invalid_request", "model d3-nano reads no videos");
     expect_error("{\"state\": \"s\", " Q_NOUL ", \"videos\": [\"x\"]}", &VISION, 400,
                  "invalid_request", "model d3-vl reads no videos");
     expect_error("{\"state\": \"s\", " Q_NOUL ", \"videos\": [\"x\"]}", &VIDEO, 400,

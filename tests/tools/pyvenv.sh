@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python tools the tests need that Debian 12 does not package, from PyPI
 # into a virtualenv (tests/http_formats.sh: openapi-spec-validator checks
-# GET /openapi.yaml). Idempotent: does nothing when the venv already holds the
+# GET /openapi.yaml; tests/sdk_clients.sh: the official SDK, typesafe-sdk). Idempotent: does nothing when the venv already holds the
 # pinned versions.
 #   tests/tools/pyvenv.sh [DIR]    DIR defaults to build/_fetch/pyvenv
 # Needs Debian's python3 and python3-venv (ops/setup-deps.sh).
@@ -17,11 +17,14 @@ PINS=(
   pydantic==2.14.4 pydantic-settings==2.16.3 pydantic_core==2.50.5
   python-dotenv==1.2.4 PyYAML==6.0.4 referencing==0.37.0 rfc3339-validator==0.1.4
   rpds-py==2026.9.1 six==1.17.0 typing-inspection==0.4.5 typing_extensions==4.16.0
+  # tests/sdk_clients.sh: the official System One SDK and its dependencies
+  typesafe-sdk==0.7.5 anyio==4.16.0 h11==0.16.0 httpcore2==2.17.0 httpx2==2.17.0 idna==3.21
+  packaging==26.4 tenacity==9.2.1 truststore==0.10.5
 )
 
 STAMP="$DIR/.d3-pins"
 if [ -x "$DIR/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "${PINS[*]}" ] &&
-  "$DIR/bin/python" -c 'import openapi_spec_validator' 2>/dev/null; then
+  "$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk' 2>/dev/null; then
   echo "pyvenv: $DIR ready (${PINS[0]})"
   exit 0
 fi
@@ -42,5 +45,5 @@ mkdir -p "$(dirname "$DIR")"
 "$PY" -m venv "$DIR"
 "$DIR/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
 printf '%s' "${PINS[*]}" >"$STAMP"
-"$DIR/bin/python" -c 'import openapi_spec_validator'
+"$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk'
 echo "pyvenv: $DIR ready (${PINS[0]})"

@@ -1,0 +1,55 @@
+"""The official System One SDK (typesafe-sdk, from PyPI) against `d3stream http`.
+
+    python sdk_client.py BASE_URL PACKAGE_NAME
+
+Only base_url (and the api_key the SDK insists on; d3stream checks none yet)
+is set: the SDK's default model, jev-latest, must be served as an alias.
+Each call prints one line; any failure raises (exit 1). Issue 30, item 8
+(the calls of this slice: choice, noul, score, several questions,
+models.list(), an error).
+"""
+import math
+import sys
+
+import typesafe_sdk as ts
+
+base, package = sys.argv[1], sys.argv[2]
+client = ts.TypeSafeClient(api_key="unused", base_url=base, compression=False)
+
+
+def close(a, b):
+    return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
+
+
+r = client.system_one(
+    state="Customer writes: I was charged twice for my March invoice.",
+    questions={
+        "team": ts.Choice(instructions="Which team should handle this ticket?",
+                          criteria={"billing": "Invoices, charges, refunds",
+                                    "tech": "Outages, bugs", "sales": None}),
+        "urgent": ts.Noul(instructions="Does the customer need an answer today?"),
+        "severity": ts.Score(instructions="How severe is the problem?",
+                             criteria=["Trivial", "Minor", "Major", "Critical"]),
+    },
+)
+assert r.model == package, f"model {r.model!r}, expected the package's name {package!r}"
+team, urgent, severity = r.answers["team"], r.answers["urgent"], r.answers["severity"]
+assert team.choice in ("billing", "tech", "sales"), team
+assert close(sum(team.probabilities.values()), 1.0), team
+assert 0.0 <= urgent.noul <= 1.0, urgent
+assert r.usage.input_tokens > 0, r.usage
+print(f"sdk: choice {team.choice}, noul {urgent.noul:.4f}, score {severity!r:.60}, "
+      f"{r.usage.input_tokens} tokens")
+
+models = client.models.list()
+names = [m.name for m in models.models]
+assert package in names and "jev-latest" in names, names
+print(f"sdk: models.list() {names}")
+
+try:
+    client.system_one(state="x", questions={"q": ts.Noul(instructions="Is it?")},
+                      model="no-such-model")
+    raise AssertionError("an unknown model was answered")
+except ts.TypeSafeNotFoundError as e:
+    print(f"sdk: unknown model -> {type(e).__name__}")
+print("sdk: ok")
