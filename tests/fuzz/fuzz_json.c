@@ -1,5 +1,6 @@
 /*
- * fuzz_json.c -- libFuzzer harness for schemas/sch_json.c (not run by ctest).
+ * fuzz_json.c -- libFuzzer harness for schemas/sch_json.c; ctest replays its
+ * saved inputs (fuzz_json, tests/fuzz/replay.c).
  *
  *     tests/fuzz/run.sh [SECONDS]    # builds and runs every harness
  *

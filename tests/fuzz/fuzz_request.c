@@ -1,7 +1,8 @@
 /*
- * fuzz_request.c -- libFuzzer harness for the whole contract path (not run
- * by ctest): any bytes -> sch_request_decode -> a verdict, an error object
- * or a response body, never a crash, a leak or undefined behaviour.
+ * fuzz_request.c -- libFuzzer harness for the whole contract path (ctest
+ * replays its saved inputs: fuzz_request): any bytes -> sch_request_decode
+ * -> a verdict, an error object or a response body, never a crash, a leak
+ * or undefined behaviour.
  *
  *     tests/fuzz/run.sh [SECONDS]    # builds and runs every harness
  *

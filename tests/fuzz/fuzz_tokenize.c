@@ -1,13 +1,13 @@
 /*
- * fuzz_tokenize.c -- libFuzzer harness for the tokenizer at run time (not
- * run by ctest): any bytes -> eng_tokenizer_encode with Qwen3's
+ * fuzz_tokenize.c -- libFuzzer harness for the tokenizer at run time
+ * (ctest replays its saved inputs: fuzz_tokenize): any bytes -> eng_tokenizer_encode with Qwen3's
  * tokenizer.json (pcre2 pre-tokenizer, NFC, byte-level BPE, added tokens);
  * invalid UTF-8 is refused, anything else gives ids in range. Never a
  * crash, a leak or undefined behaviour.
  *
  * D3_QWEN3_DIR names the fetched tokenizer
  * (tests/tools/fetch_qwen3_tokenizer.sh); tests/fuzz/run.sh builds and
- * runs it when that is set.
+ * runs it when that holds tokenizer.json.
  */
 #include "engine.h"
 
