@@ -122,6 +122,34 @@ typedef struct http {
     size_t           n_intake;
 } http_t;
 
+/* ---- compressed request bodies (ops_http_codec.c) ---- */
+typedef struct http_codec http_codec_t;
+/* Takes decoded bytes; false stops the stream (the body's limit). */
+typedef bool (*ops_http_sink_fn)(void *user, const char *p, size_t n);
+/* The codings of a Content-Encoding value (gzip, x-gzip, deflate, zstd,
+ * identity; comma-separated, in the order applied). 0: *out set, or NULL
+ * when there is nothing to undo; -1: a coding not taken, why says which
+ * (415); -2: out of memory. limit caps zstd's window. */
+int ops_http_codec_new(const char *header, size_t limit, http_codec_t **out, char *why,
+                       size_t why_size);
+/* Undoes n more bytes into sink. 0 go on; 1 the sink stopped; -1 the data
+ * is not what the coding says (why: a 400's message). */
+int ops_http_codec_feed(http_codec_t *c, const char *data, size_t n, ops_http_sink_fn sink,
+                        void *user, char *why, size_t why_size);
+/* At the body's end: -1 when a stream was cut short (why). */
+int  ops_http_codec_end(const http_codec_t *c, char *why, size_t why_size);
+void ops_http_codec_free(http_codec_t *c); /* NULL is a no-op */
+/* The coding to answer with for an Accept-Encoding value: "zstd", else
+ * "gzip", else NULL (q=0 refuses one). */
+const char *ops_http_codec_pick(const char *accept);
+/* in (n bytes) in that coding into a new *out (*out_n bytes); false when
+ * out of memory. */
+bool ops_http_codec_compress(const char *coding, const char *in, size_t n, char **out,
+                             size_t *out_n);
+/* Answers shorter than this go out as they are: compressing them saves
+ * less than it costs. */
+#define HTTP_COMPRESS_MIN 1024
+
 /* One request's state, from its headers to its completion. */
 typedef enum http_phase {
     HTTP_P_READING = 0, /* receiving the body */
@@ -143,8 +171,11 @@ struct http_req {
     char                   method[16], path[256];
     char                   rid[129]; /* X-Request-Id, else a new id: the access log's request_id */
     bool                   too_large, over_budget;
-    size_t                 dropped; /* body bytes read and dropped after a refusal */
-    sch_request_t         *req;     /* while the engine has it */
+    size_t                 dropped;       /* body bytes read and dropped after a refusal */
+    struct http_codec     *codec;         /* Content-Encoding undone as the body arrives, or NULL */
+    int                    coding_status; /* 415 or 400 when the coding failed, else 0 */
+    char                   coding_why[320];
+    sch_request_t         *req; /* while the engine has it */
     int                    status;
     svc_buf_t              out;   /* the response body */
     const char            *type;  /* its Content-Type; NULL: JSON */

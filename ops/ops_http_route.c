@@ -87,8 +87,22 @@ static void server_timing(const http_req_t *r, char *buf, size_t size) {
 static enum MHD_Result respond(http_req_t *r) {
     const char *type = r->type ? r->type : HTTP_JSON;
     drop_body(r);
-    size_t len = 0;
-    char  *data = svc_buf_steal(&r->out, &len);
+    size_t      len = 0;
+    char       *data = svc_buf_steal(&r->out, &len);
+    const char *coding = NULL;
+    if (data && len >= HTTP_COMPRESS_MIN) { /* Accept-Encoding: zstd or gzip */
+        char  *z = NULL;
+        size_t zn = 0;
+        coding = ops_http_codec_pick(
+            MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING));
+        if (coding && ops_http_codec_compress(coding, data, len, &z, &zn) && zn < len) {
+            free(data);
+            data = z, len = zn;
+        } else {
+            free(z);
+            coding = NULL;
+        }
+    }
     /* The answer is held until it is sent, by a client reading as slowly as
      * it likes: it counts against the body memory too (always taken, never
      * refused: it is written), so that a burst of large answers (an error
@@ -114,6 +128,9 @@ static enum MHD_Result respond(http_req_t *r) {
     if (r->status == 429)
         (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     (void)MHD_add_response_header(resp, "X-Request-Id", r->rid);
+    if (coding)
+        (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, coding);
+    (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
     if (atomic_load(&r->h->state) == HTTP_STOPPING)
         (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     r->phase = HTTP_P_SENT;
@@ -214,6 +231,19 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
     }
     const char *cl =
         MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *ce =
+        MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    int crc = ce ? ops_http_codec_new(ce, ops_max_request_bytes(), &r->codec, r->coding_why,
+                                      sizeof r->coding_why)
+                 : 0;
+    if (crc == -2) {
+        ops_http_overloaded(r);
+        return send_json(r);
+    }
+    if (crc == -1) { /* read, dropped, answered at the end (finish) */
+        r->coding_status = 415;
+        return MHD_YES;
+    }
     if (cl) {
         char              *end = NULL;
         unsigned long long v = strtoull(cl, &end, 10);
@@ -240,12 +270,10 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
     return MHD_YES;
 }
 
-/* A piece of the body; MHD_NO closes the connection. */
-static enum MHD_Result take(http_req_t *r, const char *data, size_t n) {
-    if (r->too_large || r->over_budget) {
-        r->dropped += n;
-        return r->dropped > HTTP_DISCARD_MAX ? MHD_NO : MHD_YES;
-    }
+/* n more bytes of the body (decoded, when it has a Content-Encoding)
+ * under the limit and the budget; false once refused (the body dropped). */
+static bool body_add(void *user, const char *data, size_t n) {
+    http_req_t *r = user;
     if (r->body.len + n > ops_max_request_bytes())
         r->too_large = true;
     else if (r->body.len + n > r->reserved && !reserve(r, r->body.len + n - r->reserved))
@@ -254,6 +282,27 @@ static enum MHD_Result take(http_req_t *r, const char *data, size_t n) {
         r->over_budget = true;
     if (r->too_large || r->over_budget) {
         r->dropped = r->body.len + n;
+        drop_body(r);
+    }
+    return !r->too_large && !r->over_budget;
+}
+
+/* A piece of the body; MHD_NO closes the connection. A compressed one is
+ * decoded as it comes, so its limit is the decoded size's, decided while
+ * inflating (ops_http_codec.c). */
+static enum MHD_Result take(http_req_t *r, const char *data, size_t n) {
+    if (r->too_large || r->over_budget || r->coding_status) {
+        r->dropped += n;
+        return r->dropped > HTTP_DISCARD_MAX ? MHD_NO : MHD_YES;
+    }
+    if (!r->codec) {
+        (void)body_add(r, data, n);
+        return MHD_YES;
+    }
+    if (ops_http_codec_feed(r->codec, data, n, body_add, r, r->coding_why, sizeof r->coding_why) <
+        0) {
+        r->coding_status = 400;
+        r->dropped = n;
         drop_body(r);
     }
     return MHD_YES;
@@ -284,6 +333,15 @@ static bool transport_error(http_req_t *r, bool or_not_object) {
 /* The body is complete: answer it now, or hand it to the engine. */
 static enum MHD_Result finish(http_req_t *r) {
     http_t *h = r->h;
+    if (!r->coding_status && !r->too_large && !r->over_budget && r->codec &&
+        ops_http_codec_end(r->codec, r->coding_why, sizeof r->coding_why) < 0)
+        r->coding_status = 400;
+    if (r->coding_status) {
+        ops_http_error(r, r->coding_status,
+                       r->coding_status == 415 ? "unsupported_media_type" : "invalid_request", "%s",
+                       r->coding_why);
+        return send_json(r);
+    }
     if (r->too_large) {
         ops_http_error(r, 413, "request_too_large", "the request body exceeds %zu bytes",
                        ops_max_request_bytes());
@@ -422,6 +480,7 @@ void ops_http_completed(void *cls, struct MHD_Connection *con, void **req_cls,
     ops_http_count_request(h, r->route, status, total_s);
     access_log(r, status, total_s);
     drop_body(r);
+    ops_http_codec_free(r->codec);
     if (r->out_held)
         atomic_fetch_sub(&h->body_bytes, r->out_held);
     svc_buf_fini(&r->body);

@@ -23,6 +23,8 @@ PACKAGES=(
   # image decoding for the vision tower (engine/eng_image.c): PNG, JPEG
   # (libjpeg-turbo), WebP (and its demuxer, for animated files)
   libpng-dev libjpeg62-turbo-dev libwebp-dev
+  # compressed HTTP request bodies (ops/ops_http_codec.c): zstd beside zlib
+  libzstd-dev
   # oneDNN: the projection matmul where the AMX tiles are not used (npu/npu_dnnl.c)
   libdnnl-dev
   # the fuzzers (tests/fuzz/run.sh): clang, and its libFuzzer and sanitizer

@@ -2,9 +2,10 @@
 # ctest sdk_clients: the official System One SDK (typesafe-sdk from PyPI, in
 # the virtualenv of tests/tools/pyvenv.sh) against `d3stream http` on a new
 # tiny package, with only its base URL set (and the API key it insists on):
-# choice, noul and score questions in one call, models.list(), an unknown
-# model's error (tests/tools/sdk_client.py). Issue 30; what the SDK does that
-# d3stream does not take yet (zstd bodies, Image uploads) is not sent here.
+# choice, noul and score questions in one call with its default zstd body,
+# the same uncompressed, models.list(), an unknown model's error
+# (tests/tools/sdk_client.py). Issue 30; Image uploads (multipart) are not
+# taken yet and not sent here.
 # Fails, never skips, when a tool is missing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

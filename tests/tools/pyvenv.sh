@@ -19,12 +19,12 @@ PINS=(
   rpds-py==2026.9.1 six==1.17.0 typing-inspection==0.4.5 typing_extensions==4.16.0
   # tests/sdk_clients.sh: the official System One SDK and its dependencies
   typesafe-sdk==0.7.5 anyio==4.16.0 h11==0.16.0 httpcore2==2.17.0 httpx2==2.17.0 idna==3.21
-  packaging==26.4 tenacity==9.2.1 truststore==0.10.5
+  packaging==26.4 tenacity==9.2.1 truststore==0.10.5 backports.zstd==1.8.0
 )
 
 STAMP="$DIR/.d3-pins"
 if [ -x "$DIR/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "${PINS[*]}" ] &&
-  "$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk' 2>/dev/null; then
+  "$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk, backports.zstd' 2>/dev/null; then
   echo "pyvenv: $DIR ready (${PINS[0]})"
   exit 0
 fi
@@ -45,5 +45,5 @@ mkdir -p "$(dirname "$DIR")"
 "$PY" -m venv "$DIR"
 "$DIR/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
 printf '%s' "${PINS[*]}" >"$STAMP"
-"$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk'
+"$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk, backports.zstd'
 echo "pyvenv: $DIR ready (${PINS[0]})"

@@ -3,10 +3,11 @@
     python sdk_client.py BASE_URL PACKAGE_NAME
 
 Only base_url (and the api_key the SDK insists on; d3stream checks none yet)
-is set: the SDK's default model, jev-latest, must be served as an alias.
+is set: the SDK's default model, jev-latest, must be served as an alias, and
+its default compression (zstd bodies) must be taken.
 Each call prints one line; any failure raises (exit 1). Issue 30, item 8
-(the calls of this slice: choice, noul, score, several questions,
-models.list(), an error).
+(the calls so far: choice, noul, score, several questions, zstd and plain
+bodies, models.list(), an error; Image uploads come with multipart).
 """
 import math
 import sys
@@ -14,15 +15,20 @@ import sys
 import typesafe_sdk as ts
 
 base, package = sys.argv[1], sys.argv[2]
-client = ts.TypeSafeClient(api_key="unused", base_url=base, compression=False)
+# The SDK's own default compression: zstd (backports.zstd on Python < 3.14)
+# for bodies of 1,024 bytes or more.
+client = ts.TypeSafeClient(api_key="unused", base_url=base)
+plain = ts.TypeSafeClient(api_key="unused", base_url=base, compression=False)
+assert client._config.compression == "zstd", "the SDK would not compress: no backports.zstd?"
 
 
 def close(a, b):
     return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
 
 
+long_state = "Customer writes: I was charged twice for my March invoice. " * 40
 r = client.system_one(
-    state="Customer writes: I was charged twice for my March invoice.",
+    state=long_state,
     questions={
         "team": ts.Choice(instructions="Which team should handle this ticket?",
                           criteria={"billing": "Invoices, charges, refunds",
@@ -40,6 +46,11 @@ assert 0.0 <= urgent.noul <= 1.0, urgent
 assert r.usage.input_tokens > 0, r.usage
 print(f"sdk: choice {team.choice}, noul {urgent.noul:.4f}, score {severity!r:.60}, "
       f"{r.usage.input_tokens} tokens")
+
+r2 = plain.system_one(state=long_state, questions={
+    "urgent": ts.Noul(instructions="Does the customer need an answer today?")})
+assert close(r2.answers["urgent"].noul, urgent.noul), (r2.answers["urgent"], urgent)
+print(f"sdk: the same noul uncompressed, {len(long_state)} state bytes")
 
 models = client.models.list()
 names = [m.name for m in models.models]
