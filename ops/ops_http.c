@@ -104,6 +104,13 @@ static const char HTTP_HELP[] =
     "                        tolerances keeps /health at 503 with the reason (never\n"
     "                        ready; exit 3 on SIGTERM)\n" OPS_ALIAS_HELP OPS_PROFILE_HELP
         OPS_Q4NX_LAYOUT_HELP
+    "  --api-key-file FILE   require an API key on every route but /health/live (and\n"
+    "                        /metrics unless --metrics-need-key): the file's keys,\n"
+    "                        one a line ('#' comments), read again on SIGHUP; sent\n"
+    "                        as Authorization: Bearer KEY or Api-Key: KEY, else 401\n"
+    "                        invalid_api_key. Keys are never logged (their position\n"
+    "                        in the file is)\n"
+    "  --metrics-need-key    /metrics needs a key too\n"
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
     "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -318,15 +325,37 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
     atomic_init(&h->in_intake, 0);
     atomic_init(&h->body_bytes, 0);
     device_label(h);
+    char why[512];
+    if (o->api_key_file && !(h->keys = ops_http_keys_new(o->api_key_file, why, sizeof why))) {
+        ops_fail(c->cmd, "%s", why);
+        pthread_mutex_destroy(&h->lock);
+        free(h);
+        return NULL;
+    }
+    if (h->keys)
+        ops_logf(OPS_LOG_INFO, "API keys required: %zu from --api-key-file",
+                 ops_http_keys_count(h->keys));
     if (!ops_http_intake_start(h))
         ops_logf(OPS_LOG_ERROR, "cannot start the HTTP intake threads: decision requests get 503");
     if (!http_listen(h)) {
         ops_http_intake_free(h);
+        ops_http_keys_free(h->keys);
         pthread_mutex_destroy(&h->lock);
         free(h);
         return NULL;
     }
     return h;
+}
+
+void ops_http_reload_keys(http_t *h) {
+    char   why[512];
+    size_t n = 0;
+    if (!h->keys)
+        ops_logf(OPS_LOG_INFO, "SIGHUP: no --api-key-file to read again");
+    else if (ops_http_keys_reload(h->keys, &n, why, sizeof why))
+        ops_logf(OPS_LOG_INFO, "SIGHUP: %zu API keys in force", n);
+    else
+        ops_logf(OPS_LOG_ERROR, "SIGHUP: %s; the keys in force stay", why);
 }
 
 void ops_http_golden(http_t *h, const ops_golden_t *g) {
@@ -374,6 +403,7 @@ void ops_http_free(http_t *h) {
     if (h->listen_fd >= 0)
         close(h->listen_fd);
     ops_http_intake_free(h);
+    ops_http_keys_free(h->keys);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
@@ -421,7 +451,8 @@ static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *
         ops_logf(OPS_LOG_INFO, "ready (model loaded in %.1f s)", ops_http_now_s() - t);
         int sig = 0;
         while (sigwait(sigs, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
-            ;
+            if (sig == SIGHUP)
+                ops_http_reload_keys(h);
         ops_logf(OPS_LOG_INFO, "%s: stopping (finishing %zu requests)",
                  sig == SIGTERM ? "SIGTERM" : "SIGINT", atomic_load(&h->in_flight));
         rc = OPS_EXIT_OK;
@@ -431,7 +462,8 @@ static int http_run(const http_opts_t *o, const ops_ask_t *ask, const sigset_t *
                                 "exits 3 on SIGTERM");
         int sig = 0;
         while (sigwait(sigs, &sig) != 0 || (sig != SIGTERM && sig != SIGINT))
-            ;
+            if (sig == SIGHUP)
+                ops_http_reload_keys(h);
     }
     ops_http_quiesce(h);
     if (!ops_http_drain(h, HTTP_DRAIN_S))
@@ -468,6 +500,7 @@ static int http_package(const http_opts_t *o) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP); /* --api-key-file read again */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     ops_ask_t ask = {pkg, NULL, o->dir, sha};
@@ -495,7 +528,9 @@ enum {
     O_MAXREQ,
     O_NOGOLDEN,
     O_ALIAS,
-    O_NODEFALIAS
+    O_NODEFALIAS,
+    O_KEYFILE,
+    O_METRICSKEY
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -512,6 +547,8 @@ static const struct option HTTP_OPTS[] = {
     {"model-alias", required_argument, NULL, O_ALIAS},
     {"model-aliases", required_argument, NULL, O_ALIAS},
     {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
+    {"api-key-file", required_argument, NULL, O_KEYFILE},
+    {"metrics-need-key", no_argument, NULL, O_METRICSKEY},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
@@ -579,6 +616,12 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return ops_model_alias_opt("http", arg);
     case O_NODEFALIAS:
         ops_no_default_alias();
+        return -1;
+    case O_KEYFILE:
+        o->api_key_file = arg;
+        return -1;
+    case O_METRICSKEY:
+        o->metrics_need_key = true;
         return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;

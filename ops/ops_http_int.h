@@ -41,9 +41,25 @@ typedef struct http_opts {
     size_t          workers, max_queue, max_queued_tokens, max_connections, body_budget;
     unsigned        timeout_s; /* idle connection timeout */
     /* --result-cache-entries (0: no reuse) and --result-cache-mib */
-    size_t cache_entries, cache_mib;
-    bool   body_budget_set; /* --max-body-memory given */
+    size_t      cache_entries, cache_mib;
+    bool        body_budget_set;  /* --max-body-memory given */
+    const char *api_key_file;     /* --api-key-file: keys required; NULL: open */
+    bool        metrics_need_key; /* --metrics-need-key */
 } http_opts_t;
+
+/* ---- API keys (ops_http_keys.c) ---- */
+typedef struct http_keys http_keys_t;
+/* Reads path's keys (one a line; blank lines and '#' comments skipped);
+ * NULL with why when unreadable, empty or malformed. */
+http_keys_t *ops_http_keys_new(const char *path, char *why, size_t why_size);
+/* Reads the file again (SIGHUP): the new keys replace the old at once;
+ * false with why keeps the old ones. *n: the keys now in force. */
+bool   ops_http_keys_reload(http_keys_t *k, size_t *n, char *why, size_t why_size);
+size_t ops_http_keys_count(http_keys_t *k);
+/* The 1-based position of the key con presents (Authorization: Bearer, or
+ * Api-Key), compared in constant time with every key; 0: none valid. */
+int  ops_http_keys_check(http_keys_t *k, struct MHD_Connection *con);
+void ops_http_keys_free(http_keys_t *k); /* NULL is a no-op */
 
 /* The routes: index into the counters. */
 typedef enum http_route {
@@ -111,6 +127,7 @@ typedef struct http {
     http_counts_t      n;
     char               device[512]; /* meta.device, for model cards */
     ops_golden_t       golden;      /* under lock: the card's and /health's verdict */
+    http_keys_t       *keys;        /* --api-key-file, or NULL (open) */
     /* ops_http_intake.c: the intake queue and the watch list, under ilock */
     pthread_mutex_t  ilock;
     pthread_cond_t   icv, wcv; /* intake threads; the watcher's stop */
@@ -172,6 +189,7 @@ struct http_req {
     char                   rid[129]; /* X-Request-Id, else a new id: the access log's request_id */
     bool                   too_large, over_budget;
     size_t                 dropped;       /* body bytes read and dropped after a refusal */
+    int                    key;           /* the API key's position (access log), 0: none */
     struct http_codec     *codec;         /* Content-Encoding undone as the body arrives, or NULL */
     int                    coding_status; /* 415 or 400 when the coding failed, else 0 */
     char                   coding_why[320];
@@ -235,6 +253,9 @@ void ops_http_ready(http_t *h, const eng_model_t *model, eng_sched_t *sched);
  * h in HTTP_REFUSED (503 with the reason, never ready). Before
  * ops_http_ready. */
 void ops_http_golden(http_t *h, const ops_golden_t *g);
+/* SIGHUP: reads --api-key-file again and logs the outcome (a failure keeps
+ * the keys in force). */
+void ops_http_reload_keys(http_t *h);
 /* Stops accepting connections; new requests on open ones get 503. */
 void ops_http_quiesce(http_t *h);
 /* Waits up to s seconds for every request begun to complete; false when

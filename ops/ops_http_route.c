@@ -127,6 +127,9 @@ static enum MHD_Result respond(http_req_t *r) {
                                       r->route <= HTTP_R_BUNDLE ? "POST" : "GET, HEAD");
     if (r->status == 429)
         (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (r->status == 401) /* as SPEC f.2's frontend, with our realm */
+        (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                      "Bearer realm=\"d3stream\"");
     (void)MHD_add_response_header(resp, "X-Request-Id", r->rid);
     if (coding)
         (void)MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, coding);
@@ -196,6 +199,17 @@ static bool answer_before_body(http_req_t *r, unsigned long long content_length)
     return (expect && strcasecmp(expect, "100-continue") == 0) || content_length > HTTP_DISCARD_MAX;
 }
 
+/* --api-key-file: every route needs a key but the liveness probe, and
+ * /metrics unless --metrics-need-key; r->key says which matched. */
+static bool key_ok(http_req_t *r) {
+    http_t *h = r->h;
+    if (!h->keys || r->route == HTTP_R_HEALTH_LIVE ||
+        (r->route == HTTP_R_METRICS && !h->o->metrics_need_key))
+        return true;
+    r->key = ops_http_keys_check(h->keys, r->con);
+    return r->key > 0;
+}
+
 /* The first call: route, method, the limit from Content-Length. */
 static enum MHD_Result begin(http_req_t *r, const char *url, const char *method) {
     http_t *h = r->h;
@@ -215,6 +229,12 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
         return later(r);
     }
     r->route = ROUTES[i].route;
+    if (!key_ok(r)) {
+        ops_http_error(r, 401, "invalid_api_key",
+                       "a valid API key is required (Authorization: "
+                       "Bearer KEY or Api-Key: KEY)");
+        return later(r);
+    }
     bool ok = ROUTES[i].post ? strcmp(method, MHD_HTTP_METHOD_POST) == 0
                              : strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                                    strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
@@ -415,6 +435,8 @@ static void access_log(const http_req_t *r, int status, double total_s) {
     ops_log_str(&l, "method", r->method);
     ops_log_str(&l, "path", r->path);
     ops_log_int(&l, "status", status);
+    if (r->key) /* which key, never the key */
+        ops_log_int(&l, "api_key", r->key);
     ops_log_strf(&l, "duration_ms", "%.3f", total_s * 1000.0);
     ops_log_end(&l);
 }

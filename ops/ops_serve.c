@@ -128,6 +128,11 @@ static const char SERVE_HELP[] =
     "                      the address is logged (msg=\"listening on http://...\").\n"
     "                      /health is 503 until the model is loaded; /metrics has the\n"
     "                      HTTP and engine metrics and those of --metrics-file\n"
+    "  --api-key-file FILE with --http: an API key required on every route but\n"
+    "                      /health/live (and /metrics unless --metrics-need-key),\n"
+    "                      one a line ('#' comments), read again on SIGHUP\n"
+    "                      (`d3stream http --help`)\n"
+    "  --metrics-need-key  /metrics needs a key too\n"
     "  --log-level L       debug, info (default), warn or error\n"
     "  -X k=v              a librdkafka property for the consumer and the producer\n"
     "  --config FILE       options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -161,11 +166,13 @@ static const char SERVE_HELP[] =
 #define SERVE_METRICS_MS   5000
 #define SERVE_HTTP_DRAIN_S 60.0
 
-static volatile sig_atomic_t serve_stop;
+static volatile sig_atomic_t serve_stop, serve_hup;
 
 static void on_signal(int sig) {
-    (void)sig;
-    serve_stop = 1;
+    if (sig == SIGHUP)
+        serve_hup = 1; /* --api-key-file read again (serve_loop) */
+    else
+        serve_stop = 1;
 }
 
 /* ------------------------------------------------------------ progress */
@@ -293,6 +300,11 @@ static int serve_loop(serve_t *s) {
     uint64_t last_n = 0;
     int      rc = OPS_EXIT_OK;
     while (!serve_stop && !s->fatal) {
+        if (serve_hup) {
+            serve_hup = 0;
+            if (s->http)
+                ops_http_reload_keys(s->http);
+        }
         if (s->o->stop_at_end && idle(s) && cons_at_end(s->cons))
             break;
         if (serve_turn(s)) {
@@ -481,6 +493,7 @@ static int serve_package(const serve_opts_t *o) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     char sha[ENG_SHA256_HEX + 1];
     int  rc = ops_ask_verify(o->dir, o->no_verify, sha);
     if (rc != OPS_EXIT_OK)
@@ -557,7 +570,9 @@ enum {
     O_MAXREQ,
     O_NOGOLDEN,
     O_ALIAS,
-    O_NODEFALIAS
+    O_NODEFALIAS,
+    O_KEYFILE,
+    O_METRICSKEY
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -580,6 +595,8 @@ static const struct option SERVE_OPTS[] = {
     {"model-alias", required_argument, NULL, O_ALIAS},
     {"model-aliases", required_argument, NULL, O_ALIAS},
     {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
+    {"api-key-file", required_argument, NULL, O_KEYFILE},
+    {"metrics-need-key", no_argument, NULL, O_METRICSKEY},
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
@@ -696,6 +713,12 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return ops_model_alias_opt("serve", arg);
     case O_NODEFALIAS:
         ops_no_default_alias();
+        return -1;
+    case O_KEYFILE:
+        o->http.api_key_file = arg;
+        return -1;
+    case O_METRICSKEY:
+        o->http.metrics_need_key = true;
         return -1;
     case O_COMMIT:
         if (!ops_count_opt("serve", "commit-ms", arg, 600000, &v))

@@ -225,21 +225,28 @@ static void request(const server_t *s, const char *method, const char *path, con
     curl_easy_cleanup(e);
 }
 
+/* One request with one more header (NULL: none). */
+static void request_hdr(const server_t *s, const char *method, const char *path, const char *header,
+                        const void *body, size_t len, resp_t *r) {
+    resp_init(r);
+    CURL              *e = curl_easy_init();
+    struct curl_slist *h = setup(e, s, method, path, body, len, r, false);
+    if (header)
+        h = curl_slist_append(h, header);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    CURLcode rc = curl_easy_perform(e);
+    curl_slist_free_all(h);
+    cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_easy_cleanup(e);
+}
+
 /* A POST with Content-Encoding: coding. */
 static void post_encoded(const server_t *s, const char *coding, const void *body, size_t len,
                          resp_t *r) {
     char hdr[128];
     snprintf(hdr, sizeof hdr, "Content-Encoding: %s", coding);
-    resp_init(r);
-    CURL              *e = curl_easy_init();
-    struct curl_slist *h = setup(e, s, "POST", "/v1/systemone", body, len, r, false);
-    h = curl_slist_append(h, hdr);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    CURLcode rc = curl_easy_perform(e);
-    curl_slist_free_all(h);
-    cr_assert_eq(rc, CURLE_OK, "%s: %s", coding, curl_easy_strerror(rc));
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
-    curl_easy_cleanup(e);
+    request_hdr(s, "POST", "/v1/systemone", hdr, body, len, r);
 }
 
 /* n identical POSTs at once; statuses and bodies into rs. */
@@ -1332,6 +1339,88 @@ Test(http, compressed_bodies, .timeout = 120) {
     resp_fini(&yaml);
     cr_assert_eq(server_stop(&s), 0);
     server_cleanup(&s);
+}
+
+/* API keys (issue 30): every route needs one but /health/live (and
+ * /metrics, by default); Bearer or Api-Key; 401 with WWW-Authenticate
+ * otherwise; SIGHUP reads the file again; the access log names the key by
+ * its position, never the key. */
+Test(http, api_keys, .timeout = 120) {
+    server_t s;
+    char     extra[256], keys[128];
+    snprintf(keys, sizeof keys, "/tmp/d3keys-%d", (int)getpid());
+    FILE *f = fopen(keys, "w");
+    cr_assert(f);
+    fputs("# the keys\nfirst-key\n\n  second-key  \n", f);
+    fclose(f);
+    snprintf(extra, sizeof extra, "--api-key-file %s", keys);
+    server_launch(&s, "", extra);
+    resp_t r;
+    double end = now_s() + wait_s(30);
+    for (;;) {
+        request_hdr(&s, "GET", "/health", "Api-Key: first-key", NULL, 0, &r);
+        if (r.status == 200 || now_s() > end)
+            break;
+        resp_fini(&r);
+        usleep(20000);
+    }
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    resp_fini(&r);
+    static const char q[] = "{\"state\": \"x\", \"questions\": {\"n\": {\"type\": \"noul\", "
+                            "\"instructions\": \"Is it?\"}}}";
+    struct {
+        const char *method, *path, *header;
+        long        status;
+    } cases[] = {
+        {"POST", "/v1/systemone", NULL, 401},
+        {"POST", "/v1/systemone", "Authorization: Bearer second-key", 200},
+        {"POST", "/v1/systemone", "Authorization: bearer first-key", 200},
+        {"POST", "/v1/systemone", "Api-Key: first-key", 200},
+        {"POST", "/v1/systemone", "Api-Key: first-ke", 401},
+        {"POST", "/v1/systemone", "Authorization: Basic Zmlyc3Qta2V5", 401},
+        {"GET", "/v1/models", NULL, 401},
+        {"GET", "/health", NULL, 401},
+        {"GET", "/health/live", NULL, 200},
+        {"GET", "/metrics", NULL, 200},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool post = cases[i].method[0] == 'P';
+        request_hdr(&s, cases[i].method, cases[i].path, cases[i].header, post ? q : NULL,
+                    post ? strlen(q) : 0, &r);
+        cr_assert_eq(r.status, cases[i].status, "%zu %s %s: %s", i, cases[i].path,
+                     cases[i].header ? cases[i].header : "(no key)", r.body.data);
+        if (r.status == 401) {
+            cr_assert(strstr(r.headers.data, "WWW-Authenticate: Bearer realm=\"d3stream\""), "%s",
+                      r.headers.data);
+            cr_assert(strstr(r.body.data, "\"code\":\"invalid_api_key\""), "%s", r.body.data);
+        }
+        resp_fini(&r);
+    }
+    f = fopen(keys, "a");
+    cr_assert(f);
+    fputs("third-key\n", f);
+    fclose(f);
+    kill(s.pid, SIGHUP);
+    end = now_s() + wait_s(10);
+    do {
+        usleep(20000);
+        request_hdr(&s, "POST", "/v1/systemone", "Api-Key: third-key", q, strlen(q), &r);
+        if (r.status == 200 || now_s() > end)
+            break;
+        resp_fini(&r);
+    } while (1);
+    cr_assert_eq(r.status, 200, "after SIGHUP: %s", r.body.data);
+    resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 0);
+    svc_buf_t log;
+    char      cmd[256];
+    snprintf(cmd, sizeof cmd, "cat '%s'", s.log);
+    cr_assert_eq(run_shell(cmd, &log), 0);
+    cr_assert(strstr(log.data, "api_key=3"), "the third key by its position");
+    cr_assert(!strstr(log.data, "third-key") && !strstr(log.data, "first-key"), "a key logged");
+    svc_buf_fini(&log);
+    server_cleanup(&s);
+    unlink(keys);
 }
 
 /* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
