@@ -73,6 +73,8 @@ static const cfg_opt_t CFG_OPTS[] = {
     {"max-body-memory", CMD_HTTP, CFG_NUM, "256"},
     {"api-key-file", CMD_BOTH, CFG_STR, NULL},
     {"metrics-need-key", CMD_BOTH, CFG_BOOL, "false"},
+    {"tls-cert", CMD_BOTH, CFG_STR, NULL},
+    {"tls-key", CMD_BOTH, CFG_STR, NULL},
     {"log-level", CMD_BOTH, CFG_STR, "info"},
 };
 #define CFG_N (sizeof CFG_OPTS / sizeof CFG_OPTS[0])

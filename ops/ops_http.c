@@ -111,6 +111,8 @@ static const char HTTP_HELP[] =
     "                        invalid_api_key. Keys are never logged (their position\n"
     "                        in the file is)\n"
     "  --metrics-need-key    /metrics needs a key too\n"
+    "  --tls-cert FILE       serve HTTPS (TLS 1.2 and 1.3, GnuTLS through\n"
+    "  --tls-key FILE        libmicrohttpd) with this PEM certificate (chain) and key\n"
     "  --log-level L         debug, info (default), warn or error: the lowest level of\n"
     "                        the log lines written\n"
     "  --config FILE         options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -159,39 +161,96 @@ bool ops_http_parse_listen(const char *arg, http_opts_t *o) {
     return true;
 }
 
-static struct MHD_Daemon *start_daemon(http_t *h, const struct addrinfo *ai) {
+/* TLS 1.2 and 1.3 only (GnuTLS priorities: its NORMAL set, other versions
+ * removed). */
+#define HTTP_TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+
+static struct MHD_Daemon *start_daemon(http_t *h, const struct addrinfo *ai, const char *cert,
+                                       const char *key) {
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    struct MHD_OptionItem tls[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)(uintptr_t)cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)(uintptr_t)key},
+        {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)(uintptr_t)HTTP_TLS_PRIORITIES},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (cert)
+        flags |= MHD_USE_TLS;
+    else
+        tls[0].option = MHD_OPTION_END;
     /* The address is MHD_OPTION_SOCK_ADDR's; the port is passed too only
      * because MHD's own bind-failure message names it. */
     uint16_t port = ai->ai_family == AF_INET6
                         ? ntohs(((const struct sockaddr_in6 *)ai->ai_addr)->sin6_port)
                         : ntohs(((const struct sockaddr_in *)ai->ai_addr)->sin_port);
-    return MHD_start_daemon(flags, port, NULL, NULL, ops_http_handler, h, MHD_OPTION_SOCK_ADDR,
-                            ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, 2u,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->o->max_connections,
-                            MHD_OPTION_CONNECTION_TIMEOUT, h->o->timeout_s,
-                            MHD_OPTION_NOTIFY_COMPLETED, ops_http_completed, h, MHD_OPTION_END);
+    return MHD_start_daemon(
+        flags, port, NULL, NULL, ops_http_handler, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_THREAD_POOL_SIZE, 2u, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)h->o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, h->o->timeout_s,
+        MHD_OPTION_NOTIFY_COMPLETED, ops_http_completed, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+}
+
+/* --tls-cert and --tls-key read (PEM text for MHD); false after saying
+ * why. Both NULL without TLS. */
+static bool tls_read(const http_t *h, char **cert, char **key) {
+    const http_opts_t *o = h->o;
+    *cert = *key = NULL;
+    if (!o->tls_cert)
+        return true;
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+        ops_fail(h->c.cmd, "--tls-cert: this libmicrohttpd was built without TLS");
+        return false;
+    }
+    const char *paths[2] = {o->tls_cert, o->tls_key};
+    char      **out[2] = {cert, key};
+    for (size_t i = 0; i < 2; i++) {
+        svc_buf_t b;
+        char      why[512];
+        svc_buf_init(&b, (size_t)1 << 20);
+        if (svc_buf_read_file(&b, paths[i], why, sizeof why) || svc_buf_addc(&b, '\0')) {
+            ops_fail(h->c.cmd, "--%s: %s", i ? "tls-key" : "tls-cert", why);
+            svc_buf_fini(&b);
+            free(*cert);
+            *cert = NULL;
+            return false;
+        }
+        size_t n;
+        *out[i] = svc_buf_steal(&b, &n);
+    }
+    return true;
 }
 
 /* Listens on o->host:o->port; false (after saying why) when it cannot. */
 static bool http_listen(http_t *h) {
     const http_opts_t *o = h->o;
-    struct addrinfo    hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo   *ai = NULL;
-    char               port[16];
+    char              *cert = NULL, *key = NULL;
+    if (!tls_read(h, &cert, &key))
+        return false;
+    struct addrinfo  hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char             port[16];
     snprintf(port, sizeof port, "%d", o->port);
     int gai = getaddrinfo(o->host, port, &hints, &ai);
     if (gai) {
         ops_fail(h->c.cmd, "--%s %s:%d: %s", strcmp(h->c.cmd, "http") ? "http" : "listen", o->host,
                  o->port, gai_strerror(gai));
+        free(cert);
+        free(key);
         return false;
     }
-    h->mhd = start_daemon(h, ai);
+    h->mhd = start_daemon(h, ai, cert, key);
     freeaddrinfo(ai);
+    if (key) /* MHD keeps its own copy */
+        explicit_bzero(key, strlen(key));
+    free(cert);
+    free(key);
     if (!h->mhd) {
-        ops_fail(h->c.cmd, "cannot listen on %s:%d (in use, or not an address of this machine)",
+        ops_fail(h->c.cmd,
+                 o->tls_cert ? "cannot listen on %s:%d (in use, not an address of this machine, or "
+                               "a certificate and key that do not load: see the line above)"
+                             : "cannot listen on %s:%d (in use, or not an address of this machine)",
                  o->host, o->port);
         return false;
     }
@@ -199,8 +258,8 @@ static bool http_listen(http_t *h) {
     bool                        v6 = strchr(o->host, ':') != NULL;
     ops_log_t                   l;
     char                        msg[512];
-    snprintf(msg, sizeof msg, "listening on http://%s%s%s:%u", v6 ? "[" : "", o->host,
-             v6 ? "]" : "", di ? (unsigned)di->port : (unsigned)o->port);
+    snprintf(msg, sizeof msg, "listening on http%s://%s%s%s:%u", o->tls_cert ? "s" : "",
+             v6 ? "[" : "", o->host, v6 ? "]" : "", di ? (unsigned)di->port : (unsigned)o->port);
     if (ops_log_begin(&l, OPS_LOG_INFO, msg)) {
         ops_log_str(&l, "model", h->label);
         ops_log_end(&l);
@@ -302,6 +361,10 @@ bool ops_http_opts_finish(http_opts_t *o, const char *cmd) {
         return false;
     if (o->body_budget < body) /* the default: one body always fits */
         o->body_budget = (body + (1u << 20) - 1) >> 20 << 20;
+    if (!o->tls_cert != !o->tls_key) {
+        ops_fail(cmd, "--tls-cert and --tls-key go together");
+        return false;
+    }
     o->max_connections = fit_connections(o->max_connections, cmd);
     return true;
 }
@@ -530,7 +593,9 @@ enum {
     O_ALIAS,
     O_NODEFALIAS,
     O_KEYFILE,
-    O_METRICSKEY
+    O_METRICSKEY,
+    O_TLSCERT,
+    O_TLSKEY
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -549,6 +614,8 @@ static const struct option HTTP_OPTS[] = {
     {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
     {"api-key-file", required_argument, NULL, O_KEYFILE},
     {"metrics-need-key", no_argument, NULL, O_METRICSKEY},
+    {"tls-cert", required_argument, NULL, O_TLSCERT},
+    {"tls-key", required_argument, NULL, O_TLSKEY},
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
@@ -622,6 +689,12 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
         return -1;
     case O_METRICSKEY:
         o->metrics_need_key = true;
+        return -1;
+    case O_TLSCERT:
+        o->tls_cert = arg;
+        return -1;
+    case O_TLSKEY:
+        o->tls_key = arg;
         return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;

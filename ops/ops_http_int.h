@@ -42,9 +42,10 @@ typedef struct http_opts {
     unsigned        timeout_s; /* idle connection timeout */
     /* --result-cache-entries (0: no reuse) and --result-cache-mib */
     size_t      cache_entries, cache_mib;
-    bool        body_budget_set;  /* --max-body-memory given */
-    const char *api_key_file;     /* --api-key-file: keys required; NULL: open */
-    bool        metrics_need_key; /* --metrics-need-key */
+    bool        body_budget_set;    /* --max-body-memory given */
+    const char *api_key_file;       /* --api-key-file: keys required; NULL: open */
+    bool        metrics_need_key;   /* --metrics-need-key */
+    const char *tls_cert, *tls_key; /* --tls-cert, --tls-key (PEM files): HTTPS */
 } http_opts_t;
 
 /* ---- API keys (ops_http_keys.c) ---- */

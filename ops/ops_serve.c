@@ -133,6 +133,8 @@ static const char SERVE_HELP[] =
     "                      one a line ('#' comments), read again on SIGHUP\n"
     "                      (`d3stream http --help`)\n"
     "  --metrics-need-key  /metrics needs a key too\n"
+    "  --tls-cert FILE     with --http: HTTPS (TLS 1.2 and 1.3) with this PEM\n"
+    "  --tls-key FILE      certificate (chain) and key\n"
     "  --log-level L       debug, info (default), warn or error\n"
     "  -X k=v              a librdkafka property for the consumer and the producer\n"
     "  --config FILE       options from a YAML file (default $D3STREAM_CONFIG)\n"
@@ -572,7 +574,9 @@ enum {
     O_ALIAS,
     O_NODEFALIAS,
     O_KEYFILE,
-    O_METRICSKEY
+    O_METRICSKEY,
+    O_TLSCERT,
+    O_TLSKEY
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -597,6 +601,8 @@ static const struct option SERVE_OPTS[] = {
     {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
     {"api-key-file", required_argument, NULL, O_KEYFILE},
     {"metrics-need-key", no_argument, NULL, O_METRICSKEY},
+    {"tls-cert", required_argument, NULL, O_TLSCERT},
+    {"tls-key", required_argument, NULL, O_TLSKEY},
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
@@ -719,6 +725,12 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
         return -1;
     case O_METRICSKEY:
         o->http.metrics_need_key = true;
+        return -1;
+    case O_TLSCERT:
+        o->http.tls_cert = arg;
+        return -1;
+    case O_TLSKEY:
+        o->http.tls_key = arg;
         return -1;
     case O_COMMIT:
         if (!ops_count_opt("serve", "commit-ms", arg, 600000, &v))

@@ -18,6 +18,8 @@ PACKAGES=(
   # Debian's python3 and venv for PyPI's openapi-spec-validator (tests/tools/pyvenv.sh)
   libmicrohttpd-dev wrk python3-prometheus-client python3 python3-venv
   ca-certificates
+  # test_http's TLS test makes its self-signed certificate with openssl
+  openssl
   # the configuration file of serve and http (ops/ops_config.c)
   libyaml-dev
   # image decoding for the vision tower (engine/eng_image.c): PNG, JPEG

@@ -101,6 +101,8 @@ static void server_launch(server_t *s, const char *env, const char *extra) {
         char  line[512];
         while (f && fgets(line, sizeof line, f)) {
             const char *p = strstr(line, "listening on http://127.0.0.1:");
+            if (!p && (p = strstr(line, "listening on https://127.0.0.1:")) != NULL)
+                p++; /* the same length from here on */
             if (p)
                 s->port = (int)strtol(p + strlen("listening on http://127.0.0.1:"), NULL, 10);
         }
@@ -1421,6 +1423,64 @@ Test(http, api_keys, .timeout = 120) {
     svc_buf_fini(&log);
     server_cleanup(&s);
     unlink(keys);
+}
+
+/* One GET over HTTPS with ca trusted and TLS at most max_tls (0: any);
+ * the curl code, and the status into *status. */
+static CURLcode get_tls(const server_t *s, const char *ca, long max_tls, long *status) {
+    char url[128];
+    snprintf(url, sizeof url, "https://127.0.0.1:%d/health", s->port);
+    CURL *e = curl_easy_init();
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_CAINFO, ca);
+    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT, (long)wait_s(30));
+    if (max_tls)
+        curl_easy_setopt(e, CURLOPT_SSLVERSION, CURL_SSLVERSION_TLSv1_0 | max_tls);
+    *status = 0;
+    CURLcode rc = curl_easy_perform(e);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
+    curl_easy_cleanup(e);
+    return rc;
+}
+
+/* TLS (issue 30): a self-signed certificate made here with openssl; the
+ * shim answers HTTPS for a client that trusts it, with TLS 1.2 or 1.3,
+ * and refuses TLS 1.1 and plain HTTP on that port. */
+Test(http, tls, .timeout = 120) {
+    char dir[] = "/tmp/d3tls-XXXXXX", cmd[1024], extra[512], crt[128], key[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(crt, sizeof crt, "%s/c.pem", dir);
+    snprintf(key, sizeof key, "%s/k.pem", dir);
+    snprintf(cmd, sizeof cmd,
+             "openssl req -x509 -newkey rsa:2048 -nodes -keyout %s -out %s -days 1 "
+             "-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 >/dev/null 2>&1",
+             key, crt);
+    cr_assert_eq(system(cmd), 0, "openssl (Debian's openssl) made no certificate");
+    snprintf(extra, sizeof extra, "--tls-cert %s --tls-key %s", crt, key);
+    server_t s;
+    server_launch(&s, "", extra);
+    long   status = 0;
+    double end = now_s() + wait_s(30);
+    while (get_tls(&s, crt, 0, &status) == CURLE_OK && status != 200 && now_s() < end)
+        usleep(20000);
+    cr_assert_eq(status, 200, "HTTPS /health: see %s", s.log);
+    cr_assert_eq(get_tls(&s, crt, CURL_SSLVERSION_MAX_TLSv1_2, &status), CURLE_OK, "TLS 1.2");
+    cr_assert_neq(get_tls(&s, crt, CURL_SSLVERSION_MAX_TLSv1_1, &status), CURLE_OK,
+                  "TLS 1.1 must be refused");
+    resp_t r;
+    CURL  *e = curl_easy_init(); /* plain HTTP to the TLS port: no answer */
+    resp_init(&r);
+    struct curl_slist *h = setup(e, &s, "GET", "/health", NULL, 0, &r, false);
+    cr_assert_neq(curl_easy_perform(e), CURLE_OK);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+    resp_fini(&r);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+    unlink(crt);
+    unlink(key);
+    rmdir(dir);
 }
 
 /* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
