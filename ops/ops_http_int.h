@@ -168,6 +168,16 @@ bool ops_http_codec_compress(const char *coding, const char *in, size_t n, char 
  * less than it costs. */
 #define HTTP_COMPRESS_MIN 1024
 
+/* ---- image uploads (ops_http_multipart.c) ---- */
+/* The boundary of a multipart/form-data Content-Type into out; false for
+ * any other type (or no usable boundary). */
+bool ops_http_multipart_boundary(const char *type, char *out, size_t out_size);
+/* Rewrites body (the whole multipart body) into the System One JSON it
+ * carries, its assets as `images` data URLs. 0; else the status to answer
+ * (400 malformed, 413 the JSON past limit, 500 out of memory) with why. */
+int ops_http_multipart(const char *boundary, svc_buf_t *body, size_t limit, char *why,
+                       size_t why_size);
+
 /* One request's state, from its headers to its completion. */
 typedef enum http_phase {
     HTTP_P_READING = 0, /* receiving the body */
@@ -190,6 +200,7 @@ struct http_req {
     char                   rid[129]; /* X-Request-Id, else a new id: the access log's request_id */
     bool                   too_large, over_budget;
     size_t                 dropped;       /* body bytes read and dropped after a refusal */
+    char                   boundary[72];  /* multipart/form-data: its boundary, else "" */
     int                    key;           /* the API key's position (access log), 0: none */
     struct http_codec     *codec;         /* Content-Encoding undone as the body arrives, or NULL */
     int                    coding_status; /* 415 or 400 when the coding failed, else 0 */

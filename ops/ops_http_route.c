@@ -251,6 +251,12 @@ static enum MHD_Result begin(http_req_t *r, const char *url, const char *method)
     }
     const char *cl =
         MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    /* The SDK's image uploads: rewritten once the body is whole (finish). */
+    if ((r->route == HTTP_R_SYSTEMONE || r->route == HTTP_R_DECISIONS) &&
+        !ops_http_multipart_boundary(
+            MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE),
+            r->boundary, sizeof r->boundary))
+        r->boundary[0] = '\0';
     const char *ce =
         MHD_lookup_connection_value(r->con, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
     int crc = ce ? ops_http_codec_new(ce, ops_max_request_bytes(), &r->codec, r->coding_why,
@@ -350,6 +356,26 @@ static bool transport_error(http_req_t *r, bool or_not_object) {
     return a1;
 }
 
+/* A multipart body rewritten into its JSON (ops_http_multipart.c), the
+ * budget taken for what it grew by; false with the answer in r. */
+static bool multipart(http_req_t *r) {
+    char why[400];
+    int  st = ops_http_multipart(r->boundary, &r->body, ops_max_request_bytes(), why, sizeof why);
+    if (st) {
+        ops_http_error(r, st,
+                       st == 413   ? "request_too_large"
+                       : st == 400 ? "invalid_request"
+                                   : "internal_error",
+                       "%s", why);
+        return false;
+    }
+    if (r->body.len > r->reserved && !reserve(r, r->body.len - r->reserved)) {
+        ops_http_overloaded(r);
+        return false;
+    }
+    return true;
+}
+
 /* The body is complete: answer it now, or hand it to the engine. */
 static enum MHD_Result finish(http_req_t *r) {
     http_t *h = r->h;
@@ -371,6 +397,8 @@ static enum MHD_Result finish(http_req_t *r) {
         ops_http_overloaded(r);
         return send_json(r);
     }
+    if (r->boundary[0] && !multipart(r))
+        return send_json(r);
     if (r->route != HTTP_R_SYSTEMONE && r->route != HTTP_R_DECISIONS) {
         const char *path = r->route == HTTP_R_CLASSIFY     ? "/v1/classify"
                            : r->route == HTTP_R_EMBEDDINGS ? "/v1/embeddings"

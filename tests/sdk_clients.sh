@@ -33,7 +33,7 @@ for _ in $(seq $((300 * MULT))); do
 done
 curl -sf "$URL/health" >/dev/null || { cat "$WORK/log" >&2; fail "the server never got ready"; }
 NAME="$(curl -sf "$URL/v1/models" | "$PYVENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')"
-"$PYVENV/bin/python" "$ROOT/tests/tools/sdk_client.py" "$URL" "$NAME" ||
+"$PYVENV/bin/python" "$ROOT/tests/tools/sdk_client.py" "$URL" "$NAME" vision ||
   { cat "$WORK/log" >&2; fail "the SDK's calls failed"; }
 kill -TERM "$PID"
 wait "$PID" || fail "d3stream http did not exit 0 on SIGTERM"

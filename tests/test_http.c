@@ -1483,6 +1483,95 @@ Test(http, tls, .timeout = 120) {
     rmdir(dir);
 }
 
+/* A multipart/form-data body into b: the JSON part `request`, then parts
+ * asset-0 .. asset-(n - 1) holding img (an image/png part each). */
+static void multipart_body(svc_buf_t *b, const char *json, const unsigned char *img, size_t len,
+                           int n) {
+    svc_buf_init(b, (size_t)1 << 30);
+    char head[256];
+    snprintf(head, sizeof head,
+             "--XyZ\r\nContent-Disposition: form-data; name=\"request\"\r\nContent-Type: "
+             "application/json\r\n\r\n");
+    cr_assert(!svc_buf_add(b, head, strlen(head)) && !svc_buf_add(b, json, strlen(json)));
+    for (int i = 0; i < n; i++) {
+        snprintf(head, sizeof head,
+                 "\r\n--XyZ\r\nContent-Disposition: form-data; name=\"asset-%d\"; "
+                 "filename=\"asset-%d\"\r\nContent-Type: image/png\r\n\r\n",
+                 i, i);
+        cr_assert(!svc_buf_add(b, head, strlen(head)) && !svc_buf_add(b, img, len));
+    }
+    cr_assert(!svc_buf_add(b, "\r\n--XyZ--\r\n", 11));
+}
+
+/* Image uploads as the official SDK sends them (issue 30): multipart with
+ * a `request` part whose assets name image parts; the SDK's references in
+ * text become "[image N]"; the same answer as the data URL request; every
+ * malformed shape a 400 naming it. */
+Test(http, multipart_images, .timeout = 120) {
+    server_t s;
+    server_start(&s, "");
+    unsigned char px[64 * 48 * 3];
+    for (size_t i = 0; i < sizeof px; i++)
+        px[i] = (unsigned char)(i * 7);
+    size_t            len;
+    unsigned char    *png = test_png(64, 48, PNG_FORMAT_RGB, px, &len);
+    static const char ref[] = "<image:0123456789abcdef0123456789abcdef>";
+    char              json[512];
+    snprintf(json, sizeof json,
+             "{\"state\": \"Photo: %s\", \"questions\": {\"n\": {\"type\": \"noul\", "
+             "\"instructions\": \"Is it?\"}}, \"assets\": {\"%s\": {\"type\": \"image\", "
+             "\"part\": \"asset-0\"}}}",
+             ref, ref);
+    svc_buf_t body, url;
+    multipart_body(&body, json, png, len, 1);
+    resp_t r, want;
+    request_hdr(&s, "POST", "/v1/systemone", "Content-Type: multipart/form-data; boundary=XyZ",
+                body.data, body.len, &r);
+    cr_assert_eq(r.status, 200, "%s", r.body.data);
+    /* the same request with the image as a data URL and the reference as
+     * the rewrite leaves it */
+    svc_buf_init(&url, (size_t)1 << 30);
+    const char *pre =
+        "{\"state\": \"Photo: [image 1]\", \"questions\": {\"n\": {\"type\": "
+        "\"noul\", \"instructions\": \"Is it?\"}}, \"images\": [\"data:image/png;base64,";
+    cr_assert(!svc_buf_add(&url, pre, strlen(pre)));
+    b64_add(&url, png, len);
+    cr_assert(!svc_buf_add(&url, "\"]}", 3));
+    request(&s, "POST", "/v1/systemone", url.data, url.len, &want);
+    cr_assert_eq(want.status, 200, "%s", want.body.data);
+    cr_assert_str_eq(strstr(r.body.data, "\"noul\":"), strstr(want.body.data, "\"noul\":"));
+    resp_fini(&r), resp_fini(&want), svc_buf_fini(&body), svc_buf_fini(&url);
+    struct {
+        const char *json;
+        int         parts;
+        const char *why;
+    } bad[] = {
+        {"{\"state\": \"x\", \"questions\": {}, \"assets\": {\"a\": {\"type\": \"image\", "
+         "\"part\": \"asset-1\"}}}",
+         1, "its part is not in the body"},
+        {"{\"state\": \"x\", \"questions\": {}, \"assets\": {}}", 1, "belongs to no asset"},
+        {"{\"state\": \"x\", \"questions\": {}}", 0, "has no assets object"},
+        {"{\"state\": \"x\", \"images\": [], \"assets\": {}}", 0, "cannot have images too"},
+        {"[1]", 0, "must be a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        multipart_body(&body, bad[i].json, png, len, bad[i].parts);
+        request_hdr(&s, "POST", "/v1/systemone", "Content-Type: multipart/form-data; boundary=XyZ",
+                    body.data, body.len, &r);
+        cr_assert_eq(r.status, 400, "%zu: %s", i, r.body.data);
+        cr_assert(strstr(r.body.data, bad[i].why), "%zu: %s", i, r.body.data);
+        resp_fini(&r), svc_buf_fini(&body);
+    }
+    request_hdr(&s, "POST", "/v1/systemone", "Content-Type: multipart/form-data; boundary=other",
+                "--XyZ\r\n", 7, &r);
+    cr_assert_eq(r.status, 400, "%s", r.body.data);
+    cr_assert(strstr(r.body.data, "malformed"), "%s", r.body.data);
+    resp_fini(&r);
+    free(png);
+    cr_assert_eq(server_stop(&s), 0);
+    server_cleanup(&s);
+}
+
 /* A w x h grey PNG of one shade: 16 megapixels in a few kilobytes. */
 static unsigned char *flat_png(uint32_t w, uint32_t h, uint8_t shade, size_t *len) {
     unsigned char *px = malloc((size_t)w * h);

@@ -25,7 +25,7 @@ command -v clang >/dev/null || { echo "run.sh: clang is needed (ops/setup-deps.s
 [ -f build/generated/sch_avsc.c ] || { echo "run.sh: build first (cmake --build build)" >&2; exit 2; }
 mkdir -p "$OUT/artifacts"
 
-NAMES=(json request avro image safetensors q4nx)
+NAMES=(json request avro image safetensors q4nx multipart codec)
 if [ -n "${D3_QWEN3_DIR:-}" ] && [ -f "$D3_QWEN3_DIR/tokenizer.json" ]; then
   NAMES+=(tokenize)
 fi
@@ -57,6 +57,8 @@ srcs() {
     echo "engine/eng_q4nx.c engine/eng_q4nx_layout.c engine/eng_q4nx_tiles.c" \
       "engine/eng_q4nx_vision.c $ENG_ST $(pc jansson) -lm -pthread"
     ;;
+  multipart) echo "-Iops ops/ops_http_multipart.c $(pc jansson libmicrohttpd)" ;;
+  codec) echo "-Iops ops/ops_http_codec.c $(pc zlib libzstd libmicrohttpd)" ;;
   tokenize)
     echo "engine/eng_tokenizer.c engine/eng_bpe.c engine/eng_pretok.c engine/eng_util.c" \
       "$(pc libutf8proc libpcre2-8 jansson) -lm"
@@ -73,6 +75,8 @@ opts() {
   image) echo "-max_len=65536" ;;
   safetensors) echo "-max_len=16384 -dict=tests/fuzz/safetensors.dict" ;;
   q4nx) echo "-max_len=65536 -dict=tests/fuzz/q4nx.dict" ;;
+  multipart) echo "-max_len=16384" ;;
+  codec) echo "-max_len=16384" ;;
   tokenize) echo "-max_len=4096" ;;
   esac
 }
