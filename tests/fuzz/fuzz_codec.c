@@ -61,8 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *coding = CODINGS[data[0] % 5];
     size_t      step = (size_t)data[1] + 1;
     s1.n = 0, s1.stopped = false;
-    if (decode(coding, data + 2, size - 2, step, &s1) != 0 || coding[4] == ',' ||
-        coding[4] == ' ')
+    if (decode(coding, data + 2, size - 2, step, &s1) != 0 || coding[4] == ',' || coding[4] == ' ')
         return 0;
     /* A clean single stream: the same bytes compressed again decode to them. */
     char  *z = NULL;
