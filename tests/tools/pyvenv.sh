@@ -20,11 +20,13 @@ PINS=(
   # tests/sdk_clients.sh: the official System One SDK and its dependencies
   typesafe-sdk==0.7.5 anyio==4.16.0 h11==0.16.0 httpcore2==2.17.0 httpx2==2.17.0 idna==3.21
   packaging==26.4 tenacity==9.2.1 truststore==0.10.5 backports.zstd==1.8.0
+  # tests/jevcompat.sh: the conformance suite of the System One API
+  jevcompat==0.1.1
 )
 
 STAMP="$DIR/.d3-pins"
 if [ -x "$DIR/bin/python" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "${PINS[*]}" ] &&
-  "$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk, backports.zstd' 2>/dev/null; then
+  "$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk, backports.zstd, jevcompat' 2>/dev/null; then
   echo "pyvenv: $DIR ready (${PINS[0]})"
   exit 0
 fi
@@ -45,5 +47,5 @@ mkdir -p "$(dirname "$DIR")"
 "$PY" -m venv "$DIR"
 "$DIR/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}"
 printf '%s' "${PINS[*]}" >"$STAMP"
-"$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk, backports.zstd'
+"$DIR/bin/python" -c 'import openapi_spec_validator, typesafe_sdk, backports.zstd, jevcompat'
 echo "pyvenv: $DIR ready (${PINS[0]})"
