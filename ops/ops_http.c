@@ -588,14 +588,7 @@ enum {
     O_PROFILE,
     O_RCACHE,
     O_RCACHE_MIB,
-    O_MAXREQ,
-    O_NOGOLDEN,
-    O_ALIAS,
-    O_NODEFALIAS,
-    O_KEYFILE,
-    O_METRICSKEY,
-    O_TLSCERT,
-    O_TLSKEY
+    O_MAXREQ
 };
 
 static const struct option HTTP_OPTS[] = {
@@ -608,14 +601,7 @@ static const struct option HTTP_OPTS[] = {
     {"timeout", required_argument, NULL, O_TIMEOUT},
     {"max-body-memory", required_argument, NULL, O_BODYMEM},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
-    {"no-golden", no_argument, NULL, O_NOGOLDEN},
-    {"model-alias", required_argument, NULL, O_ALIAS},
-    {"model-aliases", required_argument, NULL, O_ALIAS},
-    {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
-    {"api-key-file", required_argument, NULL, O_KEYFILE},
-    {"metrics-need-key", no_argument, NULL, O_METRICSKEY},
-    {"tls-cert", required_argument, NULL, O_TLSCERT},
-    {"tls-key", required_argument, NULL, O_TLSKEY},
+    OPS_EDGE_OPTIONS,
     {"log-level", required_argument, NULL, O_LOGLEVEL},
     {"q4nx-layout", required_argument, NULL, O_LAYOUT},
     {"profile", required_argument, NULL, O_PROFILE},
@@ -641,6 +627,33 @@ static int body_memory_opt(const char *arg, http_opts_t *o) {
 }
 
 /* One option; -1 to go on, else the exit status. */
+int ops_http_edge_opt(int c, const char *cmd, const char *arg, http_opts_t *o) {
+    switch (c) {
+    case OPS_EDGE_NOGOLDEN:
+        o->no_golden = true;
+        return -1;
+    case OPS_EDGE_ALIAS:
+        return ops_model_alias_opt(cmd, arg);
+    case OPS_EDGE_NODEFALIAS:
+        ops_no_default_alias();
+        return -1;
+    case OPS_EDGE_KEYFILE:
+        o->api_key_file = arg;
+        return -1;
+    case OPS_EDGE_METRICSKEY:
+        o->metrics_need_key = true;
+        return -1;
+    case OPS_EDGE_TLSCERT:
+        o->tls_cert = arg;
+        return -1;
+    case OPS_EDGE_TLSKEY:
+        o->tls_key = arg;
+        return -1;
+    default:
+        return -2;
+    }
+}
+
 static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv) {
     size_t v;
     switch (c) {
@@ -676,26 +689,6 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
     case O_NOVERIFY:
         o->no_verify = true;
         return -1;
-    case O_NOGOLDEN:
-        o->no_golden = true;
-        return -1;
-    case O_ALIAS:
-        return ops_model_alias_opt("http", arg);
-    case O_NODEFALIAS:
-        ops_no_default_alias();
-        return -1;
-    case O_KEYFILE:
-        o->api_key_file = arg;
-        return -1;
-    case O_METRICSKEY:
-        o->metrics_need_key = true;
-        return -1;
-    case O_TLSCERT:
-        o->tls_cert = arg;
-        return -1;
-    case O_TLSKEY:
-        o->tls_key = arg;
-        return -1;
     case O_LOGLEVEL:
         return ops_log_level_opt("http", arg, lv) ? -1 : OPS_EXIT_USAGE;
     case O_LAYOUT:
@@ -710,9 +703,13 @@ static int http_opt(int c, const char *arg, http_opts_t *o, ops_log_level_t *lv)
     case 'h':
         fputs(HTTP_HELP, stdout);
         return OPS_EXIT_OK;
-    default:
+    default: {
+        int rc = ops_http_edge_opt(c, "http", arg, o);
+        if (rc != -2)
+            return rc;
         fputs(HTTP_HELP, stderr);
         return OPS_EXIT_USAGE;
+    }
     }
 }
 

@@ -48,6 +48,32 @@ typedef struct http_opts {
     const char *tls_cert, *tls_key; /* --tls-cert, --tls-key (PEM files): HTTPS */
 } http_opts_t;
 
+/* ---- the options of the HTTP edge that http and serve share ----
+ * Their getopt codes (past both commands' own) and table entries, parsed
+ * by ops_http_edge_opt. */
+enum {
+    OPS_EDGE_NOGOLDEN = 1024,
+    OPS_EDGE_ALIAS,
+    OPS_EDGE_NODEFALIAS,
+    OPS_EDGE_KEYFILE,
+    OPS_EDGE_METRICSKEY,
+    OPS_EDGE_TLSCERT,
+    OPS_EDGE_TLSKEY,
+};
+#define OPS_EDGE_OPTIONS                                                                           \
+    {"no-golden", no_argument, NULL, OPS_EDGE_NOGOLDEN},                                           \
+        {"model-alias", required_argument, NULL, OPS_EDGE_ALIAS},                                  \
+        {"model-aliases", required_argument, NULL, OPS_EDGE_ALIAS},                                \
+        {"no-default-alias", no_argument, NULL, OPS_EDGE_NODEFALIAS},                              \
+        {"api-key-file", required_argument, NULL, OPS_EDGE_KEYFILE},                               \
+        {"metrics-need-key", no_argument, NULL, OPS_EDGE_METRICSKEY},                              \
+        {"tls-cert", required_argument, NULL, OPS_EDGE_TLSCERT}, {                                 \
+        "tls-key", required_argument, NULL, OPS_EDGE_TLSKEY                                        \
+    }
+/* One of those into o: -1 to go on, else the exit status after saying
+ * why; -2 when c is not one of them. */
+int ops_http_edge_opt(int c, const char *cmd, const char *arg, http_opts_t *o);
+
 /* ---- API keys (ops_http_keys.c) ---- */
 typedef struct http_keys http_keys_t;
 /* Reads path's keys (one a line; blank lines and '#' comments skipped);

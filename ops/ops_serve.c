@@ -569,14 +569,7 @@ enum {
     O_PROFILE,
     O_RCACHE,
     O_RCACHE_MIB,
-    O_MAXREQ,
-    O_NOGOLDEN,
-    O_ALIAS,
-    O_NODEFALIAS,
-    O_KEYFILE,
-    O_METRICSKEY,
-    O_TLSCERT,
-    O_TLSKEY
+    O_MAXREQ
 };
 
 static const struct option SERVE_OPTS[] = {
@@ -595,14 +588,7 @@ static const struct option SERVE_OPTS[] = {
     {"from-beginning", no_argument, NULL, O_BEGIN},
     {"stop-at-end", no_argument, NULL, O_END},
     {"no-verify", no_argument, NULL, O_NOVERIFY},
-    {"no-golden", no_argument, NULL, O_NOGOLDEN},
-    {"model-alias", required_argument, NULL, O_ALIAS},
-    {"model-aliases", required_argument, NULL, O_ALIAS},
-    {"no-default-alias", no_argument, NULL, O_NODEFALIAS},
-    {"api-key-file", required_argument, NULL, O_KEYFILE},
-    {"metrics-need-key", no_argument, NULL, O_METRICSKEY},
-    {"tls-cert", required_argument, NULL, O_TLSCERT},
-    {"tls-key", required_argument, NULL, O_TLSKEY},
+    OPS_EDGE_OPTIONS,
     {"workers", required_argument, NULL, O_WORKERS},
     {"max-queue", required_argument, NULL, O_QUEUE},
     {"max-queued-tokens", required_argument, NULL, O_QTOKENS},
@@ -712,26 +698,6 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
     case O_NOVERIFY:
         o->no_verify = true;
         return -1;
-    case O_NOGOLDEN:
-        o->http.no_golden = true;
-        return -1;
-    case O_ALIAS:
-        return ops_model_alias_opt("serve", arg);
-    case O_NODEFALIAS:
-        ops_no_default_alias();
-        return -1;
-    case O_KEYFILE:
-        o->http.api_key_file = arg;
-        return -1;
-    case O_METRICSKEY:
-        o->http.metrics_need_key = true;
-        return -1;
-    case O_TLSCERT:
-        o->http.tls_cert = arg;
-        return -1;
-    case O_TLSKEY:
-        o->http.tls_key = arg;
-        return -1;
     case O_COMMIT:
         if (!ops_count_opt("serve", "commit-ms", arg, 600000, &v))
             return OPS_EXIT_USAGE;
@@ -755,9 +721,13 @@ static int serve_opt(int c, const char *arg, serve_opts_t *o, size_t *n_props,
     case 'h':
         fputs(SERVE_HELP, stdout);
         return OPS_EXIT_OK;
-    default:
+    default: {
+        int rc = ops_http_edge_opt(c, "serve", arg, &o->http);
+        if (rc != -2)
+            return rc;
         fputs(SERVE_HELP, stderr);
         return OPS_EXIT_USAGE;
+    }
     }
 }
 
@@ -799,7 +769,13 @@ static int serve_main(const ops_config_t *cfg) {
             o.http.max_queue = o.max_queue;
         if (o.max_queued_tokens)
             o.http.max_queued_tokens = o.max_queued_tokens;
-        if (o.http_on && !ops_http_opts_finish(&o.http, "serve"))
+        bool edge =
+            o.http.api_key_file || o.http.metrics_need_key || o.http.tls_cert || o.http.tls_key;
+        if (!o.http_on && edge) {
+            ops_fail("serve", "--api-key-file, --metrics-need-key, --tls-cert and --tls-key are "
+                              "for the HTTP shim: they need --http");
+            rc = OPS_EXIT_USAGE;
+        } else if (o.http_on && !ops_http_opts_finish(&o.http, "serve"))
             rc = OPS_EXIT_USAGE;
         else
             rc = serve_package(&o);

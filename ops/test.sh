@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: dependencies, the format and
 # banned-function checks, fixtures, a real Kafka broker (ops/kafka.sh), a
 # -Werror build with every test, then the same tests again under ASan+UBSan,
-# then each libFuzzer harness for 25 s.
+# then each libFuzzer harness for 25 s, a 3-minute soak of serve --http with
+# faults, and ThreadSanitizer runs (about 20 minutes on 2 cores).
 #   ops/test.sh            everything
 #   ops/test.sh --quick    the plain build only
 set -euo pipefail
@@ -52,5 +53,13 @@ if [ "${1:-}" != "--quick" ]; then
   # about 3.5 minutes on 2 cores); a crash, leak or sanitizer report fails.
   echo "== fuzz"
   FUZZ_SECONDS=25 tests/fuzz/run.sh
+  # serve --http under mixed load, kill -9 and a broker restart, 3 minutes
+  # (tests/soak.sh: its own broker in build/_kafka-soak; the checks at its end).
+  echo "== soak"
+  tests/soak.sh 3
+  # ThreadSanitizer on the binary under the HTTP load and a 1-minute soak
+  # (tests/tsan.sh: why not the Criterion suites).
+  echo "== tsan"
+  tests/tsan.sh 1
 fi
 echo "== all tests passed"

@@ -38,16 +38,9 @@ d = json.load(open(p))
 d["max_length"] = 32768
 json.dump(d, open(p, "w"), indent=2)
 PY
-"$D3STREAM" http --model "$WORK/pkg" --no-verify --listen 127.0.0.1:0 2>"$WORK/log" &
-PID=$!
-URL=""
-for _ in $(seq $((300 * MULT))); do
-  URL="$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$WORK/log" | head -1 | sed 's/listening on //')" || true
-  [ -n "$URL" ] && curl -sf "$URL/health" >/dev/null && break
-  sleep 0.1
-done
-curl -sf "$URL/health" >/dev/null || { cat "$WORK/log" >&2; fail "the server never got ready"; }
-NAME="$(curl -sf "$URL/v1/models" | "$PYVENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')"
+. "$ROOT/tests/tools/http_server.sh"
+http_server_start "$WORK/pkg" "$WORK/log" --no-verify
+NAME="$(http_server_name)"
 "$PYVENV/bin/jevcompat" test "$URL" --model "$NAME" >"$WORK/report" 2>&1 || true
 grep -E '^(not )?conformant|MUST [0-9]+/[0-9]+' "$WORK/report" | tail -1
 failed="$(grep -oE '✗ (MUST|SHOULD) +[a-z0-9.-]+' "$WORK/report" | awk '{print $3}' | sort -u)"
@@ -65,8 +58,6 @@ for req in "${DOCUMENTED[@]}"; do
 done
 grep -qE '✓ (MUST|SHOULD) +request.structured-text ' "$WORK/report" ||
   { cat "$WORK/report" >&2; fail "the report does not look like jevcompat's"; }
-kill -TERM "$PID"
-wait "$PID" || fail "d3stream http did not exit 0 on SIGTERM"
-PID=""
+http_server_stop
 [ $rc -eq 0 ] && echo "jevcompat: ok (failed only: $(echo $failed))"
 exit $rc

@@ -23,19 +23,10 @@ PID=""
 trap '[ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null; rm -rf "$WORK"' EXIT
 "$D3STREAM" make-package --size tiny --seed 3 --out "$WORK/pkg" >/dev/null 2>&1 ||
   fail "make-package failed"
-"$D3STREAM" http --model "$WORK/pkg" --listen 127.0.0.1:0 2>"$WORK/log" &
-PID=$!
-URL=""
-for _ in $(seq $((300 * MULT))); do
-  URL="$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$WORK/log" | head -1 | sed 's/listening on //')" || true
-  [ -n "$URL" ] && curl -sf "$URL/health" >/dev/null && break
-  sleep 0.1
-done
-curl -sf "$URL/health" >/dev/null || { cat "$WORK/log" >&2; fail "the server never got ready"; }
-NAME="$(curl -sf "$URL/v1/models" | "$PYVENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')"
+. "$ROOT/tests/tools/http_server.sh"
+http_server_start "$WORK/pkg" "$WORK/log"
+NAME="$(http_server_name)"
 "$PYVENV/bin/python" "$ROOT/tests/tools/sdk_client.py" "$URL" "$NAME" vision ||
   { cat "$WORK/log" >&2; fail "the SDK's calls failed"; }
-kill -TERM "$PID"
-wait "$PID" || fail "d3stream http did not exit 0 on SIGTERM"
-PID=""
+http_server_stop
 echo "sdk_clients: ok"
