@@ -136,6 +136,7 @@ RSS_PID=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  set +e # every step below, whatever the one before did
   if [ -n "$LOAD_PID" ]; then
     # Its own process group (setsid): the load generator and its kcat, which
     # would otherwise go on trying to deliver to a stopped broker.
@@ -144,12 +145,15 @@ cleanup() {
     kill -KILL -- "-$LOAD_PID" 2>/dev/null
     wait "$LOAD_PID" 2>/dev/null
   fi
-  [ -n "$RSS_PID" ] && kill -TERM "$RSS_PID" 2>/dev/null && wait "$RSS_PID" 2>/dev/null
+  if [ -n "$RSS_PID" ]; then
+    kill -TERM "$RSS_PID" 2>/dev/null
+    wait "$RSS_PID" 2>/dev/null
+  fi
   if [ -n "$SERVE_PID" ] && kill -0 "$SERVE_PID" 2>/dev/null; then
     kill -KILL "$SERVE_PID" 2>/dev/null
     wait "$SERVE_PID" 2>/dev/null
   fi
-  ops/kafka.sh stop "$KDIR" >/dev/null 2>&1 || true
+  ops/kafka.sh stop "$KDIR" >/dev/null 2>&1
   exit "$rc"
 }
 # The trap first: a start cut short leaves a broker for it to stop.
