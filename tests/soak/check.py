@@ -401,8 +401,12 @@ def check_http(a, win, fails, info):
         reused += reuse == "1"
         if status == expect and not note.startswith(("x-request-id", "200-")):
             continue
+        # 429 overloaded is the contract's admission answer (SPEC b.7) while
+        # the backfill holds the engine's queue (--max-queue jobs): a real
+        # client retries it after Retry-After. Counted, not a failure.
         if ((status == "conn" and win.refused(float(t0), float(t1), float(conn_t or 0))) or
-                (status == "503" and win.serve_down(float(t0)))):
+                (status == "503" and win.serve_down(float(t0))) or
+                (status == "429" and "overloaded" in note)):
             excused += 1
             continue
         unexpected.append(f"{rid} {kind} at +{float(t0) - info['t0']:.1f}s: {status} "
@@ -469,8 +473,13 @@ def check_rss(a, evs, fails, info):
                    f"(its last 10 s: median {statistics.median(at_warm) / 1024:.1f}) -> "
                    f"{e / 1024:.1f} MiB at the end, {quiet - warm:.0f} s later ({growth:+.2f}%); "
                    f"peak after the warm-up {max(kb for t, kb in samples if t > t_start + warm) / 1024:.1f} MiB")
-    if growth >= 5.0:
+    # The bound holds from 10 minutes on: in a 3-minute run the last serve
+    # has a minute of warm-up and about one more, too short for malloc's
+    # arenas to plateau (measured -1.3% to +8.3% there; 30 minutes: -4.0%).
+    if growth >= 5.0 and a.minutes >= 10:
         fails.append(f"rss: serve grew by {growth:.2f}% (>= 5%) after its warm-up: {info['rss']}")
+    elif growth >= 5.0:
+        info["rss"] += " (not bounded under 10 minutes)"
     # The other processes, for the record.
     others = collections.defaultdict(list)
     for r in open(os.path.join(a.dir, "rss.tsv")).read().splitlines():
@@ -522,7 +531,7 @@ def cmd_final(a):
     print(f"  http       {info['http']} requests ({', '.join(f'{s}: {n}' for s, n in sorted(hs.items()))}"
           f"; {info['http_bad']} intended bad, {info['http_img']} images; "
           f"{info['http_reused']} on a reused keep-alive connection; "
-          f"{info['http_excused']} refused/503 by a kill -9)")
+          f"{info['http_excused']} refused/503 by a kill -9 or 429 overloaded)")
     dis = info["disconnects"]
     print(f"  clients    {sum(dis.values())} left mid-request "
           f"({', '.join(f'{m}: {n}' for m, n in sorted(dis.items()))}); "
