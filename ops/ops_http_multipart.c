@@ -140,24 +140,13 @@ static mp_part_t *part_named(mp_part_t *parts, size_t n, const char *name) {
 /* "data:<type>;base64,<b64>" of a part (its Content-Type, else
  * application/octet-stream: SPEC a.10 then refuses it by its bytes). */
 static json_t *data_url(const mp_part_t *pt) {
-    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const char       *type = pt->type[0] ? pt->type : "application/octet-stream";
-    size_t            head = strlen(type) + 13, n = head + (pt->len + 2) / 3 * 4;
-    char             *s = malloc(n + 1);
-    if (!s)
-        return NULL;
-    size_t               o = (size_t)snprintf(s, n + 1, "data:%s;base64,", type);
-    const unsigned char *p = (const unsigned char *)pt->data;
-    for (size_t i = 0; i < pt->len; i += 3) {
-        unsigned v = (unsigned)p[i] << 16 | (i + 1 < pt->len ? (unsigned)p[i + 1] << 8 : 0) |
-                     (i + 2 < pt->len ? p[i + 2] : 0);
-        s[o++] = A[v >> 18 & 63];
-        s[o++] = A[v >> 12 & 63];
-        s[o++] = i + 1 < pt->len ? A[v >> 6 & 63] : '=';
-        s[o++] = i + 2 < pt->len ? A[v & 63] : '=';
-    }
-    json_t *j = json_stringn(s, o);
-    free(s);
+    svc_buf_t b;
+    svc_buf_init(&b, SIZE_MAX / 2);
+    bool ok =
+        !svc_buf_addf(&b, "data:%s;base64,", pt->type[0] ? pt->type : "application/octet-stream") &&
+        !ops_base64_add(&b, (const unsigned char *)pt->data, pt->len);
+    json_t *j = ok ? json_stringn(b.data, b.len) : NULL;
+    svc_buf_fini(&b);
     return j;
 }
 

@@ -173,6 +173,10 @@ size_t ops_model_aliases(const char *const **out);
     "                      model-aliases: key)\n"                                                  \
     "  --no-default-alias  jev-latest selects nothing\n"
 
+/* Appends p (n bytes) to b as RFC 4648 base64 with padding (data URLs:
+ * bench's image bodies, the SDK's uploads). */
+svc_err_t ops_base64_add(svc_buf_t *b, const unsigned char *p, size_t n);
+
 #define OPS_NAME_MAX 4096
 
 /* What the contract must know about the package opened from dir: the names

@@ -11,15 +11,9 @@
  */
 #include "schemas.h"
 
-#include <math.h>
+#include "fuzz_util.h"
 
-#define FUZZ_CHECK(x)                                                                              \
-    do {                                                                                           \
-        if (!(x)) {                                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #x);                  \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
+#include <math.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

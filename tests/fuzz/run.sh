@@ -57,7 +57,7 @@ srcs() {
     echo "engine/eng_q4nx.c engine/eng_q4nx_layout.c engine/eng_q4nx_tiles.c" \
       "engine/eng_q4nx_vision.c $ENG_ST $(pc jansson) -lm -pthread"
     ;;
-  multipart) echo "-Iops ops/ops_http_multipart.c $(pc jansson libmicrohttpd)" ;;
+  multipart) echo "-Iops ops/ops_http_multipart.c ops/ops_base64.c $(pc jansson libmicrohttpd)" ;;
   codec) echo "-Iops ops/ops_http_codec.c $(pc zlib libzstd libmicrohttpd)" ;;
   tokenize)
     echo "engine/eng_tokenizer.c engine/eng_bpe.c engine/eng_pretok.c engine/eng_util.c" \
