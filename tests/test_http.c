@@ -209,15 +209,26 @@ static struct curl_slist *setup(CURL *e, const server_t *s, const char *method, 
 }
 
 /* One request on e (kept alive between calls); fills r. */
-static void request_on(CURL *e, const server_t *s, const char *method, const char *path,
-                       const char *body, size_t len, resp_t *r, bool chunked) {
+/* One request on e with one more header (NULL: none); fills r. */
+static void request_with(CURL *e, const server_t *s, const char *method, const char *path,
+                         const char *header, const void *body, size_t len, resp_t *r,
+                         bool chunked) {
     resp_init(r);
     curl_easy_reset(e);
     struct curl_slist *h = setup(e, s, method, path, body, len, r, chunked);
-    CURLcode           rc = curl_easy_perform(e);
+    if (header) {
+        h = curl_slist_append(h, header);
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    }
+    CURLcode rc = curl_easy_perform(e);
     curl_slist_free_all(h);
     cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
+}
+
+static void request_on(CURL *e, const server_t *s, const char *method, const char *path,
+                       const char *body, size_t len, resp_t *r, bool chunked) {
+    request_with(e, s, method, path, NULL, body, len, r, chunked);
 }
 
 static void request(const server_t *s, const char *method, const char *path, const char *body,
@@ -230,16 +241,8 @@ static void request(const server_t *s, const char *method, const char *path, con
 /* One request with one more header (NULL: none). */
 static void request_hdr(const server_t *s, const char *method, const char *path, const char *header,
                         const void *body, size_t len, resp_t *r) {
-    resp_init(r);
-    CURL              *e = curl_easy_init();
-    struct curl_slist *h = setup(e, s, method, path, body, len, r, false);
-    if (header)
-        h = curl_slist_append(h, header);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    CURLcode rc = curl_easy_perform(e);
-    curl_slist_free_all(h);
-    cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
+    CURL *e = curl_easy_init();
+    request_with(e, s, method, path, header, body, len, r, false);
     curl_easy_cleanup(e);
 }
 
