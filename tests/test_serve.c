@@ -319,6 +319,25 @@ Test(serve, too_large_to_queue_is_answered_429, .timeout = 600) {
     serve_two(reqs, "--max-queued-tokens 300", (const int[2]){429, 400}, needles);
 }
 
+/* Issue 34: a Kafka record's body follows --max-request-bytes as HTTP's
+ * does: over a lowered limit its result is the 413 naming the number,
+ * committed, and the record after it (under the limit) is answered. */
+Test(serve, max_request_bytes_is_the_operators, .timeout = 600) {
+    static req_t reqs[2] = {
+        {.key = "big",
+         .rid = "rid-big",
+         .value = "{\"state\": \"a state of more than two hundred bytes: the order arrived two "
+                  "days late, the box was found on one side of our door, and the customer asks "
+                  "for a refund of the shipping\", \"questions\": {\"a\": {\"type\": "
+                  "\"noul\", \"instructions\": \"Late?\"}}}"},
+        {.key = "small", .rid = "rid-small", .value = "{\"state\": \"x\", \"questions\": {}}"},
+    };
+    static const char *const needles[] = {"\"code\":\"request_too_large\"", "exceeds 200 bytes",
+                                          NULL};
+    cr_assert_gt(strlen(reqs[0].value), 200);
+    serve_two(reqs, "--max-request-bytes 200", (const int[2]){413, 400}, needles);
+}
+
 /* A result larger than a record of the results topic may be (an error body
  * echoes the request: 250,000 DEL characters in an unknown key are a 1.25 MB
  * message) becomes a 500 that says so, committed: it was refused by the
