@@ -29,6 +29,10 @@ PACKAGES=(
   libzstd-dev
   # oneDNN: the projection matmul where the AMX tiles are not used (npu/npu_dnnl.c)
   libdnnl-dev
+  # the .deb (ops/package.sh): CPack's dependency scan runs file and
+  # dpkg-shlibdeps; its check installs it (adduser makes the service user)
+  # and verifies the unit with systemd-analyze
+  file dpkg-dev adduser systemd
   # the fuzzers (tests/fuzz/run.sh): clang, and its libFuzzer and sanitizer
   # runtimes, which Debian 12's clang only recommends
   clang libclang-rt-14-dev

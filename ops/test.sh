@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, the format and
 # banned-function checks, fixtures, a real Kafka broker (ops/kafka.sh), a
-# -Werror build with every test, then the same tests again under ASan+UBSan,
+# -Werror build with every test, the commands the docs quote
+# (tests/doctest.sh), the .deb built, installed and checked
+# (ops/package.sh --check), then the same tests again under ASan+UBSan,
 # then each libFuzzer harness for 25 s, a 3-minute soak of serve --http with
 # faults, and ThreadSanitizer runs (about 20 minutes on 2 cores).
 #   ops/test.sh            everything
@@ -40,6 +42,8 @@ run_suite() { # <build dir> <cmake args...>
 }
 
 run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== package"
+ops/package.sh --check
 if [ "${1:-}" != "--quick" ]; then
   # Optimised (-O2 -g): the tower goldens run 5,000-token prompts, which take
   # minutes at -O0 under ASan; the sanitizers work the same at -O2.
