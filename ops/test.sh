@@ -31,6 +31,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 D3_KAFKA_BOOTSTRAP="$(ops/kafka.sh start "$KAFKA_DIR")"
 export D3_KAFKA_BOOTSTRAP
+export D3_KAFKA_DIR="$KAFKA_DIR"
 
 run_suite() { # <build dir> <cmake args...>
   local dir="$1"; shift
