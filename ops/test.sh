@@ -43,6 +43,8 @@ run_suite() { # <build dir> <cmake args...>
 }
 
 run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== docs"
+tests/doctest.py --bin build/d3stream
 echo "== package"
 ops/package.sh --check
 if [ "${1:-}" != "--quick" ]; then
