@@ -756,6 +756,39 @@ Test(ops, version_usage) {
     svc_buf_fini(&out);
 }
 
+/* `d3stream --help` lists every command, one line each, exactly as the
+ * README's "Commands" block does and in its order (issue 31): the block is
+ * the command list a newcomer reads, the help the one they run. */
+Test(ops, help_lists_the_readmes_commands) {
+    char      cmd[1024];
+    svc_buf_t out, readme;
+    snprintf(cmd, sizeof cmd, "'%s' --help", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    snprintf(cmd, sizeof cmd,
+             "sed -n '/^## Commands/,/^```$/p' '%s/README.md' | sed -n '4,/^```$/p'",
+             D3_SOURCE_DIR);
+    cr_assert_eq(run_shell(cmd, &readme), 0);
+    const char *h = strstr(out.data, "Commands:\n");
+    cr_assert(h, "%s", out.data);
+    h += strlen("Commands:\n");
+    size_t n = 0;
+    for (const char *r = readme.data; *r && strncmp(r, "```", 3); n++) {
+        const char *re = strchr(r, '\n'), *he = strchr(h, '\n');
+        cr_assert(re && he, "README: %s", r);
+        cr_assert(!strncmp(h, "  ", 2), "--help has fewer commands than the README (%zu)", n);
+        cr_assert_eq((size_t)(re - r), (size_t)(he - h - 2), "README %.*s\n--help %.*s",
+                     (int)(re - r), r, (int)(he - h), h);
+        cr_assert(!strncmp(r, h + 2, (size_t)(re - r)), "README %.*s\n--help %.*s", (int)(re - r),
+                  r, (int)(he - h), h);
+        r = re + 1;
+        h = he + 1;
+    }
+    cr_assert_gt(n, 10);
+    cr_assert(!strncmp(h, "\n", 1), "--help lists more commands than the README: %s", h);
+    svc_buf_fini(&out);
+    svc_buf_fini(&readme);
+}
+
 /* ------------------------------------------------------------ --max-request-bytes */
 
 #define VL D3_SOURCE_DIR "/tests/fixtures/tiny-vl"
