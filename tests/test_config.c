@@ -632,3 +632,15 @@ Test(config, manifest_failure_names_the_command) {
         svc_buf_fini(&out);
     }
 }
+
+/* The example configuration the .deb installs as /etc/d3stream/d3stream.yaml
+ * (ops/d3stream.yaml) parses, and says what the unit's serve needs. */
+Test(config, the_shipped_example) {
+    svc_buf_t out;
+    cr_assert_eq(run("", "config --config '" D3_SOURCE_DIR "/ops/d3stream.yaml' serve", &out), 0,
+                 "%s", out.data);
+    has_line(&out, "model: /var/lib/d3stream/models/d3-nano-npu2  # file");
+    has_line(&out, "group: d3stream  # file");
+    has_line(&out, "  client.id: d3stream  # file");
+    svc_buf_fini(&out);
+}
