@@ -20,6 +20,8 @@ static const char USAGE[] =
     "  validate  the contract's verdict on a request, without a model\n"
     "  tokenize  token ids of text, with a package's tokenizer.json\n"
     "  version   version and the compute features of this machine\n"
+    "  devices   what runs where: the CPU's extensions and kernel paths, the XDNA NPU\n"
+    "            and XRT as found, each with its reason (--json)\n"
     "  make-package  a synthetic package with random weights (meaningless answers)\n"
     "  serve     answer requests from a Kafka topic onto a results topic (at least or exactly "
     "once)\n"
@@ -36,17 +38,12 @@ static const struct {
     const char *name;
     cmd_fn      fn;
 } COMMANDS[] = {
-    {"ask", ops_cmd_ask},
-    {"inspect", ops_cmd_inspect},
-    {"prompt", ops_cmd_prompt},
-    {"validate", ops_cmd_validate},
-    {"tokenize", ops_cmd_tokenize},
-    {"version", ops_cmd_version},
-    {"make-package", ops_cmd_make_package},
-    {"serve", ops_cmd_serve},
-    {"http", ops_cmd_http},
-    {"config", ops_cmd_config},
-    {"bench", ops_cmd_bench},
+    {"ask", ops_cmd_ask},           {"inspect", ops_cmd_inspect},
+    {"prompt", ops_cmd_prompt},     {"validate", ops_cmd_validate},
+    {"tokenize", ops_cmd_tokenize}, {"version", ops_cmd_version},
+    {"devices", ops_cmd_devices},   {"make-package", ops_cmd_make_package},
+    {"serve", ops_cmd_serve},       {"http", ops_cmd_http},
+    {"config", ops_cmd_config},     {"bench", ops_cmd_bench},
 };
 
 int main(int argc, char **argv) {
