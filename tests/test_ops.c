@@ -908,6 +908,13 @@ Test(ops, devices_report) {
     cr_assert_eq(run_shell(cmd, &out), 0);
     cr_assert(strstr(out.data, "\n  devices   "), "%s", out.data);
     svc_buf_fini(&out);
+    /* version keeps its short form: the NPU in one line */
+    snprintf(cmd, sizeof cmd, "'%s' version", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0);
+    const char *npu_line = strstr(out.data, "\nnpu: ");
+    cr_assert(npu_line && strstr(npu_line, "; not used: no XDNA backend in this build\n"), "%s",
+              out.data);
+    svc_buf_fini(&out);
 }
 
 /* --device npu: exit 3 before anything loads, after the NPU findings,
