@@ -1,11 +1,16 @@
 /*
- * npu.h -- the compute device layer. In this first slice: what the machine
- * offers (CPU vector and matrix extensions, an AMD XDNA NPU if one is
- * present), so that kernels of later issues can be chosen at run time and so
- * that `d3stream version` tells an operator what will run where.
+ * npu.h -- the compute device layer: what the machine offers (CPU vector
+ * and matrix extensions; an AMD XDNA NPU and the XRT runtime, found and
+ * reported but not used: this build has no XDNA backend), the kernels the
+ * engine calls (scalar references and fast CPU paths), and the kernels'
+ * thread pool. `d3stream version` and `d3stream devices` tell an operator
+ * what runs where.
  *
- * Thread-safety: npu_probe() may be called from any thread; the result is
- * computed once.
+ * Where an XDNA backend plugs in: "The backend interface" below, after the
+ * device discovery (and docs/devices.md).
+ *
+ * Thread-safety: npu_probe() and npu_devices() may be called from any
+ * thread; each result is computed once.
  */
 #ifndef D3STREAM_NPU_H
 #define D3STREAM_NPU_H
@@ -25,17 +30,185 @@ typedef struct npu_features {
     bool amx_tile;
     bool amx_int8;
     bool amx_bf16;
-    bool amx_usable;  /* the kernel granted this process the AMX tile state */
-    int  n_cpus;      /* CPUs this process may run on (affinity), at most its
-                       * cgroup's CPU quota rounded up */
-    bool xdna_device; /* an AMD XDNA accelerator node (/dev/accel/accel*) exists */
+    bool amx_usable;   /* the kernel granted this process the AMX tile state */
+    int  n_cpus;       /* CPUs this process may run on (affinity), at most its
+                        * cgroup's CPU quota rounded up */
+    int    n_affinity; /* CPUs in the affinity mask (before the quota) */
+    double cpu_quota;  /* the cgroup's CPU quota in CPUs (the tightest on the
+                        * way to the root; cgroup v1 or v2), 0: none */
 } npu_features_t;
 
-/* The machine's features, probed once (cpuid, arch_prctl, /dev/accel). */
+/* The machine's CPU features, probed once (cpuid, arch_prctl, affinity,
+ * cgroup). The NPU is npu_devices()'s. */
 const npu_features_t *npu_probe(void);
 
-/* Writes "avx512f avx512_vnni amx_int8 ..." (the features present). */
+/* Which features npu_features_describe lists. */
+typedef enum npu_feature_kind {
+    NPU_FEATURES_ALL,
+    NPU_FEATURES_VECTOR, /* AVX2, FMA, AVX-512 and its extensions */
+    NPU_FEATURES_MATRIX, /* AMX, and amx_usable */
+} npu_feature_kind_t;
+
+/* Writes "avx512f avx512_vnni amx_int8 ..." (the features present), or
+ * "none". */
 SVC_WUR svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out);
+/* The same for one kind of features only. */
+SVC_WUR svc_err_t npu_features_describe_kind(const npu_features_t *f, npu_feature_kind_t kind,
+                                             svc_buf_t *out);
+
+/* ------------------------------------------------------------------------
+ * Devices (npu_devices.c, npu_xrt.c): the AMD XDNA NPU and XRT, found
+ *
+ * Plain C, no XRT headers: every /dev/accel/accel* node is asked its DRM
+ * driver (DRM_IOCTL_VERSION), and an amdxdna node its AIE version, columns
+ * and firmware (DRM_IOCTL_AMDXDNA_GET_INFO; the firmware from sysfs where
+ * the kernel lacks that query); sysfs gives the PCI id (XDNA1: 1022:1502,
+ * Phoenix and Hawk Point; XDNA2: 1022:17f0, Strix, Strix Halo, Krackan) and
+ * the node's owner and mode say whether this process may open it (the
+ * render group). RLIMIT_MEMLOCK, and XRT's core library (dlopen
+ * libxrt_coreutil, its version: XDNA needs XRT 2.17 or later).
+ *
+ * Every finding carries a reason an operator can act on. This build has no
+ * XDNA backend, so npu_device_select() never picks the NPU: the report
+ * says exactly what is there and what is missing, nothing more.
+ * ------------------------------------------------------------------------ */
+
+#define NPU_ACCEL_MAX  8   /* nodes reported (more are counted, not described) */
+#define NPU_REASON_MAX 512 /* a finding's reason, NUL included */
+
+typedef enum npu_xdna_gen {
+    NPU_XDNA_NONE = 0, /* not an XDNA device, or a PCI id amdxdna does not name */
+    NPU_XDNA1,         /* 1022:1502: Phoenix, Hawk Point (npu1) */
+    NPU_XDNA2,         /* 1022:17f0: Strix (npu4), Strix Halo (npu5), Krackan (npu6) */
+} npu_xdna_gen_t;
+
+/* A version read from the device or a library; known false: not read. */
+typedef struct npu_version {
+    bool     known;
+    unsigned major, minor, patch, build;
+} npu_version_t;
+
+/* One /dev/accel/accel* node. */
+typedef struct npu_accel {
+    char path[32];                /* "/dev/accel/accel0" */
+    char driver[64];              /* the DRM driver's name (DRM_IOCTL_VERSION), else
+                                   * the sysfs driver link's; "" unknown */
+    npu_version_t driver_version; /* the DRM driver's major.minor.patchlevel */
+    bool          amdxdna;        /* the amdxdna driver (or an XDNA PCI id, when
+                                   * the node could not be asked) */
+    bool           pci_known;     /* vendor, device, revision read from sysfs */
+    unsigned       vendor, device, revision;
+    npu_xdna_gen_t gen;
+    const char    *chip;                   /* static: "Strix (npu4)", ...; NULL unknown */
+    char           vbnv[64];               /* the driver's own name for it (sysfs vbnv), "" */
+    unsigned       mode;                   /* st_mode of the node (0 when stat failed) */
+    unsigned       uid, gid;               /* its owner and group */
+    char           group[64];              /* the group's name ("render"), or its number */
+    bool           in_group;               /* this process is in that group */
+    bool           can_open;               /* open(O_RDWR) succeeded */
+    int            open_errno;             /* why not (EACCES, ...); 0 when it opened */
+    npu_version_t  aie;                    /* AIE architecture major.minor (GET_INFO) */
+    unsigned       cols, rows;             /* AIE array (GET_INFO metadata); 0 unknown */
+    npu_version_t  firmware;               /* major.minor.patch.build */
+    const char    *firmware_from;          /* static: "ioctl", "sysfs"; NULL unknown */
+    bool           ready;                  /* an XDNA backend could use this node */
+    char           reason[NPU_REASON_MAX]; /* why ready, or what is missing */
+} npu_accel_t;
+
+/* XRT's core library. */
+typedef struct npu_xrt {
+    bool          found;        /* dlopen succeeded */
+    char          library[256]; /* the name that opened; "" */
+    npu_version_t version;      /* xrtVersionMajor/Minor/Patch */
+    bool          new_enough;   /* version >= NPU_XRT_MIN_MAJOR.NPU_XRT_MIN_MINOR */
+    char          reason[NPU_REASON_MAX];
+} npu_xrt_t;
+
+/* The first XRT with XDNA support (Debian 12's 2.13 predates it). */
+#define NPU_XRT_MIN_MAJOR 2
+#define NPU_XRT_MIN_MINOR 17
+
+/* RLIMIT_MEMLOCK: XRT pins the buffers it shares with the NPU. */
+typedef struct npu_memlock {
+    bool     known;
+    bool     unlimited;  /* the soft limit is RLIM_INFINITY */
+    uint64_t soft, hard; /* bytes (UINT64_MAX: unlimited) */
+    bool     ok;         /* unlimited, as the XDNA stack's set-up asks */
+    char     reason[NPU_REASON_MAX];
+} npu_memlock_t;
+
+/* Everything found. A plain value (no pointers to free). */
+typedef struct npu_devices {
+    size_t        n_accel;     /* nodes described in accel[] */
+    size_t        n_accel_all; /* nodes found (more than NPU_ACCEL_MAX: not all described) */
+    npu_accel_t   accel[NPU_ACCEL_MAX];
+    npu_memlock_t memlock;
+    npu_xrt_t     xrt;
+    bool          present;                /* an amdxdna node was found */
+    bool          ready;                  /* a node is ready, XRT is new enough and memlock is ok */
+    char          reason[NPU_REASON_MAX]; /* the NPU in one line: what is there, and
+                                           * the first thing missing */
+} npu_devices_t;
+
+/* The discovery, run once per process by the first call (thread-safe).
+ * It opens each accel node (and closes it) and dlopens XRT (and closes it):
+ * call it where a report is wanted, not from the kernels. */
+const npu_devices_t *npu_devices(void);
+
+/* A fresh discovery into d (caller-owned; no cache): what npu_devices()
+ * runs once. */
+void npu_devices_scan(npu_devices_t *d);
+
+/* What a command asked for (--device). */
+typedef enum npu_device_req {
+    NPU_DEVICE_AUTO, /* the best backend this build has for what was found */
+    NPU_DEVICE_CPU,
+    NPU_DEVICE_NPU, /* the NPU or nothing */
+} npu_device_req_t;
+
+/**
+ * @brief Where the kernels run for req on what d found.
+ * @returns SVC_OK: the CPU (this build's only backend), with why in why
+ *   (for auto: why not the NPU); SVC_ERR_UNSUPPORTED for NPU_DEVICE_NPU,
+ *   with what is missing in why (the discovery's reason, then "no XDNA
+ *   backend in this build").
+ */
+SVC_WUR svc_err_t npu_device_select(const npu_devices_t *d, npu_device_req_t req, char *why,
+                                    size_t why_size);
+
+/* ------------------------------------------------------------------------
+ * The backend interface: where an XDNA backend plugs in
+ *
+ * The engine calls the kernels below by their npu_* entry points and never
+ * names a device; a backend is a dispatch decision inside this module
+ * (npu_fast.c's kernel table and the pack layouts of npu_wpack_new*), so
+ * the engine, the scheduler and the contract do not change when one is
+ * added. An XDNA backend would have to provide, with the contracts written
+ * at each entry point (shapes, aliasing, T = 0, which rows depend on which):
+ *  - projections: npu_wpack_new_groups and npu_matmul_packed(_fast, _n) on
+ *    the package's own Q4NX tiles (Q4_K/Q4_1 4-bit and Q8 codes with a
+ *    scale and a min per group of NPU_GRP_K along K, Q4NX.md), repacked at
+ *    load into the NPU's tile layout (npu_wpack_t is opaque for that);
+ *    activations fp32 (T, K) row-major in, fp32 (T, N) out;
+ *  - attention: npu_attention and npu_attention_lse (GQA, q (Tq, H, D),
+ *    k and v (Tk, H_kv, D), non-causal or causal with a prefix, a key
+ *    mask, each query's log-sum-exp for npu_attention_merge);
+ *  - the Gated DeltaNet: npu_delta_rule (chunks of NPU_DELTA_CHUNK, the
+ *    state (H_v, dk, dv) in and out in fp32) and npu_conv1d_causal_silu;
+ *  - vision: the tower's matmuls through the same packs, npu_layernorm,
+ *    npu_gelu_*, npu_rope_half and npu_attention;
+ *  - the norms and activations (npu_rmsnorm*, npu_l2norm, npu_silu_mul,
+ *    npu_sigmoid_mul) only where moving a tensor back costs more than them.
+ * Each result must stay within the tolerances the tests hold the CPU paths
+ * to against the _ref kernels, and the golden check (eng_golden.c) runs on
+ * whatever serves before a package is served.
+ * How work would split: per call, by size, as the seed runtime
+ * (FastFlowLM, D3-NANO-NPU2.md) does: attention on the NPU from 1,536
+ * tokens (below that the CPU is faster), the projections where the NPU's
+ * measured rate beats the CPU's for that T; the CPU keeps the rest. The
+ * scheduler's workers would share the NPU as they share the pool
+ * (npu_parallel_for), one context per process.
+ * ------------------------------------------------------------------------ */
 
 /* ------------------------------------------------------------------------
  * The kernels' thread pool (npu_pool.c)

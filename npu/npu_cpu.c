@@ -1,5 +1,5 @@
 /*
- * npu_cpu.c -- CPU and accelerator discovery.
+ * npu_cpu.c -- CPU discovery (the NPU's is npu_devices.c).
  *
  * AMX needs two things: the cpuid bits, and the kernel's permission to use
  * the large tile state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux >= 5.16).
@@ -9,7 +9,6 @@
 #include "npu.h"
 
 #include <cpuid.h>
-#include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -141,32 +140,27 @@ static double cgroup_cpu_quota(void) {
     return best;
 }
 
-static int count_cpus(void) {
+/* The affinity mask's CPUs into f->n_affinity, the cgroup quota into
+ * f->cpu_quota, and the smaller (the quota rounded up) into f->n_cpus. */
+static void count_cpus(npu_features_t *f) {
     cpu_set_t set;
     long      n = 0;
     if (sched_getaffinity(0, sizeof set, &set) == 0)
         n = CPU_COUNT(&set);
     else
         n = sysconf(_SC_NPROCESSORS_ONLN);
-    double quota = cgroup_cpu_quota();
-    if (quota > 0 && (double)n > ceil(quota))
-        n = (long)ceil(quota);
-    return n > 0 ? (int)n : 1;
-}
-
-static bool find_xdna(void) {
-    glob_t g;
-    bool   found = glob("/dev/accel/accel*", 0, NULL, &g) == 0 && g.gl_pathc > 0;
-    globfree(&g);
-    return found;
+    f->n_affinity = n > 0 ? (int)n : 1;
+    f->cpu_quota = cgroup_cpu_quota();
+    if (f->cpu_quota > 0 && (double)n > ceil(f->cpu_quota))
+        n = (long)ceil(f->cpu_quota);
+    f->n_cpus = n > 0 ? (int)n : 1;
 }
 
 static void probe_once(void) {
     npu_features_t *f = &g_features;
     probe_cpuid(f);
     f->amx_usable = f->amx_tile && request_amx();
-    f->n_cpus = count_cpus();
-    f->xdna_device = find_xdna();
+    count_cpus(f);
 }
 
 const npu_features_t *npu_probe(void) {
@@ -174,30 +168,31 @@ const npu_features_t *npu_probe(void) {
     return &g_features;
 }
 
-svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out) {
+svc_err_t npu_features_describe_kind(const npu_features_t *f, npu_feature_kind_t kind,
+                                     svc_buf_t *out) {
     static const struct {
-        const char *name;
-        size_t      off;
+        const char        *name;
+        size_t             off;
+        npu_feature_kind_t kind;
     } names[] = {
-        {"avx2", offsetof(npu_features_t, avx2)},
-        {"fma", offsetof(npu_features_t, fma)},
-        {"avx512f", offsetof(npu_features_t, avx512f)},
-        {"avx512bw", offsetof(npu_features_t, avx512bw)},
-        {"avx512dq", offsetof(npu_features_t, avx512dq)},
-        {"avx512vl", offsetof(npu_features_t, avx512vl)},
-        {"avx512_vnni", offsetof(npu_features_t, avx512_vnni)},
-        {"avx512_bf16", offsetof(npu_features_t, avx512_bf16)},
-        {"avx512_fp16", offsetof(npu_features_t, avx512_fp16)},
-        {"amx_tile", offsetof(npu_features_t, amx_tile)},
-        {"amx_int8", offsetof(npu_features_t, amx_int8)},
-        {"amx_bf16", offsetof(npu_features_t, amx_bf16)},
-        {"amx_usable", offsetof(npu_features_t, amx_usable)},
-        {"xdna_device", offsetof(npu_features_t, xdna_device)},
+        {"avx2", offsetof(npu_features_t, avx2), NPU_FEATURES_VECTOR},
+        {"fma", offsetof(npu_features_t, fma), NPU_FEATURES_VECTOR},
+        {"avx512f", offsetof(npu_features_t, avx512f), NPU_FEATURES_VECTOR},
+        {"avx512bw", offsetof(npu_features_t, avx512bw), NPU_FEATURES_VECTOR},
+        {"avx512dq", offsetof(npu_features_t, avx512dq), NPU_FEATURES_VECTOR},
+        {"avx512vl", offsetof(npu_features_t, avx512vl), NPU_FEATURES_VECTOR},
+        {"avx512_vnni", offsetof(npu_features_t, avx512_vnni), NPU_FEATURES_VECTOR},
+        {"avx512_bf16", offsetof(npu_features_t, avx512_bf16), NPU_FEATURES_VECTOR},
+        {"avx512_fp16", offsetof(npu_features_t, avx512_fp16), NPU_FEATURES_VECTOR},
+        {"amx_tile", offsetof(npu_features_t, amx_tile), NPU_FEATURES_MATRIX},
+        {"amx_int8", offsetof(npu_features_t, amx_int8), NPU_FEATURES_MATRIX},
+        {"amx_bf16", offsetof(npu_features_t, amx_bf16), NPU_FEATURES_MATRIX},
+        {"amx_usable", offsetof(npu_features_t, amx_usable), NPU_FEATURES_MATRIX},
     };
     bool first = true;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const bool *on = (const bool *)((const char *)f + names[i].off);
-        if (!*on)
+        if (!*on || (kind != NPU_FEATURES_ALL && kind != names[i].kind))
             continue;
         svc_err_t err = svc_buf_addf(out, "%s%s", first ? "" : " ", names[i].name);
         if (err)
@@ -205,4 +200,8 @@ svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out) {
         first = false;
     }
     return first ? svc_buf_adds(out, "none") : SVC_OK;
+}
+
+svc_err_t npu_features_describe(const npu_features_t *f, svc_buf_t *out) {
+    return npu_features_describe_kind(f, NPU_FEATURES_ALL, out);
 }

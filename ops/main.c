@@ -29,6 +29,8 @@ static const struct {
     {"prompt", ops_cmd_prompt, "a request's questions as the exact prompts and token ids"},
     {"tokenize", ops_cmd_tokenize, "token ids of text, with a package's tokenizer.json"},
     {"version", ops_cmd_version, "the version, and the CPU features and kernels of this machine"},
+    {"devices", ops_cmd_devices,
+     "what runs where: the CPU's kernels, the XDNA NPU and XRT as found"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
 

@@ -6,14 +6,13 @@
 #include "ops_int.h"
 
 #include "eng_manifest_int.h"
-#include "npu.h"
 #include "schemas.h"
 
 #include <getopt.h>
 #include <jansson.h>
 
 static const char ASK_HELP[] =
-    "Usage: d3stream ask --model DIR [--device auto|cpu] [--no-verify] [--no-golden]\n"
+    "Usage: d3stream ask --model DIR [--device auto|cpu|npu] [--no-verify] [--no-golden]\n"
     "                    [--profile P] [--q4nx-layout S] [--max-request-bytes N]\n"
     "                    [--model-alias N]... [--no-default-alias] [FILE]\n"
     "\n"
@@ -31,9 +30,7 @@ static const char ASK_HELP[] =
     "  --model DIR    a decision3 package: upstream (model.safetensors, or\n"
     "                 model.safetensors.index.json and its shards) or\n"
     "                 D3-Nano-NPU2's (model.q4nx dequantised at load, and\n"
-    "                 vision_weight.q4nx when config.json names it)\n"
-    "  --device D     auto (default) or cpu; both run the CPU reference path: no\n"
-    "                 NPU is supported yet, and auto says nothing about it\n"
+    "                 vision_weight.q4nx when config.json names it)\n" OPS_DEVICE_HELP
     "  --no-verify    skip the manifest check (a warning is printed). By default\n"
     "                 the files are checked against MODEL_MANIFEST.json (SPEC e.3,\n"
     "                 e.4), else MANIFEST.sha256, before anything is loaded, and\n"
@@ -53,8 +50,8 @@ static const char ASK_HELP[] =
     "a warning on stderr, not refused (test packages cannot carry the real bytes).\n"
     "\n"
     "Exit status: 0 answered, 1 a whole-request error printed, 2 usage, 3 the\n"
-    "package failed its manifest or golden check or could not be loaded, or the\n"
-    "input is unreadable.\n";
+    "package failed its manifest or golden check or could not be loaded, the\n"
+    "input is unreadable, or --device npu (no XDNA backend in this build).\n";
 
 /* ---------------------------------------------------------------- checks */
 
@@ -140,19 +137,6 @@ void ops_chat_template_warn(const char *cmd, const char *dir) {
 
 /* ---------------------------------------------------------------- answer */
 
-/* "cpu (16 cores, avx2 fma avx512f ...)": what meta.device reports. */
-static svc_err_t device_label(svc_buf_t *out) {
-    const npu_features_t *f = npu_probe();
-    svc_buf_t             feats;
-    svc_buf_init(&feats, 4096);
-    svc_err_t err = npu_features_describe(f, &feats);
-    if (!err)
-        err = svc_buf_addf(out, "cpu (%d cores%s%s)", f->n_cpus, feats.len ? ", " : "",
-                           feats.len ? feats.data : "");
-    svc_buf_fini(&feats);
-    return err;
-}
-
 int ops_ask_encode(const ops_ask_t *a, const sch_request_t *req, const eng_answers_t *ans,
                    svc_buf_t *out, int *status, char *errstr, size_t errstr_size) {
     svc_buf_t device;
@@ -165,14 +149,14 @@ int ops_ask_encode(const ops_ask_t *a, const sch_request_t *req, const eng_answe
                        .profile = eng_profile_name(eng_request_profile(req)),
                        .numerics = eng_profile_numerics(eng_request_profile(req)),
                        .engine = "d3stream",
-                       .accelerator = "cpu",
+                       .accelerator = ops_device_accelerator(),
                        .queue_ms = st->queue_ms, /* 0 without the scheduler */
                        .compute_ms = st->tokenize_ms + st->forward_ms,
     };
     sch_error_t e;
     sch_error_init(&e);
     int       rc = OPS_EXIT_OK;
-    svc_err_t err = device_label(&device);
+    svc_err_t err = ops_device_label(&device);
     meta.device = device.data;
     if (!err)
         err = sch_response_encode(req, eng_package_model_id(a->pkg), eng_answers_results(ans),
@@ -320,13 +304,13 @@ int ops_cmd_ask(int argc, char **argv) {
         } else if (c == 'B') {
             if ((rc = ops_max_request_opt("ask", optarg)) >= 0)
                 return rc;
-        } else if (c == 'd' && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cpu") != 0) {
-            ops_fail("ask", "--device \"%s\": expected auto or cpu (no NPU support yet)", optarg);
-            return OPS_EXIT_USAGE;
-        } else if (c != 'd' && (rc = ops_opt_common(c, ASK_HELP, &dir)) >= 0)
+        } else if (c == 'd') {
+            if ((rc = ops_device_opt("ask", optarg)) >= 0)
+                return rc;
+        } else if ((rc = ops_opt_common(c, ASK_HELP, &dir)) >= 0)
             return rc;
     }
-    if ((rc = ops_opt_end(argc, ASK_HELP, dir, 1)) >= 0)
+    if ((rc = ops_opt_end(argc, ASK_HELP, dir, 1)) >= 0 || (rc = ops_device_choose("ask")) >= 0)
         return rc;
     return ask_package(dir, no_verify, no_golden, &lo, optind < argc ? argv[optind] : NULL);
 }

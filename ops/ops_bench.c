@@ -24,6 +24,7 @@
 static const char BENCH_HELP[] =
     "Usage: d3stream bench --model DIR [--runs N] [--quick] [--json] [--max-tokens N]\n"
     "                      [--workers N] [--row TEXT] [--profile P] [--q4nx-layout S]\n"
+    "                      [--device auto|cpu|npu]\n"
     "\n"
     "Measures the package in DIR on this machine's CPU with the rows of D3-Nano-NPU2's\n"
     "text speed table (D3-NANO-NPU2.md), so the two can be read side by side:\n"
@@ -87,9 +88,9 @@ static const char BENCH_HELP[] =
     "  --workers N       scheduler threads (default: the online CPUs)\n"
     "  --row TEXT        only the rows whose name contains TEXT (e.g. \"shared\",\n"
     "                    \"x 330\"); the others are not run or printed\n" OPS_PROFILE_HELP
-        OPS_Q4NX_LAYOUT_HELP "\n"
-    "Exit status: 0 measured, 2 usage, 3 the package could not be loaded or a\n"
-    "forward pass failed.\n";
+        OPS_Q4NX_LAYOUT_HELP OPS_DEVICE_HELP "\n"
+    "Exit status: 0 measured, 2 usage, 3 the package could not be loaded, a\n"
+    "forward pass failed, or --device npu (no XDNA backend in this build).\n";
 
 #define BENCH_MAX_Q 16
 
@@ -658,19 +659,6 @@ static svc_err_t bench_row(bench_t *bn, const bench_row_t *row, bench_result_t *
 
 /* ---------------------------------------------------------------- output */
 
-/* "cpu (16 cores, avx2 ...)", as `d3stream ask` reports meta.device. */
-static svc_err_t machine_label(svc_buf_t *out) {
-    const npu_features_t *f = npu_probe();
-    svc_buf_t             feats;
-    svc_buf_init(&feats, 4096);
-    svc_err_t err = npu_features_describe(f, &feats);
-    if (!err)
-        err = svc_buf_addf(out, "cpu (%d cores%s%s)", f->n_cpus, feats.len ? ", " : "",
-                           feats.len ? feats.data : "");
-    svc_buf_fini(&feats);
-    return err;
-}
-
 static void print_json(json_t *o) {
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (s) {
@@ -692,9 +680,12 @@ static void print_header(const bench_t *bn, const char *machine, double load_s) 
     char mm[128];
     ops_matmul_desc(mm, sizeof mm);
     if (o->json) {
+        /* "machine" and "accelerator": what answers carry as meta.device
+         * and meta.accelerator */
         print_json(json_pack(
-            "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}",
-            "machine", machine, "profile", eng_profile_name(ops_profile_default()), "numerics",
+            "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:s, s:I, s:s, s:f}",
+            "machine", machine, "accelerator", ops_device_accelerator(), "profile",
+            eng_profile_name(ops_profile_default()), "numerics",
             eng_profile_numerics(ops_profile_default()), "matmul_fast", npu_matmul_fast_name(),
             "kernels", npu_kernels_name(), "matmul", npu_matmul_name(), "matmul_quantised",
             npu_matmul_quantised_name(), "matmul_groups", npu_matmul_groups_name(), "threads",
@@ -805,7 +796,7 @@ static int bench_run(const bench_opts_t *o) {
         eng_model_check_package(model, pkg, bn.errstr, sizeof bn.errstr)) {
         ops_fail("bench", "%s", bn.errstr);
         rc = OPS_EXIT_FAILURE;
-    } else if (machine_label(&machine)) {
+    } else if (ops_device_label(&machine)) {
         ops_fail("bench", "out of memory");
         rc = OPS_EXIT_FAILURE;
     }
@@ -866,6 +857,7 @@ int ops_cmd_bench(int argc, char **argv) {
         {"row", required_argument, NULL, 'o'},
         {"q4nx-layout", required_argument, NULL, 'L'},
         {"profile", required_argument, NULL, 'P'},
+        {"device", required_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -896,6 +888,9 @@ int ops_cmd_bench(int argc, char **argv) {
         } else if (c == 'P') {
             if ((rc = ops_profile_opt("bench", optarg)) >= 0)
                 return rc;
+        } else if (c == 'd') {
+            if ((rc = ops_device_opt("bench", optarg)) >= 0)
+                return rc;
         } else if ((rc = ops_opt_common(c, BENCH_HELP, &o.dir)) >= 0)
             return rc;
     }
@@ -908,5 +903,7 @@ int ops_cmd_bench(int argc, char **argv) {
     }
     if (o.quick && !runs_given)
         o.runs = 1;
+    if ((rc = ops_device_choose("bench")) >= 0)
+        return rc;
     return bench_run(&o);
 }

@@ -472,7 +472,7 @@ static const char VERSION_HELP[] =
     "features found, the kernels, matmul layout and threads chosen (D3_NPU_KERNELS\n"
     "and D3_NPU_THREADS change them), whether oneDNN's run-time kernels may run\n"
     "(MemoryDenyWriteExecute= forbids them; the references then run instead) and\n"
-    "whether an NPU device node is present.\n"
+    "the NPU in one line (`d3stream devices` has every finding).\n"
     "\n"
     "Exit status: 0 printed, 2 usage.\n";
 
@@ -499,11 +499,9 @@ int ops_cmd_version(int argc, char **argv) {
     ops_matmul_desc(mm, sizeof mm);
     const char *dnnl = npu_dnnl_refusal();
     printf("d3stream %s\ncpus: %d\nfeatures: %s\nkernels: %s, matmul %s, threads %zu\n"
-           "onednn: %s\nnpu: %s\n",
+           "onednn: %s\nnpu: %s; not used: no XDNA backend in this build\n",
            D3_VERSION, f->n_cpus, feats.data, npu_kernels_name(), mm, npu_threads(),
-           dnnl ? dnnl : "usable",
-           f->xdna_device ? "an XDNA device node is present (no XDNA dispatch yet)"
-                          : "none found (/dev/accel)");
+           dnnl ? dnnl : "usable", npu_devices()->reason);
     svc_buf_fini(&feats);
     return OPS_EXIT_OK;
 }

@@ -57,6 +57,7 @@ static const cfg_opt_t CFG_OPTS[] = {
     {"no-default-alias", CMD_BOTH, CFG_BOOL, "false"},
     {"q4nx-layout", CMD_BOTH, CFG_STR, NULL},
     {"profile", CMD_BOTH, CFG_STR, "exact"},
+    {"device", CMD_BOTH, CFG_STR, "auto"},
     {"workers", CMD_BOTH, CFG_NUM, NULL},
     {"max-queue", CMD_BOTH, CFG_NUM, "256"},
     {"max-queued-tokens", CMD_BOTH, CFG_NUM, "4194304"},

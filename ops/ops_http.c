@@ -28,7 +28,8 @@ static const char HTTP_HELP[] =
     "                     [--max-queued-tokens N] [--max-connections N] [--timeout S]\n"
     "                     [--max-body-memory MIB] [--result-cache-entries N]\n"
     "                     [--result-cache-mib N] [--max-request-bytes N]\n"
-    "                     [--no-verify] [--log-level debug|info|warn|error]\n"
+    "                     [--no-verify] [--device auto|cpu|npu]\n"
+    "                     [--log-level debug|info|warn|error]\n"
     "\n"
     "Serves the System One API of the upstream decision runtime over HTTP/1.1\n"
     "(keep-alive; chunked request bodies accepted) with the package in DIR, on the\n"
@@ -50,7 +51,8 @@ static const char HTTP_HELP[] =
     "  GET  /health/live       200 {\"api_version\",\"status\":\"alive\"}\n"
     "  GET  /metrics           Prometheus text: requests by route and status, questions by\n"
     "                          outcome, input tokens, latency histograms (queue, forward,\n"
-    "                          total), engine queue depth and counters, connections, model\n"
+    "                          total), engine queue depth and counters, connections, model,\n"
+    "                          device (d3stream_device_info)\n"
     "  GET  /openapi.yaml      the OpenAPI 3.0 contract of these routes\n"
     "  GET routes answer HEAD too.\n"
     "\n"
@@ -103,7 +105,7 @@ static const char HTTP_HELP[] =
     "                        reads the weights again; a difference past the tests'\n"
     "                        tolerances keeps /health at 503 with the reason (never\n"
     "                        ready; exit 3 on SIGTERM)\n" OPS_ALIAS_HELP OPS_PROFILE_HELP
-        OPS_Q4NX_LAYOUT_HELP
+        OPS_Q4NX_LAYOUT_HELP OPS_DEVICE_HELP
     "  --api-key-file FILE   require an API key on every route but /health/live (and\n"
     "                        /metrics unless --metrics-need-key): the file's keys,\n"
     "                        one a line ('#' comments), read again on SIGHUP; sent\n"
@@ -273,9 +275,15 @@ static bool http_listen(http_t *h) {
 
 /* ------------------------------------------------------------ the server */
 
+/* The card's device; cut to the field (the label is ~200 bytes). */
 static void device_label(http_t *h) {
-    const npu_features_t *f = npu_probe();
-    snprintf(h->device, sizeof h->device, "cpu (%d cores)", f->n_cpus);
+    svc_buf_t b;
+    svc_buf_init(&b, sizeof h->device - 1);
+    if (ops_device_label(&b) == SVC_OK || b.len)
+        snprintf(h->device, sizeof h->device, "%s", b.data);
+    else
+        snprintf(h->device, sizeof h->device, "%s", ops_device_accelerator());
+    svc_buf_fini(&b);
 }
 
 void ops_http_opts_default(http_opts_t *o) {
@@ -649,6 +657,8 @@ int ops_http_edge_opt(int c, const char *cmd, const char *arg, http_opts_t *o) {
     case OPS_EDGE_TLSKEY:
         o->tls_key = arg;
         return -1;
+    case OPS_EDGE_DEVICE:
+        return ops_device_opt(cmd, arg);
     default:
         return -2;
     }
@@ -732,6 +742,8 @@ static int http_main(const ops_config_t *cfg) {
     if (rc >= 0)
         return rc;
     ops_log_init("http", lv);
+    if ((rc = ops_device_choose("http")) >= 0)
+        return rc;
     return http_package(&o);
 }
 

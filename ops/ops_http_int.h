@@ -59,6 +59,7 @@ enum {
     OPS_EDGE_METRICSKEY,
     OPS_EDGE_TLSCERT,
     OPS_EDGE_TLSKEY,
+    OPS_EDGE_DEVICE,
 };
 #define OPS_EDGE_OPTIONS                                                                           \
     {"no-golden", no_argument, NULL, OPS_EDGE_NOGOLDEN},                                           \
@@ -67,8 +68,9 @@ enum {
         {"no-default-alias", no_argument, NULL, OPS_EDGE_NODEFALIAS},                              \
         {"api-key-file", required_argument, NULL, OPS_EDGE_KEYFILE},                               \
         {"metrics-need-key", no_argument, NULL, OPS_EDGE_METRICSKEY},                              \
-        {"tls-cert", required_argument, NULL, OPS_EDGE_TLSCERT}, {                                 \
-        "tls-key", required_argument, NULL, OPS_EDGE_TLSKEY                                        \
+        {"tls-cert", required_argument, NULL, OPS_EDGE_TLSCERT},                                   \
+        {"tls-key", required_argument, NULL, OPS_EDGE_TLSKEY}, {                                   \
+        "device", required_argument, NULL, OPS_EDGE_DEVICE                                         \
     }
 /* One of those into o: -1 to go on, else the exit status after saying
  * why; -2 when c is not one of them. */

@@ -3,7 +3,7 @@
  * /metrics text (Prometheus text format 0.0.4, through ops_metrics.c's
  * writer): requests by route and status, questions by outcome, input
  * tokens, latency histograms (queue, forward, total), the engine's
- * counters and queue depth, connections, and the model.
+ * counters and queue depth, connections, the model and the device.
  */
 #include "ops_http_int.h"
 
@@ -85,11 +85,13 @@ bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
     http_counts_t n;
     pthread_mutex_lock(&h->lock);
     n = h->n;
+    bool validated = h->golden.state == OPS_GOLDEN_PASSED; /* the card's accelerator_validated */
     pthread_mutex_unlock(&h->lock);
     int        state = atomic_load(&h->state);
     ops_prom_t m;
     ops_prom_init(&m);
     ops_prom_info(&m, h->label, h->c.mode);
+    ops_prom_device(&m, validated);
     ops_prom_metric(&m, "d3stream_model_ready", "gauge",
                     "1 when the model is loaded and answering, else 0.", "",
                     state == HTTP_READY ? 1.0 : 0.0);

@@ -224,6 +224,10 @@ void ops_prom_sample(ops_prom_t *p, const char *name, const char *labels, double
 void ops_prom_label_value(ops_prom_t *p, const char *v);
 /* d3stream_info{model="...",mode="..."} 1 */
 void ops_prom_info(ops_prom_t *p, const char *model_id, const char *mode);
+/* d3stream_device_info{accelerator=...,device=...,accelerator_validated=...,
+ * npu_present=...,npu_reason=...} 1: the model card's labels (validated:
+ * the golden check passed on the kernels that serve) and the NPU's. */
+void ops_prom_device(ops_prom_t *p, bool validated);
 /* The scheduler's counters (d3stream_engine_*); nothing when s is NULL. */
 void ops_prom_engine(ops_prom_t *p, const eng_sched_t *s);
 
@@ -283,6 +287,28 @@ void ops_log_int(ops_log_t *l, const char *key, long long v);
 void ops_log_end(ops_log_t *l);
 /* A line with a formatted msg and no other fields. */
 SVC_FMT(2, 3) void ops_logf(ops_log_level_t lv, const char *fmt, ...);
+
+/* ---- where the kernels run (ops_devices.c): --device, the model card's
+ * accelerator and device, d3stream_device_info ----
+ *
+ * One choice per process, as --profile: ask, serve, http and bench parse
+ * --device into it and call ops_device_choose before loading anything. */
+#define OPS_DEVICE_HELP                                                                            \
+    "  --device D          auto (default), cpu or npu. This build has no XDNA\n"                   \
+    "                      backend: every kernel runs on the CPU. auto logs why not\n"             \
+    "                      the NPU; npu prints what was found and exits 3 naming\n"                \
+    "                      what is missing (`d3stream devices` has the whole report)\n"
+/* --device D: -1 to go on, else OPS_EXIT_USAGE after saying why. */
+int ops_device_opt(const char *cmd, const char *arg);
+/* The device asked for, on what npu_devices() found: -1 to go on (the CPU;
+ * an info line says why not the NPU), else OPS_EXIT_FAILURE after printing
+ * the NPU findings and what is missing to stderr (--device npu). */
+int ops_device_choose(const char *cmd);
+/* The card's and meta's "accelerator": what runs the kernels ("cpu"). */
+const char *ops_device_accelerator(void);
+/* The card's and meta's "device": "cpu (16 cores, avx2 fma ...; kernels
+ * avx512, matmul amx-bf16x2)". Appends to out. */
+SVC_WUR svc_err_t ops_device_label(svc_buf_t *out);
 
 /* ---- configuration (ops_config.c): file < environment < flags ----
  *

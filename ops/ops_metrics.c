@@ -231,6 +231,8 @@ void ops_serve_metrics_write(serve_t *s, bool final) {
     ops_prom_init(&m);
     ops_prom_info(&m, eng_package_model_id(s->ask.pkg),
                   s->o->eos ? "exactly-once" : "at-least-once");
+    /* serve runs only once the golden check passed or was skipped */
+    ops_prom_device(&m, !s->o->http.no_golden);
     kafka_metrics(&m, s);
     ops_prom_engine(&m, s->sched);
     char tmp[4096];

@@ -32,7 +32,7 @@ static const char SERVE_HELP[] =
     "                      [--max-queued-tokens N] [--window N] [--window-mib N]\n"
     "                      [--metrics-file PATH] [--result-cache-entries N]\n"
     "                      [--result-cache-mib N] [--max-request-bytes N]\n"
-    "                      [--http HOST:PORT]\n"
+    "                      [--http HOST:PORT] [--device auto|cpu|npu]\n"
     "                      [--log-level debug|info|warn|error] [--no-verify] [-X k=v]...\n"
     "\n"
     "Answers System One requests read from a Kafka topic as a member of a consumer\n"
@@ -55,7 +55,8 @@ static const char SERVE_HELP[] =
     "                      kernels that serve and on an fp32 reference that reads\n"
     "                      the weights again; a difference past the tests'\n"
     "                      tolerances exits 3 before joining the group\n" OPS_ALIAS_HELP
-        OPS_PROFILE_HELP OPS_Q4NX_LAYOUT_HELP "  --brokers H:P       bootstrap servers\n"
+        OPS_PROFILE_HELP OPS_Q4NX_LAYOUT_HELP OPS_DEVICE_HELP
+    "  --brokers H:P       bootstrap servers\n"
     "  --group G           consumer group id\n"
     "  --input T           the requests topic\n"
     "  --output T          the results topic\n"
@@ -116,7 +117,7 @@ static const char SERVE_HELP[] =
     "                      not yet taken), in MiB (default 256): past it fetching\n"
     "                      pauses too, so large records bound memory, not only\n"
     "                      their count; one record of any size is always taken\n" OPS_CACHE_HELP
-                         OPS_MAX_REQUEST_HELP
+        OPS_MAX_REQUEST_HELP
     "  --metrics-file PATH Prometheus text format, rewritten every 5 s and at exit\n"
     "                      (for node_exporter's textfile collector): results by\n"
     "                      status, dead letters, failed deliveries, consumer lag,\n"
@@ -777,7 +778,7 @@ static int serve_main(const ops_config_t *cfg) {
             rc = OPS_EXIT_USAGE;
         } else if (o.http_on && !ops_http_opts_finish(&o.http, "serve"))
             rc = OPS_EXIT_USAGE;
-        else
+        else if ((rc = ops_device_choose("serve")) < 0)
             rc = serve_package(&o);
     }
     free(o.props);

@@ -1157,7 +1157,18 @@ Test(http, golden_check_on_the_card, .timeout = 120) {
     cr_assert_str_eq(json_string_value(json_object_get(card, "golden")), "passed", "%s",
                      r.body.data);
     cr_assert(json_is_true(json_object_get(card, "accelerator_validated")), "%s", r.body.data);
+    /* what is actually used: the CPU, named with its kernels (issue 32) */
+    cr_assert_str_eq(json_string_value(json_object_get(card, "accelerator")), "cpu");
+    const char *dev = json_string_value(json_object_get(card, "device"));
+    cr_assert(dev && !strncmp(dev, "cpu (", 5) && strstr(dev, "; kernels "), "%s", r.body.data);
     json_decref(j);
+    resp_fini(&r);
+    request(&s, "GET", "/metrics", NULL, 0, &r);
+    cr_assert_eq(prom_check(r.body.data, "d3stream_device_info"), -1,
+                 "the text parses; the sample has labels");
+    cr_assert(strstr(r.body.data, "\nd3stream_device_info{accelerator=\"cpu\",device=\"cpu (") &&
+                  strstr(r.body.data, "\",accelerator_validated=\"true\",npu_present=\""),
+              "%s", r.body.data);
     resp_fini(&r);
     cr_assert_eq(server_stop(&s), 0);
     server_cleanup(&s);
@@ -1177,6 +1188,10 @@ Test(http, golden_check_on_the_card, .timeout = 120) {
     request(&s, "GET", "/v1/models", NULL, 0, &r);
     cr_assert(strstr(r.body.data, "\"golden\":\"failed\""), "%s", r.body.data);
     cr_assert(strstr(r.body.data, "\"accelerator_validated\":false"), "%s", r.body.data);
+    resp_fini(&r);
+    request(&s, "GET", "/metrics", NULL, 0, &r);
+    cr_assert(strstr(r.body.data, "\",accelerator_validated=\"false\",npu_present=\""), "%s",
+              r.body.data);
     resp_fini(&r);
     static const char q[] = "{\"state\": \"x\", \"questions\": {\"n\": {\"type\": \"noul\", "
                             "\"instructions\": \"Is it?\"}}}";

@@ -349,9 +349,9 @@ Test(ops, ask_example) {
 Test(ops, ask_usage_and_refusals) {
     char      cmd[4096];
     svc_buf_t out;
-    snprintf(cmd, sizeof cmd, "'%s' ask --device npu --model '%s' /dev/null 2>/dev/null", binary(),
+    snprintf(cmd, sizeof cmd, "'%s' ask --device gpu --model '%s' /dev/null 2>/dev/null", binary(),
              TINY);
-    cr_assert_eq(run_shell(cmd, &out), 2, "--device npu is a usage error");
+    cr_assert_eq(run_shell(cmd, &out), 2, "--device gpu is a usage error");
     svc_buf_fini(&out);
     snprintf(cmd, sizeof cmd, "'%s' ask --help", binary());
     cr_assert_eq(run_shell(cmd, &out), 0);
@@ -880,4 +880,147 @@ Test(ops, max_request_bytes_is_the_operators, .timeout = 240) {
     free(big);
     free(imgs[0]);
     free(imgs[1]);
+}
+
+/* ------------------------------------------------------------ devices, --device */
+
+/* `devices --json` on this machine: the CPU section filled, the NPU section
+ * with its reason, and the CPU chosen by auto, saying why not the NPU. */
+Test(ops, devices_report) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "'%s' devices --json", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    json_error_t jerr;
+    json_t      *j = json_loads(out.data, 0, &jerr);
+    cr_assert(j, "not JSON (%s): %s", jerr.text, out.data);
+    json_t *cpu = json_object_get(j, "cpu"), *npu = json_object_get(j, "npu");
+    cr_assert_geq(json_integer_value(json_object_get(cpu, "cpus")), 1, "%s", out.data);
+    cr_assert_geq(json_integer_value(json_object_get(cpu, "threads")), 1, "%s", out.data);
+    cr_assert(json_is_array(json_object_get(cpu, "vector")), "%s", out.data);
+    cr_assert(json_is_array(json_object_get(cpu, "matrix")), "%s", out.data);
+    json_t *cq = json_object_get(cpu, "cgroup_cpu_quota");
+    cr_assert(json_is_null(cq) || json_real_value(cq) > 0, "%s", out.data);
+    json_t *prof = json_object_get(cpu, "profiles");
+    cr_assert(json_string_value(json_object_get(json_object_get(prof, "exact"), "kernels")));
+    cr_assert(json_string_value(json_object_get(json_object_get(prof, "exact"), "matmul")));
+    cr_assert(json_string_value(json_object_get(json_object_get(prof, "fast"), "matmul")));
+    cr_assert(json_is_boolean(json_object_get(npu, "present")), "%s", out.data);
+    cr_assert(json_is_false(json_object_get(npu, "backend")), "%s", out.data);
+    const char *reason = json_string_value(json_object_get(npu, "reason"));
+    cr_assert(reason && *reason, "%s", out.data);
+    cr_assert(json_is_array(json_object_get(npu, "nodes")), "%s", out.data);
+    cr_assert(json_string_value(json_object_get(json_object_get(npu, "xrt"), "reason")));
+    cr_assert(json_string_value(json_object_get(json_object_get(npu, "memlock"), "reason")));
+    json_t *dev = json_object_get(j, "device");
+    cr_assert_str_eq(json_string_value(json_object_get(dev, "accelerator")), "cpu");
+    cr_assert(
+        strstr(json_string_value(json_object_get(dev, "reason")), "no XDNA backend in this build"),
+        "%s", out.data);
+    json_decref(j);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' devices", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_assert(!strncmp(out.data, "cpu: ", 5), "%s", out.data);
+    cr_assert(strstr(out.data, "\n  profile exact: kernels ") && strstr(out.data, "\nnpu: ") &&
+                  strstr(out.data, "\n  xrt: ") && strstr(out.data, "\ndevice: auto -> the CPU"),
+              "%s", out.data);
+    svc_buf_fini(&out);
+    /* usage, and the command list */
+    snprintf(cmd, sizeof cmd, "'%s' devices --help", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0);
+    cr_assert(strstr(out.data, "Usage: d3stream devices [--json]"), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' devices bogus 2>&1", binary());
+    cr_assert_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' devices --bogus 2>/dev/null", binary());
+    cr_assert_eq(run_shell(cmd, &out), 2, "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "'%s' --help", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0);
+    cr_assert(strstr(out.data, "\n  devices   "), "%s", out.data);
+    svc_buf_fini(&out);
+    /* version keeps its short form: the NPU in one line */
+    snprintf(cmd, sizeof cmd, "'%s' version", binary());
+    cr_assert_eq(run_shell(cmd, &out), 0);
+    const char *npu_line = strstr(out.data, "\nnpu: ");
+    cr_assert(npu_line && strstr(npu_line, "; not used: no XDNA backend in this build\n"), "%s",
+              out.data);
+    svc_buf_fini(&out);
+}
+
+/* --device npu: exit 3 before anything loads, after the NPU findings,
+ * naming what is missing; for every command that takes it. */
+Test(ops, device_npu_is_refused) {
+    char        cmd[2048];
+    svc_buf_t   out;
+    const char *runs[] = {
+        "ask --device npu --model '" TINY "' /dev/null",
+        "bench --device npu --model '" TINY "'",
+        "http --device npu --model '" TINY "' --listen 127.0.0.1:0",
+        "serve --device npu --model '" TINY "' --brokers 127.0.0.1:1 --group g --input i "
+        "--output o",
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' %s 2>&1 </dev/null", binary(), runs[i]);
+        cr_assert_eq(run_shell(cmd, &out), 3, "%s: %s", runs[i], out.data);
+        const char *facts = strstr(out.data, "npu: ");
+        const char *why = strstr(out.data, ": --device npu: ");
+        cr_assert(facts && why && facts < why, "%s: the findings, then why: %s", runs[i], out.data);
+        cr_assert(strstr(why, "no XDNA backend in this build"), "%s", out.data);
+        cr_assert(strstr(out.data, "\n  xrt: ") && strstr(out.data, "\n  memlock: "), "%s",
+                  out.data);
+        cr_assert(!strstr(out.data, "golden"), "nothing loaded: %s", out.data);
+        svc_buf_fini(&out);
+    }
+    /* auto (the default) answers on the CPU and says why not the NPU */
+    snprintf(cmd, sizeof cmd,
+             "'%s' ask --model '%s' '%s/ops/examples/d3-nano-npu2.json' 2>&1 >/dev/null", binary(),
+             TINY, D3_SOURCE_DIR);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    cr_assert(strstr(out.data, "msg=device requested=auto accelerator=cpu why=\"the CPU; not "
+                               "the NPU: "),
+              "%s", out.data);
+    svc_buf_fini(&out);
+}
+
+/* The report over a device tree (D3_TEST_DEVROOT, the tests' stand-in for
+ * /): an XDNA2 node the binary itself reads -- sysfs names amdxdna and the
+ * firmware; the node (a plain file) answers no ioctl -- is present, and
+ * --device npu still exits 3, naming the node and the missing backend. */
+Test(ops, devices_over_a_device_tree) {
+    char root[64] = "/tmp/d3ops-XXXXXX", cmd[4096];
+    cr_assert(mkdtemp(root));
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir -p dev/accel sys/class/accel/accel0/device "
+             "sys/bus/pci/drivers/amdxdna && : > dev/accel/accel0 && "
+             "cd sys/class/accel/accel0/device && echo 0x1022 > vendor && echo 0x17f0 > device "
+             "&& echo 0x10 > revision && echo 1.1.2.65 > fw_version && "
+             "ln -s ../../../../bus/pci/drivers/amdxdna driver",
+             root);
+    cr_assert_eq(system(cmd), 0);
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "D3_TEST_DEVROOT='%s' '%s' devices --json", root, binary());
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s", out.data);
+    json_t *j = json_loads(out.data, 0, NULL), *npu = json_object_get(j, "npu");
+    json_t *node = json_array_get(json_object_get(npu, "nodes"), 0);
+    cr_assert(json_is_true(json_object_get(npu, "present")), "%s", out.data);
+    cr_assert_str_eq(json_string_value(json_object_get(node, "path")), "/dev/accel/accel0");
+    cr_assert_str_eq(json_string_value(json_object_get(node, "driver")), "amdxdna");
+    cr_assert_str_eq(json_string_value(json_object_get(node, "generation")), "XDNA2");
+    cr_assert_str_eq(json_string_value(json_object_get(node, "chip")), "Strix (npu4)");
+    cr_assert_str_eq(json_string_value(json_object_get(node, "firmware")), "1.1.2.65");
+    cr_assert_str_eq(json_string_value(json_object_get(node, "firmware_from")), "sysfs");
+    cr_assert(json_is_true(json_object_get(node, "ready")), "%s", out.data);
+    json_decref(j);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "D3_TEST_DEVROOT='%s' '%s' ask --device npu --model '%s' 2>&1", root,
+             binary(), TINY);
+    cr_assert_eq(run_shell(cmd, &out), 3, "%s", out.data);
+    cr_assert(strstr(out.data, "--device npu: XDNA NPU /dev/accel/accel0 ") &&
+                  strstr(out.data, "no XDNA backend in this build"),
+              "%s", out.data);
+    svc_buf_fini(&out);
+    remove_tree(root);
 }

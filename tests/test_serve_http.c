@@ -165,6 +165,9 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
         cr_assert_eq(st, 200, "/metrics: %d", st);
         cr_assert(strstr(resp.data, "d3stream_engine_requests_total "), "%s", resp.data);
         cr_assert(strstr(resp.data, "mode=\"at-least-once\""), "%s", resp.data);
+        /* the device once (the HTTP side's; serve's snapshot adds Kafka only) */
+        const char *dev = strstr(resp.data, "\nd3stream_device_info{accelerator=\"cpu\"");
+        cr_assert(dev && !strstr(dev + 1, "\nd3stream_device_info{"), "%s", resp.data);
         char want[128];
         snprintf(want, sizeof want, "d3stream_results_total{status=\"2xx\"} %d\n", n);
         if (strstr(resp.data, want) &&
@@ -181,6 +184,8 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
     /* The metrics file keeps its names; the log has one logfmt line per
      * result and one per HTTP request. */
     cr_assert_eq(log_count(metrics, "d3stream_results_total{status=\"2xx\"} "), 1);
+    cr_assert_eq(log_count(metrics, "d3stream_device_info{accelerator=\"cpu\",device=\"cpu ("), 1);
+    cr_assert_eq(log_count(metrics, "\",accelerator_validated=\"true\",npu_present=\""), 1);
     cr_assert_geq(log_count(log, " request_id=shttp-"), n, "see %s", log);
     cr_assert_geq(log_count(log, "level=info cmd=serve msg=result request_id=shttp-"), n);
     cr_assert_eq(log_count(log, " msg=request request_id="), 10, "see %s", log);
