@@ -715,7 +715,7 @@ void  npu_matmul_grp_ref(const float *x, const void *pk, size_t T, size_t K, siz
  * applied per group: out = sum_g s (d A + m I) ("avx512-grp8",
  * D3_NPU_MATMUL=grp8; llama.cpp's Q8 activations). Faster, and coarser:
  * the activations keep 2^-8 of their group's largest value instead of
- * 2^-16 of their row's (docs/engine.md: what that costs). npu_matmul_grp8_ref: its
+ * 2^-16 of their row's (docs/performance.md: what that costs). npu_matmul_grp8_ref: its
  * scalar reference, bit for bit. */
 void npu_matmul_vnni_grp8(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
 /* Weights a grp8 call may share one quantisation of x among. */

@@ -59,7 +59,7 @@
  * activations of one signed byte per value with a scale s per row and
  * group (max |x| / 127, llama.cpp's Q8 activations): one pass per group,
  * out = sum_g s (d A + m I). 1.6x grp8x2, but on the synthetic nano it
- * moves the hidden state to cosine 0.98 (docs/engine.md): a measurement switch.
+ * moves the hidden state to cosine 0.98 (docs/performance.md): a measurement switch.
  *
  * Each output element is the same sum in the same order whatever T and the
  * chunking are, and npu_matmul_grp_ref computes it with the same integers

@@ -30,7 +30,7 @@ cmake -S . -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=
 cmake --build "$DIR" -j "$(nproc)"
 rm -f "$DIR"/d3stream_*.deb
 (cd "$DIR" && cpack -G DEB >/dev/null)
-DEB="$(ls "$ROOT/$DIR"/d3stream_*.deb)"
+DEB="$(cd "$DIR" && ls "$PWD"/d3stream_*.deb)"
 echo "package: $DEB"
 dpkg-deb --field "$DEB" Package Version Architecture Depends | sed 's/^/  /'
 [ "$CHECK" = 1 ] || exit 0

@@ -13,9 +13,11 @@ Reads README.md and docs/*.md (or the files named). In each:
   ``<!-- doctest: skip: REASON -->`` is not run; the reason is printed and
   must not be empty;
 * blocks of other kinds (``text``, ``json``, ...) are data, not run;
-* a full command line in inline code (``d3stream`` with a command and an
-  argument, or ``ops/``, ``tests/``, ``curl``, ``kcat``, ``cmake``,
-  ``systemctl`` with an argument) is an error: it would escape this test.
+* every relative link names a file that exists, and its #anchor a heading
+  of that file;
+* a full command line in inline code (``d3stream``, ``curl``, ``kcat``,
+  ``cmake`` or ``systemctl`` with two more words, or a script of ``ops/`` or
+  ``tests/`` with an argument) is an error: it would escape this test.
 
 The blocks see ``d3stream`` on PATH (--bin, else $D3STREAM, else
 build/d3stream) and these variables, for which a reader substitutes their own:
@@ -77,11 +79,48 @@ def inline_commands(path, prose):
             w = m.group(1).split()
             if not w:
                 continue
-            full = (w[0] == "d3stream" and len(w) >= 3) or (
-                (w[0] in CMD_WORDS or w[0].startswith(("ops/", "tests/"))) and len(w) >= 2)
+            # "d3stream serve" and "cmake --install" name a command; with
+            # one more word they are a command line to run
+            full = ((w[0] == "d3stream" or w[0] in CMD_WORDS) and len(w) >= 3) or (
+                w[0].startswith(("ops/", "tests/")) and len(w) >= 2)
             if full:
                 bad.append(f"{path}:{line}: a command in inline code, not run: `{m.group(1)}`"
                            " (put it in an sh block)")
+    return bad
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: lower case, punctuation but - and _
+    dropped, spaces to -."""
+    h = re.sub(r"`", "", heading.strip().lower())
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+
+
+def anchors(path):
+    _, prose = blocks(path)
+    return {slug(t.lstrip("#")) for _, t in prose if re.match(r"^#{1,6} ", t)}
+
+
+def links(path, prose):
+    """Every relative link of the prose names a file that exists, and its
+    #anchor a heading of that file."""
+    bad = []
+    for line, text in prose:
+        for m in LINK.finditer(text):
+            target = m.group(1)
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            where = f"{os.path.relpath(path, ROOT)}:{line}"
+            if not os.path.exists(dest):
+                bad.append(f"{where}: link to {target}: no such file")
+            elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+                bad.append(f"{where}: link to {target}: no heading with that anchor")
     return bad
 
 
@@ -127,7 +166,7 @@ def kill_group(p):
 
 def run_file(path, args, pk, stats):
     bl, prose = blocks(path)
-    errors = inline_commands(os.path.relpath(path, ROOT), prose)
+    errors = inline_commands(os.path.relpath(path, ROOT), prose) + links(path, prose)
     rel = os.path.relpath(path, ROOT)
     work = tempfile.mkdtemp(prefix="d3doc-")
     env = make_env(args, work, pk)

@@ -4,8 +4,8 @@
 # `d3stream http` on a new tiny package whose max_length is raised to
 # 32,768 (so that its 255-option question fits, as on d3-nano; served with
 # --no-verify, since that edit breaks the manifest). Fails on any failed
-# requirement but the documented SPEC differences (README, "Where d3stream
-# follows SPEC, not the hosted service"), and when one of those passes
+# requirement but the documented SPEC differences (docs/http.md, "Where
+# d3stream follows SPEC, not the hosted service"), and when one of those passes
 # (then the list is stale). Issue 30, item 8.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
