@@ -732,6 +732,50 @@ void eng_model_free(eng_model_t *m) {
     free(m);
 }
 
+svc_err_t eng_model_load_shell(const char *dir, eng_model_t **out, char *errstr, size_t n) {
+    *out = NULL;
+    if (n)
+        errstr[0] = '\0';
+    bool single = eng_dir_has_file(dir, ST_SINGLE);
+    bool sharded = !single && eng_dir_has_file(dir, ST_INDEX);
+    if (!single && !sharded) {
+        svc_errf(errstr, n, "\"%s\" has no %s or %s (an upstream BF16 package is needed)", dir,
+                 ST_SINGLE, ST_INDEX);
+        return SVC_ERR_UNSUPPORTED;
+    }
+    eng_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return SVC_ERR_NOMEM;
+    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params, false};
+    const char *vprefix = NULL;
+    svc_err_t   err = eng_model_cfg_load(dir, NULL, &m->cfg, errstr, n);
+    if (!err)
+        err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
+                      : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
+    if (!err) {
+        ld.file = eng_st_set_file(ld.set);
+        ld.path = eng_st_set_path(ld.set);
+        err = ld_prefix(&ld, &vprefix);
+    }
+    if (!err && !(m->layers = calloc(m->cfg.n_layers, sizeof *m->layers)))
+        err = SVC_ERR_NOMEM;
+    for (size_t i = 0; !err && i < m->cfg.n_layers; i++)
+        m->layers[i].kind = m->cfg.kinds[i];
+    if (!err)
+        err = ld_embed(&ld, m);
+    if (!err)
+        err = eng_ld_vec(&ld, "norm.weight", m->cfg.hidden, &m->final_norm);
+    eng_st_set_close(ld.set);
+    if (err) {
+        if (err == SVC_ERR_NOMEM && n && !errstr[0])
+            svc_errf(errstr, n, "out of memory loading \"%s\"", dir);
+        eng_model_free(m);
+        return err;
+    }
+    *out = m;
+    return SVC_OK;
+}
+
 /* ---- the golden check's reference layers (eng_model_int.h) ---- */
 
 struct eng_ref_src {
@@ -846,6 +890,27 @@ svc_err_t eng_ref_layer(eng_ref_src_t *r, const eng_model_t *m, size_t i, eng_la
     if (err)
         layer_free(l);
     return err;
+}
+
+svc_err_t eng_ref_take(eng_ref_src_t *r, bool vision, const char *suffix, size_t rank,
+                       const uint64_t *dims, float **dst, char *errstr, size_t errstr_size) {
+    *dst = NULL;
+    if (vision && !r->vision) {
+        svc_errf(errstr, errstr_size, "reference: the package has no vision tower");
+        return SVC_ERR_INVALID;
+    }
+    eng_ld_t *ld = vision ? &r->vld : &r->ld;
+    ld->errstr = errstr;
+    ld->errstr_size = errstr_size;
+    return eng_ld_take(ld, suffix, rank, dims, dst);
+}
+
+const struct eng_st_set *eng_ref_set(const eng_ref_src_t *r) {
+    return r->set;
+}
+
+const char *eng_ref_prefix(const eng_ref_src_t *r, bool vision) {
+    return vision ? (r->vision ? r->vld.prefix : NULL) : r->ld.prefix;
 }
 
 void eng_ref_layer_free(eng_layer_t *l) {

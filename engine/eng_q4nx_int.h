@@ -416,6 +416,19 @@ typedef struct eng_q4nx_wlayout {
  * not allowed, or tensors already added. */
 SVC_WUR svc_err_t eng_q4nx_writer_set_layout(eng_q4nx_writer_t *w, const eng_q4nx_wlayout_t *l);
 
+/* Encodes a matrix of packed kind into tiles in place of eng_q4nx_encode_ref
+ * (same contract: w (rows, cols) row-major after the row transforms of
+ * §2.2 -- the q_proj regroup moves rows, alpha/beta rows are duplicated,
+ * so each row is one of hf_name's --, packed of eng_q4nx_packed_bytes);
+ * on failure errstr says why. */
+typedef svc_err_t (*eng_q4nx_encode_fn)(void *user, const char *hf_name, eng_q4nx_kind_t kind,
+                                        eng_q4nx_raster_t raster, const float *w, size_t rows,
+                                        size_t cols, void *packed, char *errstr,
+                                        size_t errstr_size);
+/* The encoder of the packed matrices added from now on (NULL: the
+ * reference encoders); `quantize --method gptq` rounds with GPTQ. */
+void eng_q4nx_writer_set_encoder(eng_q4nx_writer_t *w, eng_q4nx_encode_fn fn, void *user);
+
 /**
  * @brief Encodes one HF tensor (applying the §2.2 transforms) into the writer.
  * @param kind ENG_Q4NX_AUTO picks what official Gen-B files hold (§2.6),

@@ -31,6 +31,8 @@ struct eng_q4nx_writer {
     size_t             head_dim;
     eng_q4nx_wlayout_t lay;
     size_t             vis_mm_n, vis_mm_k; /* vision tiles (§5) */
+    eng_q4nx_encode_fn enc;                /* NULL: eng_q4nx_encode_ref */
+    void              *enc_user;
     wr_tensor_t       *t;
     size_t             n, cap;
 };
@@ -75,6 +77,11 @@ svc_err_t eng_q4nx_writer_set_vision_tiles(eng_q4nx_writer_t *w, size_t mm_n, si
     w->vis_mm_n = mm_n;
     w->vis_mm_k = mm_k;
     return SVC_OK;
+}
+
+void eng_q4nx_writer_set_encoder(eng_q4nx_writer_t *w, eng_q4nx_encode_fn fn, void *user) {
+    w->enc = fn;
+    w->enc_user = user;
 }
 
 svc_err_t eng_q4nx_writer_set_layout(eng_q4nx_writer_t *w, const eng_q4nx_wlayout_t *l) {
@@ -185,11 +192,13 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
         memcpy(m + r * K, x + src * K, K * sizeof *m);
     }
     eng_q4nx_raster_t ra = c->w->lay.raster;
-    svc_err_t         err = eng_q4nx_encode_ref(kind, ra, m, Rp, K, p);
+    svc_err_t err = c->w->enc ? c->w->enc(c->w->enc_user, c->hf, kind, ra, m, Rp, K, p, c->errstr,
+                                          c->errstr_size)
+                              : eng_q4nx_encode_ref(kind, ra, m, Rp, K, p);
     if (err) {
         free(m);
         free(p);
-        return wr_fail(c, err, "encoding %s failed", eng_q4nx_kind_name(kind));
+        return c->w->enc ? err : wr_fail(c, err, "encoding %s failed", eng_q4nx_kind_name(kind));
     }
     if (xf == ENG_Q4NX_X_ROW_DUP) {
         /* The copy holds the dequantized values, as the converter's does, so

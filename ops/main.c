@@ -21,6 +21,7 @@ static const char USAGE[] =
     "  tokenize  token ids of text, with a package's tokenizer.json\n"
     "  version   version and the compute features of this machine\n"
     "  make-package  a synthetic package with random weights (meaningless answers)\n"
+    "  quantize  an upstream BF16 package -> a q4nx package (GPTQ or round to nearest)\n"
     "  serve     answer requests from a Kafka topic onto a results topic (at least or exactly "
     "once)\n"
     "  http      serve the System One HTTP API (POST /v1/systemone, port 52625)\n"
@@ -43,6 +44,7 @@ static const struct {
     {"tokenize", ops_cmd_tokenize},
     {"version", ops_cmd_version},
     {"make-package", ops_cmd_make_package},
+    {"quantize", ops_cmd_quantize},
     {"serve", ops_cmd_serve},
     {"http", ops_cmd_http},
     {"config", ops_cmd_config},

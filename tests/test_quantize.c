@@ -9,9 +9,13 @@
  * with its reported loss equal to the decoded matrix's.
  */
 #include "engine.h"
+#include "eng_fwd_int.h"
 #include "eng_gptq_int.h"
 #include "eng_q4nx_int.h"
+#include "eng_quant_int.h"
+#include "eng_util_int.h"
 #include "npu.h"
+#include "test_cmd.h"
 #include "test_rng.h"
 #include "test_util.h"
 
@@ -183,4 +187,141 @@ Test(quantize, gptq_beats_rtn) {
             gq_case_t c = {KINDS[i], v == 2, v == 1};
             gptq_case(&c);
         }
+}
+
+/* ---------------------------------------------------------------------
+ * Packages: tests/fixtures/tiny-upstream quantised both ways
+ * --------------------------------------------------------------------- */
+
+#define TINY    D3_SOURCE_DIR "/tests/fixtures/tiny-upstream"
+#define EXAMPLE D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
+
+static void tmp_root(char *root, size_t n) {
+    snprintf(root, n, "/tmp/d3quant.XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+}
+
+/* d3stream quantize ARGS, its exit status; stderr to the test's log. */
+static int quantize_cmd(const char *args) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "%s quantize %s 2>&1", binary(), args);
+    int rc = run_shell(cmd, &out);
+    cr_log_info("%s -> %d\n%s", cmd, rc, out.data);
+    svc_buf_fini(&out);
+    return rc;
+}
+
+static bool same_file(const char *a, const char *b) {
+    svc_buf_t x, y;
+    char      errstr[256];
+    svc_buf_init(&x, (size_t)1 << 26);
+    svc_buf_init(&y, (size_t)1 << 26);
+    bool same = svc_buf_read_file(&x, a, errstr, sizeof errstr) == SVC_OK &&
+                svc_buf_read_file(&y, b, errstr, sizeof errstr) == SVC_OK && x.len == y.len &&
+                memcmp(x.data, y.data, x.len) == 0;
+    svc_buf_fini(&x);
+    svc_buf_fini(&y);
+    return same;
+}
+
+/* inspect says ok, ask answers the example, the upstream files are there
+ * byte for byte and its weights and manifest are not. */
+static void check_package(const char *dir) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s", binary(), dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s:\n%s", cmd, out.data);
+    cr_assert(strstr(out.data, "verdict        ok"), "%s", out.data);
+    cr_assert(strstr(out.data, "q4nx Gen-B"), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "%s ask --model %s %s 2>/dev/null", binary(), dir, EXAMPLE);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s:\n%s", cmd, out.data);
+    cr_assert(strstr(out.data, "\"route\":{\"type\":\"choice\""), "%s", out.data);
+    svc_buf_fini(&out);
+    static const char *const same[] = {"tokenizer.json", "tokenizer_config.json",
+                                       "readout.safetensors", "decision_config.json",
+                                       "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/%s", TINY, same[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, same[i]);
+        cr_assert(same_file(a, b), "%s differs from the upstream file", b);
+    }
+    static const char *const absent[] = {"model.safetensors", "MODEL_MANIFEST.json"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+        cr_assert(!eng_dir_has_file(dir, absent[i]), "%s/%s was written", dir, absent[i]);
+}
+
+Test(quantize, tiny_rtn_and_gptq_packages) {
+    char root[64], args[512], rtn[128], gptq[128];
+    tmp_root(root, sizeof root);
+    snprintf(rtn, sizeof rtn, "%s/rtn", root);
+    snprintf(gptq, sizeof gptq, "%s/gptq", root);
+    snprintf(args, sizeof args, "--model %s --out %s --method rtn", TINY, rtn);
+    cr_assert_eq(quantize_cmd(args), 0);
+    check_package(rtn);
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-prompts 16", TINY, gptq);
+    cr_assert_eq(quantize_cmd(args), 0);
+    check_package(gptq);
+    rm_tree(root);
+}
+
+/* Per layer, teacher-forced on prompts the calibration never saw (another
+ * seed), the relative RMS error of what each layer adds, for the two
+ * packages against the BF16 one (eng_fwd_layer_errors). */
+static void layer_errors(const char *bf16, const char *a, const char *b, double *ea, double *eb,
+                         size_t L) {
+    loaded_t    ref, qa, qb;
+    eng_calib_t c;
+    char        errstr[1024] = "";
+    load(bf16, &ref);
+    load(a, &qa);
+    load(b, &qb);
+    eng_calib_init(&c);
+    cr_assert_eq(eng_calib_generate(ref.pkg, 1000, 12, 16384, &c, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    cr_assert_geq(c.n, 6);
+    double *num = calloc(2 * L, sizeof *num), *den = calloc(2 * L, sizeof *den);
+    bool    nc = eng_package_noncausal(ref.pkg);
+    for (size_t i = 0; i < c.n; i++) {
+        cr_assert_eq(eng_fwd_layer_errors(ref.model, qa.model, c.seqs[i].v, c.seqs[i].n, nc, num,
+                                          den, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+        cr_assert_eq(eng_fwd_layer_errors(ref.model, qb.model, c.seqs[i].v, c.seqs[i].n, nc,
+                                          num + L, den + L, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+    }
+    for (size_t l = 0; l < L; l++) {
+        ea[l] = sqrt(num[l] / den[l]);
+        eb[l] = sqrt(num[L + l] / den[L + l]);
+    }
+    cr_log_info("held out: %zu prompts, %llu tokens", c.n, (unsigned long long)c.tokens);
+    free(num), free(den);
+    eng_calib_fini(&c);
+    unload(&ref), unload(&qa), unload(&qb);
+}
+
+static void quantize_to(const char *out, eng_quant_method_t m) {
+    char             errstr[1024] = "";
+    eng_quant_opts_t o = {.model_dir = TINY, .out_dir = out, .method = m};
+    cr_assert_eq(eng_quantize(&o, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+}
+
+Test(quantize, gptq_layer_error_below_rtn) {
+    char root[64], rtn[128], gptq[128];
+    tmp_root(root, sizeof root);
+    snprintf(rtn, sizeof rtn, "%s/rtn", root);
+    snprintf(gptq, sizeof gptq, "%s/gptq", root);
+    quantize_to(rtn, ENG_QUANT_RTN);
+    quantize_to(gptq, ENG_QUANT_GPTQ);
+    enum { L = 6 };
+    double er[L], eg[L];
+    layer_errors(TINY, rtn, gptq, er, eg, L);
+    for (size_t l = 0; l < L; l++) {
+        cr_log_info("layer %zu: relative RMS error RTN %.4f, GPTQ %.4f (%.2fx)", l, er[l], eg[l],
+                    eg[l] / er[l]);
+        cr_expect_lt(eg[l], er[l], "layer %zu: GPTQ %g, RTN %g", l, eg[l], er[l]);
+    }
+    rm_tree(root);
 }
