@@ -25,15 +25,29 @@
 struct eng_gptq_hess {
     size_t   K;
     uint64_t rows;
-    float   *h;  /* (K, K) */
+    float   *h;  /* (K, K); adds fill the lower triangle's blocks, hess_sym the rest */
     float   *xt; /* scratch: the rows transposed */
     size_t   xt_cap;
+    bool     sym; /* the upper triangle mirrors the lower */
 };
+
+#define GQ_HBLK 256 /* Hessian block columns */
+
+/* The upper triangle from the lower one. */
+static void hess_sym(eng_gptq_hess_t *h) {
+    if (h->sym)
+        return;
+    for (size_t i = 0; i < h->K; i++)
+        for (size_t j = 0; j < i; j++)
+            h->h[j * h->K + i] = h->h[i * h->K + j];
+    h->sym = true;
+}
 
 eng_gptq_hess_t *eng_gptq_hess_new(size_t K) {
     eng_gptq_hess_t *h = K ? calloc(1, sizeof *h) : NULL;
     if (h) {
         h->K = K;
+        h->sym = true;
         h->h = calloc(K * K, sizeof *h->h);
     }
     if (h && !h->h) {
@@ -54,6 +68,7 @@ void eng_gptq_hess_free(eng_gptq_hess_t *h) {
 void eng_gptq_hess_reset(eng_gptq_hess_t *h) {
     memset(h->h, 0, h->K * h->K * sizeof *h->h);
     h->rows = 0;
+    h->sym = true;
 }
 
 size_t eng_gptq_hess_k(const eng_gptq_hess_t *h) {
@@ -64,7 +79,8 @@ uint64_t eng_gptq_hess_rows(const eng_gptq_hess_t *h) {
     return h->rows;
 }
 
-const float *eng_gptq_hess_data(const eng_gptq_hess_t *h) {
+const float *eng_gptq_hess_data(eng_gptq_hess_t *h) {
+    hess_sym(h);
     return h->h;
 }
 
@@ -79,12 +95,19 @@ svc_err_t eng_gptq_hess_add(eng_gptq_hess_t *h, const float *x, size_t n) {
         h->xt = t;
         h->xt_cap = n * K;
     }
-    /* H += X^T X as (X^T)(X^T)^T: the sgemm wants both operands by rows */
+    /* H += X^T X as (X^T)(X^T)^T, the sgemm wanting both operands by rows;
+     * only the block columns' lower parts (half the products: H is
+     * symmetric, hess_sym mirrors it before use) */
     for (size_t t = 0; t < n; t++)
         for (size_t k = 0; k < K; k++)
             h->xt[k * n + t] = x[t * K + k];
-    npu_sgemm_nt(K, K, n, 1.0f, h->xt, n, h->xt, n, 1.0f, h->h, K);
+    for (size_t j = 0; j < K; j += GQ_HBLK) {
+        size_t nj = K - j < GQ_HBLK ? K - j : GQ_HBLK;
+        npu_sgemm_nt(K - j, nj, n, 1.0f, h->xt + j * n, n, h->xt + j * n, n, 1.0f, h->h + j * K + j,
+                     K);
+    }
     h->rows += n;
+    h->sym = false;
     return SVC_OK;
 }
 
@@ -94,59 +117,66 @@ svc_err_t eng_gptq_hess_add(eng_gptq_hess_t *h, const float *x, size_t n) {
  * double sums, its rows below in parallel)
  * --------------------------------------------------------------------- */
 
-typedef struct chol_panel {
-    float *a;
-    size_t K, k0, kb, i0;
-} chol_panel_t;
-
-#define CHOL_ROWS 64 /* panel rows per item */
-
-/* Rows [i0 + 64 i, ...) of the panel below the diagonal block: each row
- * solves against the factored block. */
-static void chol_panel_rows(void *ctx, size_t item) {
-    const chol_panel_t *c = ctx;
-    size_t              K = c->K, k0 = c->k0, kb = c->kb;
-    size_t              r0 = c->i0 + item * CHOL_ROWS, r1 = r0 + CHOL_ROWS < K ? r0 + CHOL_ROWS : K;
-    for (size_t i = r0; i < r1; i++) {
-        float *ri = c->a + i * K;
-        for (size_t j = k0; j < k0 + kb; j++) {
-            const float *rj = c->a + j * K;
-            double       t = ri[j];
-            for (size_t m = k0; m < j; m++)
+/* The diagonal block kb x kb at a (row stride K), factored in place with
+ * double sums; 0 or 1 + the first row that is not positive definite. */
+static size_t chol_diag(float *a, size_t K, size_t kb) {
+    for (size_t j = 0; j < kb; j++) {
+        float *rj = a + j * K;
+        double s = rj[j];
+        for (size_t m = 0; m < j; m++)
+            s -= (double)rj[m] * (double)rj[m];
+        if (!(s > 0.0) || !isfinite(s))
+            return j + 1;
+        rj[j] = (float)sqrt(s);
+        for (size_t i = j + 1; i < kb; i++) {
+            float *ri = a + i * K;
+            double t = ri[j];
+            for (size_t m = 0; m < j; m++)
                 t -= (double)ri[m] * (double)rj[m];
             ri[j] = (float)(t / rj[j]);
         }
     }
+    return 0;
+}
+
+/* inv (kb x kb, row-major) = the inverse of the lower triangle l (row
+ * stride K), by forward substitution in double; zero above. */
+static void tri_inverse(const float *l, size_t K, size_t kb, float *inv) {
+    memset(inv, 0, kb * kb * sizeof *inv);
+    for (size_t j = 0; j < kb; j++) /* column j of the inverse */
+        for (size_t i = j; i < kb; i++) {
+            double t = i == j ? 1.0 : 0.0;
+            for (size_t m = j; m < i; m++)
+                t -= (double)l[i * K + m] * (double)inv[m * kb + j];
+            inv[i * kb + j] = (float)(t / l[i * K + i]);
+        }
 }
 
 size_t eng_gptq_cholesky(float *a, size_t K) {
-    for (size_t k0 = 0; k0 < K; k0 += GQ_CHOL) {
-        size_t kb = K - k0 < GQ_CHOL ? K - k0 : GQ_CHOL;
+    float *inv = malloc(GQ_CHOL * GQ_CHOL * sizeof *inv);
+    float *pan = malloc((K ? K : 1) * GQ_CHOL * sizeof *pan);
+    size_t bad = inv && pan ? 0 : SIZE_MAX;
+    for (size_t k0 = 0; !bad && k0 < K; k0 += GQ_CHOL) {
+        size_t kb = K - k0 < GQ_CHOL ? K - k0 : GQ_CHOL, i0 = k0 + kb;
         if (k0) /* the block column minus the products of the columns before it */
             npu_sgemm_nt(K - k0, kb, k0, -1.0f, a + k0 * K, K, a + k0 * K, K, 1.0f, a + k0 * K + k0,
                          K);
-        for (size_t j = k0; j < k0 + kb; j++) {
-            float *rj = a + j * K;
-            double s = rj[j];
-            for (size_t m = k0; m < j; m++)
-                s -= (double)rj[m] * (double)rj[m];
-            if (!(s > 0.0) || !isfinite(s))
-                return j + 1;
-            rj[j] = (float)sqrt(s);
-            for (size_t i = j + 1; i < k0 + kb; i++) {
-                float *ri = a + i * K;
-                double t = ri[j];
-                for (size_t m = k0; m < j; m++)
-                    t -= (double)ri[m] * (double)rj[m];
-                ri[j] = (float)(t / rj[j]);
-            }
+        size_t b = chol_diag(a + k0 * K + k0, K, kb);
+        if (b) {
+            bad = k0 + b;
+            break;
         }
-        size_t       i0 = k0 + kb;
-        chol_panel_t c = {a, K, k0, kb, i0};
-        if (i0 < K)
-            npu_parallel_for((K - i0 + CHOL_ROWS - 1) / CHOL_ROWS, chol_panel_rows, &c);
+        if (i0 == K)
+            break;
+        /* the rows below: L_ik = A_ik L_kk^-T, one sgemm through a copy */
+        tri_inverse(a + k0 * K + k0, K, kb, inv);
+        for (size_t i = i0; i < K; i++)
+            memcpy(pan + (i - i0) * kb, a + i * K + k0, kb * sizeof *pan);
+        npu_sgemm_nt(K - i0, kb, kb, 1.0f, pan, kb, inv, kb, 0.0f, a + i0 * K + k0, K);
     }
-    return 0;
+    free(inv);
+    free(pan);
+    return bad;
 }
 
 /* ---------------------------------------------------------------------
@@ -338,23 +368,23 @@ static svc_err_t gq_block(gq_t *g, bool dynamic) {
     return SVC_OK;
 }
 
-/* tr(E H E^T) for E (R, K) in column order cols (perm, or NULL: as is);
- * wc is scratch. */
+#define GQ_LOSS_ROWS 256 /* rows the losses are taken over, at most */
+
+/* tr(E H E^T) for E (R, K) in processing order perm (NULL: as is),
+ * estimated from every step-th row (all when R <= 256: a loss is a
+ * report and a choice between two codings, and all rows of nano's down
+ * projection cost as much as the rounding itself); wc and wp scratch. */
 static double gq_loss(gq_t *g, const float *e, const size_t *perm) {
-    size_t R = g->R, K = g->K;
-    float *eo = g->wc;
-    if (perm) { /* back to the columns' own order, into wc, then H from the right */
-        for (size_t r = 0; r < R; r++)
-            for (size_t k = 0; k < K; k++)
-                eo[r * K + perm[k]] = e[r * K + k];
-        e = eo;
-        eo = g->wp; /* its last use was the final block */
-    }
-    npu_sgemm_nt(R, K, K, 1.0f, e, K, g->h, K, 0.0f, eo, K);
+    size_t R = g->R, K = g->K, step = (R + GQ_LOSS_ROWS - 1) / GQ_LOSS_ROWS, ns = 0;
+    float *es = g->wc, *out = g->wp;
+    for (size_t r = 0; r < R; r += step, ns++)
+        for (size_t k = 0; k < K; k++)
+            es[ns * K + (perm ? perm[k] : k)] = e[r * K + k];
+    npu_sgemm_nt(ns, K, K, 1.0f, es, K, g->h, K, 0.0f, out, K);
     double s = 0;
-    for (size_t i = 0; i < R * K; i++)
-        s += (double)e[i] * (double)eo[i];
-    return s;
+    for (size_t i = 0; i < ns * K; i++)
+        s += (double)es[i] * (double)out[i];
+    return s * (double)R / (double)ns;
 }
 
 /* The RTN errors into e (columns as is) from the static grids. */
@@ -373,6 +403,10 @@ static svc_err_t gq_factor(gq_t *g, double damp, double *used) {
     for (int tries = 0; tries < 4; tries++, damp *= 10) {
         gq_hrev(g, damp);
         size_t bad = eng_gptq_cholesky(g->at, g->K);
+        if (bad == SIZE_MAX) {
+            svc_errf(g->errstr, g->errstr_size, "GPTQ: out of memory factoring the Hessian");
+            return SVC_ERR_NOMEM;
+        }
         if (!bad) {
             *used = damp;
             return SVC_OK;
@@ -415,9 +449,8 @@ static svc_err_t gq_run(gq_t *g, const eng_gptq_opts_t *o, eng_gptq_stats_t *st)
 }
 
 svc_err_t eng_gptq_encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const float *w,
-                          size_t rows, size_t cols, const eng_gptq_hess_t *h,
-                          const eng_gptq_opts_t *o, void *packed, eng_gptq_stats_t *st,
-                          char *errstr, size_t errstr_size) {
+                          size_t rows, size_t cols, eng_gptq_hess_t *h, const eng_gptq_opts_t *o,
+                          void *packed, eng_gptq_stats_t *st, char *errstr, size_t errstr_size) {
     eng_gptq_stats_t own = {0};
     st = st ? st : &own;
     *st = (eng_gptq_stats_t){0};
@@ -433,7 +466,7 @@ svc_err_t eng_gptq_encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const 
                    .P = (rows + ENG_Q4NX_ROWS - 1) / ENG_Q4NX_ROWS,
                    .Q = (cols + ENG_Q4NX_COLS - 1) / ENG_Q4NX_COLS,
                    .w = w,
-                   .h = h->h,
+                   .h = eng_gptq_hess_data(h),
                    .packed = packed,
                    .errstr = errstr,
                    .errstr_size = errstr_size};

@@ -45,8 +45,9 @@ uint64_t eng_gptq_hess_rows(const eng_gptq_hess_t *h);
 /* Adds x (n, K) row-major. SVC_ERR_NOMEM (h unchanged) when scratch for
  * the transposed rows cannot be had. */
 SVC_WUR svc_err_t eng_gptq_hess_add(eng_gptq_hess_t *h, const float *x, size_t n);
-/* The (K, K) matrix, row-major and symmetric; valid until the next add. */
-const float *eng_gptq_hess_data(const eng_gptq_hess_t *h);
+/* The (K, K) matrix, row-major and symmetric (adds fill one triangle; this
+ * mirrors it); valid until the next add. */
+const float *eng_gptq_hess_data(eng_gptq_hess_t *h);
 
 typedef struct eng_gptq_opts {
     double damp;          /* added to H's diagonal: damp x its mean (GPTQ's 1%) */
@@ -57,7 +58,8 @@ typedef struct eng_gptq_opts {
 #define ENG_GPTQ_DAMP 0.01
 
 /* What one matrix came to: the proxy losses tr(E H E^T) (H as given,
- * undamped) of GPTQ's codes and of round-to-nearest on the RTN grids, the
+ * undamped; over every row up to 256 rows, else estimated from 256 evenly
+ * spaced ones) of GPTQ's codes and of round-to-nearest on the RTN grids, the
  * dampening used (raised tenfold, up to 3 times, when H + damp is not
  * positive definite) and whether the RTN codes were kept because GPTQ's
  * loss came out higher (the tiles are then exactly eng_q4nx_encode_ref's). */
@@ -71,19 +73,21 @@ typedef struct eng_gptq_stats {
  * @brief Quantizes w (rows, cols) row-major into packed tiles of kind
  *   (eng_q4nx_packed_bytes(kind, rows, cols) bytes), choosing the codes by
  *   GPTQ against h (cols x cols).
+ * @param h the Hessian; its upper triangle is filled in (eng_gptq_hess_data).
  * @param st optional: the losses above.
  * @returns SVC_OK; SVC_ERR_INVALID (kind not encoded, h of another width,
  *   a non-finite weight, H not positive definite even at 1000x the
  *   dampening) with errstr; SVC_ERR_NOMEM. Memory: ~4 R K + 2 K^2 floats.
  */
 SVC_WUR svc_err_t eng_gptq_encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const float *w,
-                                  size_t rows, size_t cols, const eng_gptq_hess_t *h,
+                                  size_t rows, size_t cols, eng_gptq_hess_t *h,
                                   const eng_gptq_opts_t *o, void *packed, eng_gptq_stats_t *st,
                                   char *errstr, size_t errstr_size);
 
 /* For tests: the lower Cholesky factor of a (K, K) symmetric matrix in
  * place (upper triangle left as is), blocked on npu_sgemm_nt; 0 when it
- * is positive definite, else 1 + the first row that is not. */
+ * is positive definite, else 1 + the first row that is not (SIZE_MAX: out
+ * of memory for its scratch). */
 size_t eng_gptq_cholesky(float *a, size_t K);
 
 #endif /* D3STREAM_ENG_GPTQ_INT_H */

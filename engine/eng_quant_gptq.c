@@ -83,7 +83,7 @@ static svc_err_t qg_encode(void *user, const char *hf, eng_q4nx_kind_t kind,
     int   slot = qg_slot(hf);
     if (slot < 0)
         return eng_q4nx_encode_ref(kind, raster, w, rows, cols, packed);
-    const eng_gptq_hess_t *h = g->h[slot];
+    eng_gptq_hess_t *h = g->h[slot];
     if (!h || eng_gptq_hess_k(h) != cols || !eng_gptq_hess_rows(h)) {
         svc_errf(errstr, errstr_size,
                  "layer %zu: \"%s\" (%zu x %zu): no calibration input of width %zu was seen", g->li,

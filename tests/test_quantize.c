@@ -19,6 +19,8 @@
 #include "test_rng.h"
 #include "test_util.h"
 
+#include <jansson.h>
+
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
@@ -324,4 +326,145 @@ Test(quantize, gptq_layer_error_below_rtn) {
         cr_expect_lt(eg[l], er[l], "layer %zu: GPTQ %g, RTN %g", l, eg[l], er[l]);
     }
     rm_tree(root);
+}
+
+/* The examples' requests as a JSONL file (a blank line among them). */
+static void write_jsonl(const char *path, const char *bad_line) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    static const char *const ex[] = {D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json",
+                                     D3_SOURCE_DIR "/ops/examples/ticket-triage.json"};
+    for (size_t i = 0; i < 2; i++) {
+        svc_buf_t b;
+        char      errstr[256];
+        svc_buf_init(&b, 1 << 20);
+        cr_assert_eq(svc_buf_read_file(&b, ex[i], errstr, sizeof errstr), SVC_OK, "%s", errstr);
+        while (b.len && b.data[b.len - 1] == '\n')
+            b.len--;
+        fwrite(b.data, 1, b.len, f);
+        fputs("\n\n", f);
+        svc_buf_fini(&b);
+    }
+    if (bad_line)
+        fprintf(f, "%s\n", bad_line);
+    fclose(f);
+}
+
+Test(quantize, calibration_file) {
+    char root[64], jsonl[128], bad[128], out[128], args[768];
+    tmp_root(root, sizeof root);
+    snprintf(jsonl, sizeof jsonl, "%s/calib.jsonl", root);
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", root);
+    snprintf(out, sizeof out, "%s/q", root);
+    write_jsonl(jsonl, NULL);
+    write_jsonl(bad, "{\"state\": \"x\"}");
+    snprintf(args, sizeof args, "--model %s --out %s --calibration %s", TINY, out, jsonl);
+    cr_assert_eq(quantize_cmd(args), 0);
+    check_package(out);
+    /* line 5 (two requests, each followed by a blank line) has no questions */
+    char      cmd[1024];
+    svc_buf_t o;
+    snprintf(cmd, sizeof cmd, "%s quantize --model %s --out %s/q2 --calibration %s 2>&1", binary(),
+             TINY, root, bad);
+    cr_assert_eq(run_shell(cmd, &o), 3, "%s", o.data);
+    cr_assert(strstr(o.data, "bad.jsonl\" line 5: invalid_request"), "%s", o.data);
+    svc_buf_fini(&o);
+    rm_tree(root);
+}
+
+Test(quantize, refusals) {
+    char root[64], src[128], out[128], args[768];
+    tmp_root(root, sizeof root);
+    snprintf(out, sizeof out, "%s/q", root);
+    static const char *const usage[] = {
+        "--method rtn --calibration-prompts 4",
+        "--calibration /dev/null --calibration-prompts 3",
+        "--generation c",
+        "--damp 0",
+        "--calibration-tokens x",
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        snprintf(args, sizeof args, "--model %s --out %s %s", TINY, out, usage[i]);
+        cr_assert_eq(quantize_cmd(args), 2, "%s", usage[i]);
+    }
+    snprintf(args, sizeof args, "--model %s --out %s", TINY, TINY); /* not empty */
+    cr_assert_eq(quantize_cmd(args), 2);
+    /* the package's own directory, however spelt: refused before anything is written */
+    snprintf(src, sizeof src, "%s/src", root);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", TINY, src);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "--model %s --out %s/. --force --method rtn", src, src);
+    cr_assert_eq(quantize_cmd(args), 3);
+    cr_assert(!eng_dir_has_file(src, "model.q4nx"));
+    /* not an upstream package: a q4nx one */
+    snprintf(args, sizeof args, "--model %s --out %s --method rtn", src, out);
+    cr_assert_eq(quantize_cmd(args), 0);
+    snprintf(args, sizeof args, "--model %s --out %s/again --method rtn", out, root);
+    cr_assert_eq(quantize_cmd(args), 3);
+    rm_tree(root);
+}
+
+Test(quantize, generation_a) {
+    char root[64], out[128], args[512], cmd[512];
+    tmp_root(root, sizeof root);
+    snprintf(out, sizeof out, "%s/a", root);
+    snprintf(args, sizeof args, "--model %s --out %s --generation a --calibration-prompts 8", TINY,
+             out);
+    cr_assert_eq(quantize_cmd(args), 0);
+    svc_buf_t o;
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s", binary(), out);
+    cr_assert_eq(run_shell(cmd, &o), 0, "%s", o.data);
+    cr_assert(strstr(o.data, "q4nx Gen-A"), "%s", o.data);
+    cr_assert(strstr(o.data, "q4_1"), "%s", o.data);
+    svc_buf_fini(&o);
+    snprintf(cmd, sizeof cmd, "%s ask --model %s %s 2>/dev/null", binary(), out, EXAMPLE);
+    cr_assert_eq(run_shell(cmd, &o), 0, "%s", o.data);
+    svc_buf_fini(&o);
+    rm_tree(root);
+}
+
+/* The generator: deterministic, decodable, its states in range, and
+ * varied (every question type, instructions given and not, non-ASCII
+ * languages). */
+Test(quantize, generated_requests) {
+    loaded_t l;
+    load(TINY, &l);
+    const eng_tokenizer_t *tok = eng_package_tokenizer(l.pkg);
+    size_t                 types[3] = {0}, no_instr = 0, non_ascii = 0, n = 60;
+    for (size_t i = 0; i < n; i++) {
+        svc_buf_t a, b;
+        svc_buf_init(&a, 1 << 24);
+        svc_buf_init(&b, 1 << 24);
+        cr_assert_eq(eng_calib_request(tok, 7, i, &a), SVC_OK);
+        cr_assert_eq(eng_calib_request(tok, 7, i, &b), SVC_OK);
+        cr_assert(a.len == b.len && memcmp(a.data, b.data, a.len) == 0, "request %zu differs", i);
+        sch_request_t        *req = decode_valid(a.data, a.len);
+        const sch_part_t     *p = sch_request_part(req, 0);
+        const sch_question_t *q = &p->questions[0];
+        cr_assert_null(q->error_code, "request %zu: %s", i, q->error_message);
+        types[q->type]++;
+        no_instr += q->instructions == NULL;
+        non_ascii += strstr(a.data, "\\u") != NULL;
+        eng_ids_t ids;
+        eng_ids_init(&ids);
+        json_t *j = json_loads(a.data, 0, NULL);
+        cr_assert(j);
+        const char *state = json_string_value(json_object_get(j, "state"));
+        cr_assert_eq(eng_tokenizer_encode(tok, state, strlen(state), &ids), SVC_OK);
+        cr_assert(ids.n >= ENG_CALIB_STATE_MIN && ids.n < ENG_CALIB_STATE_MAX + 400,
+                  "request %zu: state of %zu tokens", i, ids.n);
+        json_decref(j);
+        eng_ids_fini(&ids);
+        sch_request_free(req);
+        svc_buf_fini(&a);
+        svc_buf_fini(&b);
+    }
+    cr_log_info("types %zu %zu %zu, %zu without instructions, %zu non-ASCII", types[0], types[1],
+                types[2], no_instr, non_ascii);
+    for (int t = 0; t < 3; t++)
+        cr_assert_gt(types[t], 0, "no question of type %d in %zu requests", t, n);
+    cr_assert_gt(no_instr, 0);
+    cr_assert_gt(non_ascii, 0);
+    unload(&l);
 }
