@@ -101,7 +101,7 @@ static svc_err_t qg_encode(void *user, const char *hf, eng_q4nx_kind_t kind,
     g->loss_g[slot] += st.loss_gptq;
     g->loss_r[slot] += st.loss_rtn;
     g->kept += st.kept_rtn;
-    if (st.damp > (g->go.damp > 0 ? g->go.damp : ENG_GPTQ_DAMP))
+    if (st.damp > g->go.damp)
         qz_log(g->q, "layer %zu: \"%s\": dampening raised to %g", g->li, hf, st.damp);
     return SVC_OK;
 }
@@ -250,7 +250,7 @@ svc_err_t qz_gptq_text(qz_t *q, eng_q4nx_writer_t *w) {
     eng_calib_init(&c);
     qg_t g = {.q = q,
               .w = w,
-              .go = {q->o->damp > 0 ? q->o->damp : ENG_GPTQ_DAMP, !q->o->no_act_order,
+              .go = {q->o->damp > 0 ? q->o->damp : ENG_QUANT_DAMP, !q->o->no_act_order,
                      q->o->static_groups}};
     eng_q4nx_writer_set_encoder(w, qg_encode, &g);
     svc_err_t err = qg_calib(q, &c);

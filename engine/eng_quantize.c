@@ -50,16 +50,11 @@ double qz_now(void) {
 }
 
 svc_err_t qz_fill(const pw_tensor_t *t, float *out, void *user, char *errstr, size_t n) {
-    qz_t     *q = user;
-    bool      vision = strncmp(t->name, PW_VISION_PREFIX, strlen(PW_VISION_PREFIX)) == 0;
-    float    *v = NULL;
-    svc_err_t err =
-        eng_ref_take(q->src, vision, t->name + strlen(vision ? PW_VISION_PREFIX : PW_TEXT_PREFIX),
-                     t->rank, t->dims, &v, errstr, n);
-    if (!err)
-        memcpy(out, v, (size_t)pw_numel(t) * sizeof *out);
-    free(v);
-    return err;
+    qz_t *q = user;
+    bool  vision = strncmp(t->name, PW_VISION_PREFIX, strlen(PW_VISION_PREFIX)) == 0;
+    return eng_ref_take(q->src, vision,
+                        t->name + strlen(vision ? PW_VISION_PREFIX : PW_TEXT_PREFIX), t->rank,
+                        t->dims, out, errstr, n);
 }
 
 svc_err_t qz_sublist(const pw_list_t *l, const char *prefix, bool match, pw_list_t *sub) {
@@ -398,7 +393,8 @@ static svc_err_t qz_readme(qz_t *q) {
         snprintf(how, sizeof how,
                  "GPTQ-calibrated rounding (dampening %g, %s, %s grids) on %zu calibration "
                  "prompts of %llu tokens (%s)",
-                 o->damp > 0 ? o->damp : 0.01, !o->no_act_order ? "act-order" : "columns in order",
+                 o->damp > 0 ? o->damp : ENG_QUANT_DAMP,
+                 !o->no_act_order ? "act-order" : "columns in order",
                  !o->no_act_order || o->static_groups ? "static" : "dynamic", q->calib_prompts,
                  (unsigned long long)q->calib_tokens,
                  o->calib_file ? "a file of requests"

@@ -18,7 +18,9 @@
  *       end to end: the final-norm hidden state at the last position
  *       (cosine to BF16's: median, mean, worst) and the readout's top
  *       answer over the 255 codes and over the first 4 (a 4-option
- *       choice) -- agreement with BF16's -- on the prompts of FILE (a
+ *       choice) -- agreement with BF16's --, the mean KL divergence of the
+ *       255-code distribution from BF16's and the largest change of a
+ *       4-option probability, on the prompts of FILE (a
  *       prompts.json of tests/fixtures/trained-tiny: {"prompts": [{"ids":
  *       [...]}]}), else on N generated held-out prompts.
  */
@@ -186,6 +188,7 @@ static int cmd_e2e(const args_t *a) {
     double  r255[ENG_N_CODES], r4[4], p255[ENG_N_CODES], p4[4];
     double *cos = malloc(2 * c.n * sizeof *cos);
     size_t  agree255[2] = {0}, agree4[2] = {0};
+    double  dp4[2] = {0}, kl[2] = {0};
     for (size_t p = 0; p < c.n; p++) {
         answer(&ref, &c.seqs[p], h0, r255, r4);
         for (int i = 0; i < nq; i++) {
@@ -197,6 +200,11 @@ static int cmd_e2e(const args_t *a) {
             cos[i * c.n + p] = d / sqrt(n0 * n1);
             agree255[i] += argmax(p255, ENG_N_CODES) == argmax(r255, ENG_N_CODES);
             agree4[i] += argmax(p4, 4) == argmax(r4, 4);
+            for (size_t j = 0; j < 4; j++)
+                dp4[i] = fmax(dp4[i], fabs(p4[j] - r4[j]));
+            for (size_t j = 0; j < ENG_N_CODES; j++)
+                if (r255[j] > 0)
+                    kl[i] += r255[j] * log(r255[j] / fmax(p255[j], 1e-300)) / (double)c.n;
         }
     }
     printf("prompts: %zu, %llu tokens (%s)\n", c.n, (unsigned long long)c.tokens,
@@ -207,9 +215,10 @@ static int cmd_e2e(const args_t *a) {
             mean += v[p] / (double)c.n;
         qsort(v, c.n, sizeof *v, by_double);
         printf("%s %s: final-state cosine median %.5f mean %.5f worst %.5f; top-1 agreement "
-               "255 codes %.1f%%, 4 options %.1f%%\n",
+               "255 codes %.1f%%, 4 options %.1f%%; mean KL(255) %.4g, max |dp| (4) %.4f\n",
                i ? "B" : "A", i ? a->b : a->a, v[c.n / 2], mean, v[0],
-               100.0 * (double)agree255[i] / (double)c.n, 100.0 * (double)agree4[i] / (double)c.n);
+               100.0 * (double)agree255[i] / (double)c.n, 100.0 * (double)agree4[i] / (double)c.n,
+               kl[i], dp4[i]);
     }
     free(h0), free(h1), free(cos);
     eng_calib_fini(&c);
