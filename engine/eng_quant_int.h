@@ -13,6 +13,8 @@
 #ifndef D3STREAM_ENG_QUANT_INT_H
 #define D3STREAM_ENG_QUANT_INT_H
 
+#include "eng_model_int.h"
+#include "eng_pkgwrite_int.h"
 #include "engine.h"
 
 /* Token id sequences, one per question's prompt. */
@@ -70,9 +72,6 @@ SVC_WUR svc_err_t eng_calib_file(const eng_package_t *pkg, const char *path, uin
 /* ---------------------------------------------------------------------
  * The driver (eng_quantize.c) and its GPTQ pass (eng_quant_gptq.c)
  * --------------------------------------------------------------------- */
-
-#include "eng_model_int.h"
-#include "eng_pkgwrite_int.h"
 
 struct eng_q4nx_writer;
 

@@ -349,7 +349,11 @@ static svc_err_t names_add(qz_names_t *s, const char *name) {
         s->v = v;
         s->cap = cap;
     }
-    return (s->v[s->n] = strdup(name)) ? (s->n++, SVC_OK) : SVC_ERR_NOMEM;
+    s->v[s->n] = strdup(name);
+    if (!s->v[s->n])
+        return SVC_ERR_NOMEM;
+    s->n++;
+    return SVC_OK;
 }
 
 static void names_free(qz_names_t *s) {
@@ -457,6 +461,7 @@ static svc_err_t qz_write(qz_t *q) {
         err = qz_readme(q);
     if (!err)
         err = qz_copy_files(q, &s);
+    /* ours, the vision file last: only with a tower */
     const char *ours[] = {"model.q4nx", "config.json", "README.md", "vision_weight.q4nx"};
     for (size_t i = 0; !err && i < (q->has_vision ? 4u : 3u); i++)
         err = names_add(&s, ours[i]);
