@@ -217,7 +217,7 @@ static svc_err_t qg_calib(qz_t *q, eng_calib_t *c) {
         err = SVC_ERR_INVALID;
     }
     if (!err)
-        qz_log(q, "calibration: %zu prompts, %llu tokens (%zu questions left out)", c->n,
+        qz_log(q, "calibration: %zu prompts, %llu tokens (%zu question(s) left out)", c->n,
                (unsigned long long)c->tokens, c->skipped);
     q->calib_tokens = c->tokens;
     q->calib_prompts = c->n;
