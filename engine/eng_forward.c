@@ -130,6 +130,9 @@ typedef struct fwd {
     size_t f_layer;               /* where covered rows merge fst's attention (SIZE_MAX: none) */
     bool   f_keep;                /* that layer writes its attention into the fst (update) */
     bool   f_only;                /* and stops after it: no output, no MLP (a prefix run) */
+    /* eng_fwd_ref_t.tap while a reference layer runs, else NULL */
+    void (*tap)(void *user, const npu_wpack_t *w, const float *x, size_t T);
+    void *tap_user;
 } fwd_t;
 
 static size_t max_z(size_t a, size_t b) {
@@ -340,6 +343,8 @@ static float softplusf_(float v) {
 /* A projection under the pass's profile: the exact packs, or their fast
  * companions (eng_model_profile). */
 static void fwd_mm(const fwd_t *f, const float *x, const npu_wpack_t *w, size_t T, float *out) {
+    if (f->tap)
+        f->tap(f->tap_user, w, x, T);
     (f->m->fast ? npu_matmul_packed_fast : npu_matmul_packed)(x, w, T, out);
 }
 
@@ -347,6 +352,8 @@ static void fwd_mm(const fwd_t *f, const float *x, const npu_wpack_t *w, size_t 
  * once for all of them (npu_matmul_packed_fast_n; the same bits). */
 static void fwd_mm_n(const fwd_t *f, const float *x, size_t T, size_t n,
                      const npu_wpack_t *const *w, float *const *out) {
+    if (f->tap)
+        f->tap(f->tap_user, w[0], x, T);
     if (f->m->fast) {
         npu_matmul_packed_fast_n(x, T, n, w, out);
         return;
@@ -1126,7 +1133,10 @@ static svc_err_t ref_layer(fwd_t *f, const eng_model_t *m, eng_model_t *view, co
         memcpy(x_in, f->x, n * sizeof *x_in);
     view->layers[li] = *l;
     f->m = view;
+    f->tap = r->tap;
+    f->tap_user = r->tap_user;
     svc_err_t err = layer_forward(f, li, noncausal, false);
+    f->tap = NULL;
     view->layers[li] = m->layers[li];
     if (err || !r->n_alt)
         return err;

@@ -202,6 +202,15 @@ typedef struct eng_fwd_ref {
     const eng_model_t *alt[ENG_FWD_REF_ALTS];
     double            *num[ENG_FWD_REF_ALTS], *den[ENG_FWD_REF_ALTS];
     size_t             n_alt;
+    /* Optional (NULL): sees the input of the reference layers' projections
+     * (not the alt models'), chunk by chunk, before it is multiplied: w is
+     * the first pack of those multiplied with that input (in_qkv for
+     * in_qkv/in_b/in_a/in_z; k_proj for k and v, then q_proj for q, on the
+     * same rows; out_proj, o_proj, mlp_gate for gate/up, mlp_down), x is
+     * (T, npu_wpack_k(w)), valid during the call (`quantize`'s Hessians,
+     * eng_quantize.c). Called on the pass's thread. */
+    void (*tap)(void *user, const npu_wpack_t *w, const float *x, size_t T);
+    void *tap_user;
 } eng_fwd_ref_t;
 
 /**

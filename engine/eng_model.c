@@ -60,19 +60,12 @@ static uint64_t dims_numel(size_t rank, const uint64_t *dims) {
  * against dims, and its one-line message names the file, the stored and the
  * HF tensor and the expected shape. */
 static svc_err_t ld_take_q4nx(const eng_ld_t *ld, const char *name, size_t rank,
-                              const uint64_t *dims, float **dst) {
-    uint64_t n = dims_numel(rank, dims);
-    float   *w = malloc((size_t)n * sizeof *w);
-    if (!w)
-        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
+                              const uint64_t *dims, float *w) {
     svc_err_t err = eng_q4nx_tensor_f32(ld->q, name, rank, dims, w, ld->errstr, ld->errstr_size);
-    if (err) {
-        free(w);
+    if (err)
         return err == SVC_ERR_INVALID ? SVC_ERR_FORMAT : err;
-    }
     if (ld->numel)
-        *ld->numel += n;
-    *dst = w;
+        *ld->numel += dims_numel(rank, dims);
     return SVC_OK;
 }
 
@@ -86,14 +79,12 @@ static void shape_str(char *buf, size_t n, size_t rank, const uint64_t *dims) {
         snprintf(buf + used, n - used, "]");
 }
 
-/* Finds prefix+suffix, checks dtype and shape, and converts it to a new
- * fp32 array in *dst (owned by the caller). dims has rank entries. */
-svc_err_t eng_ld_take(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
-                      float **dst) {
+svc_err_t eng_ld_take_into(const eng_ld_t *ld, const char *suffix, size_t rank,
+                           const uint64_t *dims, float *w) {
     char name[256];
     snprintf(name, sizeof name, "%s%s", ld->prefix, suffix);
     if (ld->q)
-        return ld_take_q4nx(ld, name, rank, dims, dst);
+        return ld_take_q4nx(ld, name, rank, dims, w);
     /* A bad tensor is reported against the file that holds it (a shard). */
     const eng_st_tensor_t *t;
     const char            *file, *path;
@@ -114,13 +105,27 @@ svc_err_t eng_ld_take(const eng_ld_t *ld, const char *suffix, size_t rank, const
         return eng_ld_fail_in(ld, file, path, SVC_ERR_FORMAT,
                               "tensor \"%s\": shape %s, expected %s", name, got, want);
     }
-    float *w = malloc((size_t)eng_st_numel(t) * sizeof *w);
-    if (!w)
-        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s\"", name);
     err = eng_st_to_f32(t, w);
     SVC_ASSERT(err == SVC_OK); /* dtype checked above */
     if (ld->numel)
         *ld->numel += eng_st_numel(t);
+    return SVC_OK;
+}
+
+/* Finds prefix+suffix, checks dtype and shape, and converts it to a new
+ * fp32 array in *dst (owned by the caller). dims has rank entries. */
+svc_err_t eng_ld_take(const eng_ld_t *ld, const char *suffix, size_t rank, const uint64_t *dims,
+                      float **dst) {
+    uint64_t n = dims_numel(rank, dims);
+    float   *w = n <= SIZE_MAX / sizeof *w ? malloc((size_t)(n ? n : 1) * sizeof *w) : NULL;
+    if (!w)
+        return eng_ld_fail(ld, SVC_ERR_NOMEM, "out of memory for tensor \"%s%s\"", ld->prefix,
+                           suffix);
+    svc_err_t err = eng_ld_take_into(ld, suffix, rank, dims, w);
+    if (err) {
+        free(w);
+        return err;
+    }
     *dst = w;
     return SVC_OK;
 }
@@ -732,6 +737,50 @@ void eng_model_free(eng_model_t *m) {
     free(m);
 }
 
+svc_err_t eng_model_load_shell(const char *dir, eng_model_t **out, char *errstr, size_t n) {
+    *out = NULL;
+    if (n)
+        errstr[0] = '\0';
+    bool single = eng_dir_has_file(dir, ST_SINGLE);
+    bool sharded = !single && eng_dir_has_file(dir, ST_INDEX);
+    if (!single && !sharded) {
+        svc_errf(errstr, n, "\"%s\" has no %s or %s (an upstream BF16 package is needed)", dir,
+                 ST_SINGLE, ST_INDEX);
+        return SVC_ERR_UNSUPPORTED;
+    }
+    eng_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return SVC_ERR_NOMEM;
+    eng_ld_t    ld = {NULL, NULL, NULL, NULL, "", errstr, n, &m->n_params, false};
+    const char *vprefix = NULL;
+    svc_err_t   err = eng_model_cfg_load(dir, NULL, &m->cfg, errstr, n);
+    if (!err)
+        err = sharded ? eng_st_set_open_index(dir, ST_INDEX, &ld.set, errstr, n)
+                      : eng_st_set_open_file(dir, ST_SINGLE, &ld.set, errstr, n);
+    if (!err) {
+        ld.file = eng_st_set_file(ld.set);
+        ld.path = eng_st_set_path(ld.set);
+        err = ld_prefix(&ld, &vprefix);
+    }
+    if (!err && !(m->layers = calloc(m->cfg.n_layers, sizeof *m->layers)))
+        err = SVC_ERR_NOMEM;
+    for (size_t i = 0; !err && i < m->cfg.n_layers; i++)
+        m->layers[i].kind = m->cfg.kinds[i];
+    if (!err)
+        err = ld_embed(&ld, m);
+    if (!err)
+        err = eng_ld_vec(&ld, "norm.weight", m->cfg.hidden, &m->final_norm);
+    eng_st_set_close(ld.set);
+    if (err) {
+        if (err == SVC_ERR_NOMEM && n && !errstr[0])
+            svc_errf(errstr, n, "out of memory loading \"%s\"", dir);
+        eng_model_free(m);
+        return err;
+    }
+    *out = m;
+    return SVC_OK;
+}
+
 /* ---- the golden check's reference layers (eng_model_int.h) ---- */
 
 struct eng_ref_src {
@@ -846,6 +895,26 @@ svc_err_t eng_ref_layer(eng_ref_src_t *r, const eng_model_t *m, size_t i, eng_la
     if (err)
         layer_free(l);
     return err;
+}
+
+svc_err_t eng_ref_take(eng_ref_src_t *r, bool vision, const char *suffix, size_t rank,
+                       const uint64_t *dims, float *dst, char *errstr, size_t errstr_size) {
+    if (vision && !r->vision) {
+        svc_errf(errstr, errstr_size, "reference: the package has no vision tower");
+        return SVC_ERR_INVALID;
+    }
+    eng_ld_t *ld = vision ? &r->vld : &r->ld;
+    ld->errstr = errstr;
+    ld->errstr_size = errstr_size;
+    return eng_ld_take_into(ld, suffix, rank, dims, dst);
+}
+
+const struct eng_st_set *eng_ref_set(const eng_ref_src_t *r) {
+    return r->set;
+}
+
+const char *eng_ref_prefix(const eng_ref_src_t *r, bool vision) {
+    return vision ? (r->vision ? r->vld.prefix : NULL) : r->ld.prefix;
 }
 
 void eng_ref_layer_free(eng_layer_t *l) {

@@ -143,6 +143,9 @@ svc_err_t eng_ld_fail_in(const eng_ld_t *ld, const char *file, const char *path,
  * converts it into a new fp32 array *dst, owned by the caller. */
 SVC_WUR svc_err_t eng_ld_take(const eng_ld_t *ld, const char *suffix, size_t rank,
                               const uint64_t *dims, float **dst);
+/* As eng_ld_take, into caller memory w (the product of dims floats). */
+SVC_WUR svc_err_t eng_ld_take_into(const eng_ld_t *ld, const char *suffix, size_t rank,
+                                   const uint64_t *dims, float *w);
 /* Shorthands: a vector (n), a matrix (r, c). */
 SVC_WUR svc_err_t eng_ld_vec(const eng_ld_t *ld, const char *suffix, size_t n, float **dst);
 SVC_WUR svc_err_t eng_ld_mat(const eng_ld_t *ld, const char *suffix, size_t r, size_t c,
@@ -178,6 +181,25 @@ struct eng_vis_block;
 SVC_WUR svc_err_t eng_ref_vision_block(eng_ref_src_t *r, const eng_model_t *m, size_t i,
                                        struct eng_vis_block *b, char *errstr, size_t errstr_size);
 void              eng_ref_close(eng_ref_src_t *r); /* NULL is a no-op */
+/* Tensor prefix + suffix of the text tower (vision: of the vision tower)
+ * as fp32, shape checked (eng_ld_take_into), into dst (the product of
+ * dims floats); SVC_ERR_INVALID for vision when the package has none. */
+SVC_WUR svc_err_t eng_ref_take(eng_ref_src_t *r, bool vision, const char *suffix, size_t rank,
+                               const uint64_t *dims, float *dst, char *errstr, size_t errstr_size);
+/* The safetensors set the weights are read from (NULL for a model.q4nx),
+ * valid until eng_ref_close, and the prefix of the text (vision) tower's
+ * names in it (vision: NULL without a tower). */
+const struct eng_st_set *eng_ref_set(const eng_ref_src_t *r);
+const char              *eng_ref_prefix(const eng_ref_src_t *r, bool vision);
+
+/* An upstream package's text tower without its layers, for passes whose
+ * layers come from elsewhere (eng_fwd_reference: `quantize`): config,
+ * embedding and final norm loaded as eng_model_load does, every layer
+ * only its kind (no weights), no readout, no vision tower. Free with
+ * eng_model_free. SVC_ERR_UNSUPPORTED when dir has no model.safetensors
+ * (or index); else eng_model_load's errors. */
+SVC_WUR svc_err_t eng_model_load_shell(const char *dir, eng_model_t **out, char *errstr,
+                                       size_t errstr_size);
 
 /* Row id of the embedding (embed or embed16) as fp32 into out (H). */
 void eng_model_embed_row(const eng_model_t *m, int32_t id, float *out);

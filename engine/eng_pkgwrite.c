@@ -46,29 +46,20 @@
 #define QWEN35_SHAPE(name, real, hidden, inter)                                                    \
     {                                                                                              \
         name, real, hidden, 24, inter, 8, 2, 256, 16, 16, 128, 128, 4, 248320, 262144, 32768,      \
-            {11, 11, 10}, true, true                                                               \
+            {11, 11, 10}, true, true, NULL                                                         \
     }
 
 static const pw_shape_t SHAPES[] = {
-    [ENG_MAKE_TINY] = {"tiny",
-                       "tiny-upstream test fixture",
-                       64,
-                       6,
-                       128,
-                       4,
-                       2,
-                       16,
-                       2,
-                       4,
-                       16,
-                       16,
-                       4,
-                       4048,
-                       8192,
-                       8192,
-                       {1, 1, 0},
-                       false,
-                       false},
+    [ENG_MAKE_TINY] = {"tiny",    "tiny-upstream test fixture",
+                       64,        6,
+                       128,       4,
+                       2,         16,
+                       2,         4,
+                       16,        16,
+                       4,         4048,
+                       8192,      8192,
+                       {1, 1, 0}, false,
+                       false,     NULL},
     [ENG_MAKE_LITE] = QWEN35_SHAPE("lite", "Qwen3.5-0.8B", 1024, 3584),
     [ENG_MAKE_NANO] = QWEN35_SHAPE("nano", "Qwen3.5-2B", 2048, 6144),
 };
@@ -80,6 +71,8 @@ const pw_shape_t *pw_shape_get(eng_make_size_t size) {
 
 /* tiny: [lin, lin, lin, full, lin, full] as the fixture. */
 bool pw_layer_is_full(const pw_shape_t *s, size_t i) {
+    if (s->full)
+        return s->full[i];
     return s->every4 ? i % 4 == 3 : (i == 3 || i == 5);
 }
 

@@ -31,6 +31,8 @@ typedef struct pw_shape {
     int         mrope[3];   /* mrope_section, sums to head_dim * 0.25 / 2 */
     bool        every4;     /* layer i is full iff i % 4 == 3; else tiny's pattern */
     bool        tied;       /* tie_word_embeddings of the real checkpoint */
+    const bool *full;       /* optional (NULL): layer i is full attention iff full[i]
+                               (a package's own layer_types, `quantize`) */
 } pw_shape_t;
 
 const pw_shape_t *pw_shape_get(eng_make_size_t size);
@@ -98,10 +100,20 @@ typedef struct pw_ctx {
 } pw_ctx_t;
 
 struct eng_q4nx_writer;
-/* Generates every tensor of l (pw_gen_f32) into w and writes w to
- * out_dir/file; progress: report through opts->progress every 5%. */
+struct pw_fill;
+/* Adds every tensor of l to w (eng_q4nx_writer_add, kinds chosen by name),
+ * its values from fill, or generated (pw_gen_f32) when fill is NULL;
+ * progress: report through opts->progress every 5%. */
+SVC_WUR svc_err_t pw_q4nx_add_list(const pw_ctx_t *c, struct eng_q4nx_writer *w, const pw_list_t *l,
+                                   const struct pw_fill *fill, bool progress);
+/* Writes w to out_dir/file. */
+SVC_WUR svc_err_t pw_q4nx_finish(const pw_ctx_t *c, struct eng_q4nx_writer *w, const char *file);
+/* Both: every tensor of l generated, then written. */
 SVC_WUR svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, struct eng_q4nx_writer *w,
                                      const pw_list_t *l, const char *file, bool progress);
+/* MANIFEST.sha256 as sha256sum(1) writes it ("<hex>  <name>\n") over the n
+ * files of out_dir named, in the order given. */
+SVC_WUR svc_err_t pw_sha256sum(const pw_ctx_t *c, const char *const *files, size_t n);
 
 /* mkdir -p dir. */
 SVC_WUR svc_err_t pw_mkdirs(const char *dir, char *errstr, size_t n);
@@ -145,6 +157,11 @@ SVC_WUR svc_err_t pw_q4nx_package(pw_ctx_t *c);
  * q4nx package (c->opts->format) config.json has FastFlowLM's layout and the
  * README says so; for a twin (c->twin_of) the README says what it is. */
 SVC_WUR svc_err_t pw_meta(const pw_ctx_t *c);
+/* FastFlowLM's config.json object (Q4NX.md §6) from a Hugging Face
+ * text_config (flattened to the top level) and, for a tower, its
+ * vision_config of FastFlowLM keys; both references are stolen (NULL
+ * text_config, or out of memory: NULL). */
+json_t *pw_flm_config(json_t *text_config, json_t *vision_flm);
 /* The Hugging Face text_config object of c's shape (new reference, NULL
  * when out of memory). */
 json_t *pw_text_config(const pw_ctx_t *c);
@@ -155,8 +172,9 @@ SVC_WUR svc_err_t pw_manifest(const pw_ctx_t *c);
 /* eng_pkgwrite_vision.c: config.json's vision_config, Hugging Face keys
  * (new reference, NULL when out of memory) */
 json_t *pw_vision_config_hf(const pw_ctx_t *c);
-/* ... and FastFlowLM's QWEN3_5_* keys (Q4NX.md §6) with the tile sizes */
-json_t *pw_vision_config_flm(const pw_ctx_t *c);
+/* ... and FastFlowLM's QWEN3_5_* keys (Q4NX.md §6) of tower v with its
+ * tile sizes */
+json_t *pw_vision_config_flm(const pw_vision_t *v);
 /* preprocessor_config.json (SPEC e.7) */
 SVC_WUR svc_err_t pw_preprocessor(const pw_ctx_t *c);
 /* The tokenizer has <|image_pad|>, <|video_pad|>, <|vision_start|> and

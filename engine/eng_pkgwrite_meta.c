@@ -100,19 +100,28 @@ svc_err_t pw_special_ids(const pw_ctx_t *c, json_t *root) {
  * the top level (FLM's LM_Config reads it there, else 0) and in
  * rope_parameters. flm_version: D3-NANO-NPU2.md's "FastFlowLM 1.0.11 or
  * later". */
-static json_t *flm_config(const pw_ctx_t *c) {
-    json_t *root = pw_text_config(c);
-    if (!root)
+json_t *pw_flm_config(json_t *text_config, json_t *vision_flm) {
+    json_t *root = text_config;
+    if (!root) {
+        json_decref(vision_flm);
         return NULL;
-    json_t *arch = json_pack("[s]", "Qwen3_5ForConditionalGeneration");
+    }
+    const json_t *theta = json_object_get(json_object_get(root, "rope_parameters"), "rope_theta");
+    json_t       *arch = json_pack("[s]", "Qwen3_5ForConditionalGeneration");
     if (!arch || json_object_set_new(root, "architectures", arch) ||
         json_object_set_new(root, "model_type", json_string("qwen3_5_text")) ||
-        json_object_set_new(root, "rope_theta", json_real(1e7)) ||
+        (json_is_number(theta) &&
+         json_object_set_new(root, "rope_theta", json_real(json_number_value(theta)))) ||
         json_object_set_new(root, "flm_version", json_string("1.0.11")) ||
-        json_object_set_new(root, "vision_model_weight", json_string("vision_weight.q4nx")) ||
-        json_object_set_new(root, "vision_config", pw_vision_config_flm(c)) ||
         /* Gen-B keeps one table, lm_head, for both ends (Q4NX.md §0.2) */
         json_object_set_new(root, "tie_word_embeddings", json_true())) {
+        json_decref(root);
+        json_decref(vision_flm);
+        return NULL;
+    }
+    if (vision_flm &&
+        (json_object_set_new(root, "vision_model_weight", json_string("vision_weight.q4nx")) ||
+         json_object_set_new(root, "vision_config", vision_flm))) {
         json_decref(root);
         return NULL;
     }
@@ -122,7 +131,7 @@ static json_t *flm_config(const pw_ctx_t *c) {
 static svc_err_t write_config(const pw_ctx_t *c) {
     json_t *root =
         c->opts->format == ENG_MAKE_Q4NX
-            ? flm_config(c)
+            ? pw_flm_config(pw_text_config(c), pw_vision_config_flm(pw_vision_get(c->opts->size)))
             : json_pack("{s[s]sssssosbssso}", "architectures", "Qwen3_5ForConditionalGeneration",
                         "dtype", "bfloat16", "model_type", "qwen3_5", "text_config",
                         pw_text_config(c), "tie_word_embeddings", c->shape->tied,

@@ -39,8 +39,8 @@ static const char *const Q4NX_FILES[] = {
     "vision_weight.q4nx",
 };
 
-svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_list_t *l,
-                             const char *file, bool progress) {
+svc_err_t pw_q4nx_add_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_list_t *l,
+                           const pw_fill_t *fill, bool progress) {
     uint64_t  total = 0, done = 0;
     svc_err_t err = SVC_OK;
     for (size_t i = 0; i < l->n; i++)
@@ -52,9 +52,13 @@ svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_l
             err = SVC_ERR_NOMEM;
             break;
         }
-        pw_gen_f32(c, t, x);
-        err = eng_q4nx_writer_add(w, t->name, t->rank, t->dims, x, ENG_Q4NX_AUTO, c->errstr,
-                                  c->errstr_size);
+        if (fill)
+            err = fill->fn(t, x, fill->user, c->errstr, c->errstr_size);
+        else
+            pw_gen_f32(c, t, x);
+        if (!err)
+            err = eng_q4nx_writer_add(w, t->name, t->rank, t->dims, x, ENG_Q4NX_AUTO, c->errstr,
+                                      c->errstr_size);
         free(x);
         /* in BF16 bytes, as the safetensors writer reports, every 5% */
         uint64_t before = done * 20 / (total ? total : 1);
@@ -63,13 +67,22 @@ svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_l
             (done * 20 / (total ? total : 1) != before || done == total))
             c->opts->progress(2 * done, 2 * total, c->opts->progress_user);
     }
-    char *path = err ? NULL : eng_path_join(c->opts->out_dir, file);
-    if (!err && !path)
-        err = SVC_ERR_NOMEM;
-    if (!err)
-        err = eng_q4nx_writer_finish(w, path, c->errstr, c->errstr_size);
+    return err;
+}
+
+svc_err_t pw_q4nx_finish(const pw_ctx_t *c, eng_q4nx_writer_t *w, const char *file) {
+    char *path = eng_path_join(c->opts->out_dir, file);
+    if (!path)
+        return SVC_ERR_NOMEM;
+    svc_err_t err = eng_q4nx_writer_finish(w, path, c->errstr, c->errstr_size);
     free(path);
     return err;
+}
+
+svc_err_t pw_q4nx_write_list(const pw_ctx_t *c, eng_q4nx_writer_t *w, const pw_list_t *l,
+                             const char *file, bool progress) {
+    svc_err_t err = pw_q4nx_add_list(c, w, l, NULL, progress);
+    return err ? err : pw_q4nx_finish(c, w, file);
 }
 
 bool eng_make_tiles_parse(const char *s, eng_make_tiles_t *out) {
@@ -109,18 +122,17 @@ static svc_err_t write_q4nx(const pw_ctx_t *c) {
     return err;
 }
 
-/* MANIFEST.sha256 as sha256sum(1) writes it: "<hex>  <name>\n". */
-static svc_err_t write_sha256sum(const pw_ctx_t *c) {
+svc_err_t pw_sha256sum(const pw_ctx_t *c, const char *const *files, size_t n) {
     svc_buf_t b;
     svc_buf_init(&b, 1 << 16);
     svc_err_t err = SVC_OK;
-    for (size_t i = 0; !err && i < sizeof Q4NX_FILES / sizeof Q4NX_FILES[0]; i++) {
+    for (size_t i = 0; !err && i < n; i++) {
         char  hex[ENG_SHA256_HEX + 1];
-        char *path = eng_path_join(c->opts->out_dir, Q4NX_FILES[i]);
+        char *path = eng_path_join(c->opts->out_dir, files[i]);
         err = path ? eng_sha256_file(path, hex, NULL, c->errstr, c->errstr_size) : SVC_ERR_NOMEM;
         free(path);
         if (!err)
-            err = svc_buf_addf(&b, "%s  %s\n", hex, Q4NX_FILES[i]);
+            err = svc_buf_addf(&b, "%s  %s\n", hex, files[i]);
     }
     if (!err)
         err = pw_write_file(c, "MANIFEST.sha256", b.data, b.len);
@@ -228,7 +240,7 @@ svc_err_t pw_q4nx_package(pw_ctx_t *c) {
     if (!err)
         err = pw_meta(c);
     if (!err)
-        err = write_sha256sum(c);
+        err = pw_sha256sum(c, Q4NX_FILES, sizeof Q4NX_FILES / sizeof Q4NX_FILES[0]);
     if (!err && c->opts->twin_dir)
         err = write_twin(c);
     return err;

@@ -157,15 +157,14 @@ json_t *pw_vision_config_hf(const pw_ctx_t *c) {
 /* Q4NX.md §6: the keys FLM's runtime reads, those T-ag's 2B config carries
  * (tower dimensions, xclbin names, matmul tiles) and the [unconfirmed]
  * QWEN3_5_VISION_OUT_HIDDEN_SIZE, which a reader needs for the merger. */
-json_t *pw_vision_config_flm(const pw_ctx_t *c) {
-    const pw_vision_t *v = pw_vision_get(c->opts->size);
-    json_t            *o = json_pack(
-                   "{sIsIsIsIsIsfsfsfsI}", "QWEN3_5_PATCH_SIZE", (json_int_t)v->patch,
-                   "QWEN3_5_IMAGE_MERGE_SIZE", (json_int_t)v->merge, "QWEN3_5_SPATIAL_MERGE_SIZE",
-                   (json_int_t)v->merge, "QWEN3_5_SHORTEST_EDGE", (json_int_t)65536, "QWEN3_5_LONGEST_EDGE",
-                   (json_int_t)16777216, "QWEN3_5_VISION_RESCALE_FACTOR", 1.0 / 255.0,
-                   "QWEN3_5_VISION_RESCALE_IMAGE_MEAN", 0.5, "QWEN3_5_VISION_RESCALE_IMAGE_STD", 0.5,
-                   "QWEN3_5_TEMPORAL_PATCH_SIZE", (json_int_t)v->temporal);
+json_t *pw_vision_config_flm(const pw_vision_t *v) {
+    json_t *o = json_pack(
+        "{sIsIsIsIsIsfsfsfsI}", "QWEN3_5_PATCH_SIZE", (json_int_t)v->patch,
+        "QWEN3_5_IMAGE_MERGE_SIZE", (json_int_t)v->merge, "QWEN3_5_SPATIAL_MERGE_SIZE",
+        (json_int_t)v->merge, "QWEN3_5_SHORTEST_EDGE", (json_int_t)65536, "QWEN3_5_LONGEST_EDGE",
+        (json_int_t)16777216, "QWEN3_5_VISION_RESCALE_FACTOR", 1.0 / 255.0,
+        "QWEN3_5_VISION_RESCALE_IMAGE_MEAN", 0.5, "QWEN3_5_VISION_RESCALE_IMAGE_STD", 0.5,
+        "QWEN3_5_TEMPORAL_PATCH_SIZE", (json_int_t)v->temporal);
     json_t *dims = json_pack(
         "{sIsIsIsIsIsIsfsIsssssIsIsI}", "QWEN3_5_VISION_EMBED_DIM", (json_int_t)v->hidden,
         "QWEN3_5_VISION_NUM_HEADS", (json_int_t)v->heads, "QWEN3_5_VISION_HEAD_DIM",

@@ -165,6 +165,38 @@ SVC_WUR svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t co
 SVC_WUR svc_err_t eng_q4nx_encode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster,
                                       const float *w, size_t rows, size_t cols, void *packed);
 
+/* ---- encoders that choose the codes themselves (eng_gptq.c) ----
+ * The encoders above fit each tile row's group parameters from the
+ * values, then round every value to its nearest level. GPTQ keeps the
+ * parameters (a group's grid) and picks the codes itself; these expose the
+ * two steps, with the byte maps kept here. Codes are the stored ones:
+ * Q4_1 and Q4_K 0..15, Q4_0 -8..7, Q8 -127..127. */
+
+/**
+ * @brief Encodes tile column q (columns 256q .. 256q + 255, zero past cols)
+ *   of a row-major f32 (rows, cols) into its tiles in packed (a matrix of
+ *   ceil(cols / 256) tile columns), exactly as eng_q4nx_encode_ref does
+ *   those tiles, and gives each (row, group) grid: code c decodes to
+ *   d * c + m (eng_q4nx_code_value).
+ * @param d, m optional (NULL): room for 32 * ceil(rows / 32) x 8 floats,
+ *   row r's 8 groups of this tile column at [r * 8, r * 8 + 8) (padding
+ *   rows included).
+ * @returns SVC_OK; SVC_ERR_INVALID (a kind not encoded, q out of range, a
+ *   value eng_q4nx_encode_ref refuses); SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_q4nx_encode_col(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster,
+                                      const float *w, size_t rows, size_t cols, size_t q,
+                                      void *packed, float *d, float *m);
+/* The encoders' rounding of x onto the grid (d, m) of kind, clipped to
+ * the kind's codes. */
+int eng_q4nx_code_near(eng_q4nx_kind_t kind, float x, float d, float m);
+/* The value code c decodes to on the grid (d, m) (m unused for Q4_0, Q8). */
+float eng_q4nx_code_value(eng_q4nx_kind_t kind, int c, float d, float m);
+/* Writes code c of element (r, k) into packed (Q tile columns); the tile's
+ * other bytes are kept. raster is ignored for Q4_K. */
+void eng_q4nx_code_put(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, void *packed, size_t Q,
+                       size_t r, size_t k, int c);
+
 /* ======================================================================
  * Names and transforms (§2.2-§2.5, §8 step 4)
  * ====================================================================== */
@@ -383,6 +415,19 @@ typedef struct eng_q4nx_wlayout {
 /* Sets the layout before the first add. SVC_ERR_INVALID: a kind above
  * not allowed, or tensors already added. */
 SVC_WUR svc_err_t eng_q4nx_writer_set_layout(eng_q4nx_writer_t *w, const eng_q4nx_wlayout_t *l);
+
+/* Encodes a matrix of packed kind into tiles in place of eng_q4nx_encode_ref
+ * (same contract: w (rows, cols) row-major after the row transforms of
+ * §2.2 -- the q_proj regroup moves rows, alpha/beta rows are duplicated,
+ * so each row is one of hf_name's --, packed of eng_q4nx_packed_bytes);
+ * on failure errstr says why. */
+typedef svc_err_t (*eng_q4nx_encode_fn)(void *user, const char *hf_name, eng_q4nx_kind_t kind,
+                                        eng_q4nx_raster_t raster, const float *w, size_t rows,
+                                        size_t cols, void *packed, char *errstr,
+                                        size_t errstr_size);
+/* The encoder of the packed matrices added from now on (NULL: the
+ * reference encoders); `quantize --method gptq` rounds with GPTQ. */
+void eng_q4nx_writer_set_encoder(eng_q4nx_writer_t *w, eng_q4nx_encode_fn fn, void *user);
 
 /**
  * @brief Encodes one HF tensor (applying the §2.2 transforms) into the writer.

@@ -445,11 +445,17 @@ static unsigned nearest4(float x, float sc, float mn) {
     return f <= 0 ? 0 : f >= 15 ? 15 : (unsigned)f;
 }
 
+/* Each row fit below writes one tile row's parameters and returns its 8
+ * groups' levels: code c decodes to d[g] * c + m[g] (m 0 for the signed
+ * kinds), the very products the decoders take. The codes are then chosen
+ * by code_near (the encoders' rounding) or by the caller
+ * (eng_q4nx_encode_col: GPTQ). */
+
 /* One Q4_K row of the tile: the 8 groups' mins u_j = -min(0, min x) and
  * steps are fitted on a bf16 super-scale with 8-bit codes, as in ggml's
  * Q4_K (min clamped to <= 0) and the converter's refit (§3.4 step 3), but
  * rounded outward (mins down, steps up) so no element is ever clipped. */
-static void enc_q4k_row(const float *x, size_t rt, uint8_t *t) {
+static void fit_q4k_row(const float *x, size_t rt, uint8_t *t, float *d, float *m) {
     float lo[8], hi[8], umax = 0;
     for (size_t g = 0; g < 8; g++) {
         group_range(x + g * ENG_Q4NX_GROUP, &lo[g], &hi[g]);
@@ -457,12 +463,12 @@ static void enc_q4k_row(const float *x, size_t rt, uint8_t *t) {
         umax = fmaxf(umax, -lo[g]);
     }
     uint16_t hm = step_up(umax, 255.0f);
-    float    P = bf16(hm), M = -P, mn[8], need[8], smax = 0;
+    float    P = bf16(hm), M = -P, need[8], smax = 0;
     for (size_t g = 0; g < 8; g++) {
         unsigned m8 = code_up(-lo[g], P, 255);
         t[256 + g * ENG_Q4NX_ROWS + rt] = (uint8_t)m8;
-        mn[g] = M * (float)m8;
-        need[g] = (hi[g] - mn[g]) / 15.0f;
+        m[g] = M * (float)m8;
+        need[g] = (hi[g] - m[g]) / 15.0f;
         smax = fmaxf(smax, need[g]);
     }
     uint16_t hs = step_up(smax, 255.0f);
@@ -472,38 +478,30 @@ static void enc_q4k_row(const float *x, size_t rt, uint8_t *t) {
     for (size_t g = 0; g < 8; g++) {
         unsigned s8 = code_up(need[g], S, 255);
         t[g * ENG_Q4NX_ROWS + rt] = (uint8_t)s8;
-        float sc = S * (float)s8;
-        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
-            size_t kt = g * ENG_Q4NX_GROUP + j;
-            put_nib(t, q4k_nib(rt, kt), rt, nearest4(x[kt], sc, mn[g]));
-        }
+        d[g] = S * (float)s8;
     }
 }
 
 /* gguf-py's Q4_1 (m = min, d = (max - min) / 15) with m rounded down and
  * d up to bf16 so that the 16 levels still span [min, max] (§3.3). */
-static void enc_q41_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
+static void fit_q41_row(const float *x, size_t rt, uint8_t *t, float *d, float *m) {
     for (size_t g = 0; g < 8; g++) {
         float lo, hi;
         group_range(x + g * ENG_Q4NX_GROUP, &lo, &hi);
         uint16_t hm = lo >= 0 ? (uint16_t)(f32_bits(lo) >> 16) : eng_f32_to_bf16_up(-lo) ^ 0x8000u;
-        float    m = bf16(hm);
-        uint16_t hd = step_up(hi - m, 15.0f);
-        float    d = bf16(hd);
-        size_t   s = g * ENG_Q4NX_ROWS + rt;
+        m[g] = bf16(hm);
+        uint16_t hd = step_up(hi - m[g], 15.0f);
+        d[g] = bf16(hd);
+        size_t s = g * ENG_Q4NX_ROWS + rt;
         wr16(t + 2 * s, hd);
         wr16(t + 512 + 2 * s, hm);
-        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
-            size_t kt = g * ENG_Q4NX_GROUP + j;
-            put_nib(t, q41_nib(ra, rt, kt), rt, nearest4(x[kt], d, m));
-        }
     }
 }
 
 /* ggml's reference Q4_0: d = v / -8 for v the value of largest magnitude,
  * code round(x / d) clipped to [-8, 7]; |d| rounded up to bf16 so that v
  * still gets -8 and nothing else passes it. Mins stay 0 (§3.3). */
-static void enc_q40_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
+static void fit_q40_row(const float *x, size_t rt, uint8_t *t, float *d, float *m) {
     for (size_t g = 0; g < 8; g++) {
         const float *xg = x + g * ENG_Q4NX_GROUP;
         float        v = 0;
@@ -513,34 +511,136 @@ static void enc_q40_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t
         uint16_t hd = step_up(fabsf(v), 8.0f);
         if (v > 0)
             hd ^= 0x8000u; /* d = v / -8 */
-        float d = bf16(hd);
+        d[g] = bf16(hd);
+        m[g] = 0;
         wr16(t + 2 * (g * ENG_Q4NX_ROWS + rt), hd);
-        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
-            float c = d != 0 ? roundf(xg[j] / d) : 0;
-            c = c < -8 ? -8 : c > 7 ? 7 : c;
-            size_t kt = g * ENG_Q4NX_GROUP + j;
-            put_nib(t, q41_nib(ra, rt, kt), rt, (unsigned)(int)c & 15u);
-        }
     }
 }
 
 /* gguf-py Q8_0 (d = max|x| / 127, c = round(x / d)) with d rounded up to
  * bf16 first, so |c| <= 127 without clipping (§4.3). */
-static void enc_q8_row(const float *x, size_t rt, eng_q4nx_raster_t ra, uint8_t *t) {
+static void fit_q8_row(const float *x, size_t rt, uint8_t *t, float *d, float *m) {
     for (size_t g = 0; g < 8; g++) {
         const float *xg = x + g * ENG_Q4NX_GROUP;
         float        amax = 0;
         for (size_t j = 0; j < ENG_Q4NX_GROUP; j++)
             amax = fmaxf(amax, fabsf(xg[j]));
         uint16_t hd = step_up(amax, 127.0f);
-        float    d = bf16(hd);
+        d[g] = bf16(hd);
+        m[g] = 0;
         wr16(t + 2 * (g * ENG_Q4NX_ROWS + rt), hd);
-        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
-            float c = d > 0 ? roundf(xg[j] / d) : 0;
-            c = c < -127 ? -127 : c > 127 ? 127 : c;
-            t[q8_code(ra, rt, g * ENG_Q4NX_GROUP + j)] = (uint8_t)(int8_t)c;
+    }
+}
+
+int eng_q4nx_code_near(eng_q4nx_kind_t kind, float x, float d, float m) {
+    float c;
+    switch (kind) {
+    case ENG_Q4NX_Q4_1:
+    case ENG_Q4NX_Q4_K:
+        return (int)nearest4(x, d, m);
+    case ENG_Q4NX_Q4_0:
+        c = d != 0 ? roundf(x / d) : 0;
+        return (int)(c < -8 ? -8 : c > 7 ? 7 : c);
+    case ENG_Q4NX_Q8:
+        c = d > 0 ? roundf(x / d) : 0;
+        return (int)(c < -127 ? -127 : c > 127 ? 127 : c);
+    default:
+        SVC_ASSERT(!"eng_q4nx_code_near: not an encoded kind");
+        return 0;
+    }
+}
+
+float eng_q4nx_code_value(eng_q4nx_kind_t kind, int c, float d, float m) {
+    if (kind == ENG_Q4NX_Q4_0 || kind == ENG_Q4NX_Q8)
+        return d * (float)c;
+    return d * (float)c + m;
+}
+
+/* Code c of tile row rt, tile column kt into tile t (zeroed codes before). */
+static void put_code(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, uint8_t *t, size_t rt, size_t kt,
+                     int c) {
+    switch (kind) {
+    case ENG_Q4NX_Q4_1:
+        put_nib(t, q41_nib(ra, rt, kt), rt, (unsigned)c);
+        break;
+    case ENG_Q4NX_Q4_0:
+        put_nib(t, q41_nib(ra, rt, kt), rt, (unsigned)c & 15u);
+        break;
+    case ENG_Q4NX_Q4_K:
+        put_nib(t, q4k_nib(rt, kt), rt, (unsigned)c);
+        break;
+    default: /* Q8 */
+        t[q8_code(ra, rt, kt)] = (uint8_t)(int8_t)c;
+    }
+}
+
+void eng_q4nx_code_put(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, void *packed, size_t Q,
+                       size_t r, size_t k, int c) {
+    uint8_t *t = (uint8_t *)packed +
+                 ((r / ENG_Q4NX_ROWS) * Q + k / ENG_Q4NX_COLS) * eng_q4nx_tile_bytes(kind);
+    if (kind == ENG_Q4NX_Q4_K)
+        raster = ENG_Q4NX_RASTER_B;
+    put_code(kind, raster, t, r % ENG_Q4NX_ROWS, k % ENG_Q4NX_COLS, c);
+}
+
+/* One tile (p, q) of w: parameters of each row fitted, codes rounded to
+ * nearest; the levels of its rows' groups into d, m (rows 32p.., stride 8)
+ * when given. */
+static void encode_tile(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float *w, size_t rows,
+                        size_t cols, size_t p, size_t q, uint8_t *t, float *blk, float *d,
+                        float *m) {
+    memset(t, 0, eng_q4nx_tile_bytes(kind));
+    gather(w, rows, cols, p, q, blk);
+    for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++) {
+        const float *x = blk + rt * ENG_Q4NX_COLS;
+        float        dr[8], mr[8];
+        if (kind == ENG_Q4NX_Q4_K)
+            fit_q4k_row(x, rt, t, dr, mr);
+        else if (kind == ENG_Q4NX_Q4_1)
+            fit_q41_row(x, rt, t, dr, mr);
+        else if (kind == ENG_Q4NX_Q4_0)
+            fit_q40_row(x, rt, t, dr, mr);
+        else
+            fit_q8_row(x, rt, t, dr, mr);
+        for (size_t kt = 0; kt < ENG_Q4NX_COLS; kt++) {
+            size_t g = kt / ENG_Q4NX_GROUP;
+            put_code(kind, ra, t, rt, kt, eng_q4nx_code_near(kind, x[kt], dr[g], mr[g]));
+        }
+        if (d) {
+            memcpy(d + (p * ENG_Q4NX_ROWS + rt) * 8, dr, sizeof dr);
+            memcpy(m + (p * ENG_Q4NX_ROWS + rt) * 8, mr, sizeof mr);
         }
     }
+}
+
+static bool encoded_kind(eng_q4nx_kind_t kind) {
+    return kind == ENG_Q4NX_Q4_1 || kind == ENG_Q4NX_Q4_0 || kind == ENG_Q4NX_Q4_K ||
+           kind == ENG_Q4NX_Q8;
+}
+
+svc_err_t eng_q4nx_encode_col(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const float *w,
+                              size_t rows, size_t cols, size_t q, void *packed, float *d,
+                              float *m) {
+    size_t P = (rows + ENG_Q4NX_ROWS - 1) / ENG_Q4NX_ROWS;
+    size_t Q = (cols + ENG_Q4NX_COLS - 1) / ENG_Q4NX_COLS;
+    if (!encoded_kind(kind) || q >= Q)
+        return SVC_ERR_INVALID;
+    if (kind == ENG_Q4NX_Q4_K)
+        raster = ENG_Q4NX_RASTER_B;
+    for (size_t r = 0; r < rows; r++)
+        if (!values_ok(w + r * cols + q * ENG_Q4NX_COLS, cols - q * ENG_Q4NX_COLS < ENG_Q4NX_COLS
+                                                             ? cols - q * ENG_Q4NX_COLS
+                                                             : ENG_Q4NX_COLS))
+            return SVC_ERR_INVALID;
+    float *blk = malloc(sizeof(tile_f32_t));
+    if (!blk)
+        return SVC_ERR_NOMEM;
+    size_t tb = eng_q4nx_tile_bytes(kind);
+    for (size_t p = 0; p < P; p++)
+        encode_tile(kind, raster, w, rows, cols, p, q, (uint8_t *)packed + (p * Q + q) * tb, blk, d,
+                    m);
+    free(blk);
+    return SVC_OK;
 }
 
 static svc_err_t encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float *w, size_t rows,
@@ -555,22 +655,8 @@ static svc_err_t encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float 
         return SVC_ERR_NOMEM;
     uint8_t *base = packed;
     for (size_t p = 0; p < P; p++)
-        for (size_t q = 0; q < Q; q++) {
-            uint8_t *t = base + (p * Q + q) * tb;
-            memset(t, 0, tb);
-            gather(w, rows, cols, p, q, blk);
-            for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++) {
-                const float *x = blk + rt * ENG_Q4NX_COLS;
-                if (kind == ENG_Q4NX_Q4_K)
-                    enc_q4k_row(x, rt, t);
-                else if (kind == ENG_Q4NX_Q4_1)
-                    enc_q41_row(x, rt, ra, t);
-                else if (kind == ENG_Q4NX_Q4_0)
-                    enc_q40_row(x, rt, ra, t);
-                else
-                    enc_q8_row(x, rt, ra, t);
-            }
-        }
+        for (size_t q = 0; q < Q; q++)
+            encode_tile(kind, ra, w, rows, cols, p, q, base + (p * Q + q) * tb, blk, NULL, NULL);
     free(blk);
     return SVC_OK;
 }
@@ -591,8 +677,7 @@ svc_err_t eng_q4nx_encode_q41_ref(const float *w, size_t rows, size_t cols,
 
 svc_err_t eng_q4nx_encode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const float *w,
                               size_t rows, size_t cols, void *packed) {
-    if (kind != ENG_Q4NX_Q4_1 && kind != ENG_Q4NX_Q4_0 && kind != ENG_Q4NX_Q4_K &&
-        kind != ENG_Q4NX_Q8)
+    if (!encoded_kind(kind))
         return SVC_ERR_INVALID;
     return encode(kind, kind == ENG_Q4NX_Q4_K ? ENG_Q4NX_RASTER_B : raster, w, rows, cols, packed);
 }

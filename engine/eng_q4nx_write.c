@@ -31,6 +31,8 @@ struct eng_q4nx_writer {
     size_t             head_dim;
     eng_q4nx_wlayout_t lay;
     size_t             vis_mm_n, vis_mm_k; /* vision tiles (§5) */
+    eng_q4nx_encode_fn enc;                /* NULL: eng_q4nx_encode_ref */
+    void              *enc_user;
     wr_tensor_t       *t;
     size_t             n, cap;
 };
@@ -75,6 +77,11 @@ svc_err_t eng_q4nx_writer_set_vision_tiles(eng_q4nx_writer_t *w, size_t mm_n, si
     w->vis_mm_n = mm_n;
     w->vis_mm_k = mm_k;
     return SVC_OK;
+}
+
+void eng_q4nx_writer_set_encoder(eng_q4nx_writer_t *w, eng_q4nx_encode_fn fn, void *user) {
+    w->enc = fn;
+    w->enc_user = user;
 }
 
 svc_err_t eng_q4nx_writer_set_layout(eng_q4nx_writer_t *w, const eng_q4nx_wlayout_t *l) {
@@ -166,17 +173,20 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
                        "q_proj has %zu rows, not a multiple of 2 x head_dim %zu (Q4NX.md §2.2)", R,
                        hd);
     /* Alpha/beta are padded to 32 rows by duplication, not zeros (§2.2). */
-    size_t   Rp = xf == ENG_Q4NX_X_ROW_DUP ? (R + 31) / 32 * 32 : R;
-    size_t   tc = eng_q4nx_tile_cols(kind), P = (Rp + 31) / 32, Q = (K + tc - 1) / tc;
-    float   *m = malloc(Rp * K * sizeof *m);
+    size_t Rp = xf == ENG_Q4NX_X_ROW_DUP ? (R + 31) / 32 * 32 : R;
+    size_t tc = eng_q4nx_tile_cols(kind), P = (Rp + 31) / 32, Q = (K + tc - 1) / tc;
+    /* rows moved or repeated into a copy; else the caller's, as they are
+     * (nano's embedding: 2 GB less at the writer's peak) */
+    bool     moved = xf == ENG_Q4NX_X_ROW_DUP || xf == ENG_Q4NX_X_Q_REGROUP;
+    float   *m = moved ? malloc(Rp * K * sizeof *m) : NULL;
     size_t   nb = eng_q4nx_packed_bytes(kind, Rp, K);
     uint8_t *p = malloc(nb);
-    if (!m || !p) {
+    if ((moved && !m) || !p) {
         free(m);
         free(p);
         return wr_fail(c, SVC_ERR_NOMEM, "out of memory for [%zu, %zu]", R, K);
     }
-    for (size_t r = 0; r < Rp; r++) {
+    for (size_t r = 0; moved && r < Rp; r++) {
         size_t src = r % R;
         if (xf == ENG_Q4NX_X_Q_REGROUP) { /* row p*(R/2) + g*hd + h <- g*2hd + p*hd + h */
             size_t half = R / 2, pp = r / half, g = (r % half) / hd, h = r % hd;
@@ -184,12 +194,15 @@ static svc_err_t wr_matrix(const wr_ctx_t *c, const uint64_t *dims, const float 
         }
         memcpy(m + r * K, x + src * K, K * sizeof *m);
     }
+    const float      *rows = moved ? m : x;
     eng_q4nx_raster_t ra = c->w->lay.raster;
-    svc_err_t         err = eng_q4nx_encode_ref(kind, ra, m, Rp, K, p);
+    svc_err_t         err = c->w->enc ? c->w->enc(c->w->enc_user, c->hf, kind, ra, rows, Rp, K, p,
+                                                  c->errstr, c->errstr_size)
+                                      : eng_q4nx_encode_ref(kind, ra, rows, Rp, K, p);
     if (err) {
         free(m);
         free(p);
-        return wr_fail(c, err, "encoding %s failed", eng_q4nx_kind_name(kind));
+        return c->w->enc ? err : wr_fail(c, err, "encoding %s failed", eng_q4nx_kind_name(kind));
     }
     if (xf == ENG_Q4NX_X_ROW_DUP) {
         /* The copy holds the dequantized values, as the converter's does, so

@@ -903,4 +903,64 @@ uint64_t eng_make_text_params(eng_make_size_t size, size_t vocab);
  */
 SVC_WUR svc_err_t eng_package_make(const eng_make_opts_t *opts, char *errstr, size_t errstr_size);
 
+/* ======================================================================
+ * Quantisation (`d3stream quantize`, docs/quantize.md): an upstream BF16
+ * package -> a D3-Nano-NPU2-style q4nx package (model.q4nx,
+ * vision_weight.q4nx, FastFlowLM's config.json, the upstream files byte
+ * for byte, MANIFEST.sha256), its 4-bit projections rounded to nearest or
+ * by GPTQ on calibration prompts, layer by layer.
+ * ====================================================================== */
+
+typedef enum eng_quant_method {
+    ENG_QUANT_RTN = 0,  /* round to nearest on each group's grid */
+    ENG_QUANT_GPTQ = 1, /* GPTQ against each projection's input Hessian */
+} eng_quant_method_t;
+
+/* What a quantisation run reports as it goes (one line, no newline). */
+typedef void (*eng_quant_log_fn)(void *user, const char *line);
+
+typedef struct eng_quant_opts {
+    const char        *model_dir; /* the upstream package (model.safetensors or shards) */
+    const char        *out_dir;   /* created if missing; files in it are replaced */
+    eng_quant_method_t method;
+    bool               gen_a; /* Gen-A: Q4_1 tiles (order A) and the BF16 embedding beside
+                                 the tied Q8 lm_head; default Gen-B: Q4_K, order B, no embedding */
+    /* GPTQ's calibration: calib_file's requests (JSONL), else calib_prompts
+     * generated requests (0: ENG_QUANT_PROMPTS) of seed calib_seed; either
+     * within calib_tokens prompt tokens (0: ENG_QUANT_TOKENS). */
+    const char *calib_file;
+    size_t      calib_prompts;
+    uint64_t    calib_tokens;
+    uint64_t    calib_seed;
+    double      damp;         /* 0: ENG_QUANT_DAMP of the mean diagonal */
+    bool        no_act_order; /* columns in order, not by decreasing Hessian diagonal (the
+                                 default: measured better, docs/quantize.md) */
+    bool static_groups;       /* without act-order: grids from the weights, not the updated ones */
+    eng_quant_log_fn log;     /* optional: progress */
+    void            *log_user;
+} eng_quant_opts_t;
+
+/* The default calibration: generated requests until 32,768 tokens (about
+ * 30 of them; states of 100 to 2,000 tokens), at most 64: the synthetic
+ * nano quantises in about 30 minutes on 2 cores (docs/quantize.md). */
+#define ENG_QUANT_PROMPTS 64u
+#define ENG_QUANT_TOKENS  32768u
+/* GPTQ's dampening by default: 10% of the Hessian's mean diagonal, not
+ * GPTQ's 1%: the same per-layer error on held-out prompts, and end to end
+ * less than half the divergence from BF16 on trained-tiny (docs/quantize.md). */
+#define ENG_QUANT_DAMP 0.1
+
+/**
+ * @brief Writes opts->out_dir from opts->model_dir (docs/quantize.md).
+ *   Memory: the embedding and one layer in fp32, the calibration tokens'
+ *   residual stream, one layer's Hessians, and the encoded output.
+ * @returns SVC_OK; SVC_ERR_INVALID (out_dir is model_dir, a package
+ *   FastFlowLM's layout cannot hold: no attention output gate, a vision
+ *   tower its config keys cannot describe; a calibration file's request),
+ *   SVC_ERR_UNSUPPORTED (not an upstream package), SVC_ERR_IO,
+ *   SVC_ERR_FORMAT, SVC_ERR_NOMEM, with errstr naming the file, tensor or
+ *   layer.
+ */
+SVC_WUR svc_err_t eng_quantize(const eng_quant_opts_t *opts, char *errstr, size_t errstr_size);
+
 #endif /* D3STREAM_ENGINE_H */

@@ -934,6 +934,15 @@ const char *npu_dnnl_refusal(void);
  * never fails (the reference takes a block oneDNN refuses). out must not
  * alias x or w. */
 void npu_matmul_dnnl(const float *x, const float *w, size_t T, size_t K, size_t N, float *out);
+/* c (M, N) = alpha a b^T + beta c, a (M, K) and b (N, K) row-major with
+ * row strides lda, ldb, c with ldc: blocks of larger matrices (the
+ * quantizer's Hessians, Cholesky and error feedback, engine/eng_gptq.c).
+ * oneDNN's sgemm in blocks of 256 x 256 of c over the pool, fp32
+ * accumulation; a block it refuses takes a double-accumulating loop, so
+ * it never fails. beta 0 ignores c's values (NaN included). c must not
+ * overlap a or b. */
+void npu_sgemm_nt(size_t M, size_t N, size_t K, float alpha, const float *a, size_t lda,
+                  const float *b, size_t ldb, float beta, float *c, size_t ldc);
 /* Attention as npu_attention_ref (same contract, fp32), as a tiled
  * online softmax whose block products are oneDNN sgemms over the pool
  * (npu_dnnl.c): what a CPU without AVX-512 runs (D3_NPU_KERNELS=generic).

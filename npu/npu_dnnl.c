@@ -444,3 +444,64 @@ svc_err_t npu_delta_rule_dnnl(const float *q, const float *k, const float *v, co
            : atomic_load(&j.nomem) ? SVC_ERR_NOMEM
                                    : SVC_OK;
 }
+
+/* ---- strided C = alpha A B^T + beta C (npu.h npu_sgemm_nt) ----------------
+ *
+ * For the quantizer's dense linear algebra (engine/eng_gptq.c: Hessians,
+ * a blocked Cholesky, the error feedback), whose operands are blocks of
+ * larger matrices. Items of DNNL_NB columns of C go over the pool, each a
+ * single-threaded sgemm; a refused sgemm takes the double-accumulating
+ * loop instead, so the product never fails. */
+
+typedef struct sg_job {
+    const float *a, *b;
+    float       *c;
+    size_t       M, N, K, lda, ldb, ldc;
+    float        alpha, beta;
+} sg_job_t;
+
+#define SG_MB 256 /* rows of C per item (with DNNL_NB columns) */
+
+/* Rows [m0, m0 + mc) and columns [n0, n0 + nc) of C. */
+static void sg_block_ref(const sg_job_t *j, size_t m0, size_t mc, size_t n0, size_t nc) {
+    for (size_t m = m0; m < m0 + mc; m++)
+        for (size_t n = n0; n < n0 + nc; n++) {
+            double s = 0.0;
+            for (size_t k = 0; k < j->K; k++)
+                s += (double)j->a[m * j->lda + k] * (double)j->b[n * j->ldb + k];
+            float *c = &j->c[m * j->ldc + n];
+            *c = (float)((double)j->alpha * s + (j->beta != 0.0f ? (double)j->beta * *c : 0.0));
+        }
+}
+
+static void sg_item(void *ctx, size_t i) {
+    const sg_job_t *j = ctx;
+    size_t          nb = (j->N + DNNL_NB - 1) / DNNL_NB;
+    size_t          m0 = i / nb * SG_MB, n0 = i % nb * DNNL_NB;
+    size_t          mc = j->M - m0 < SG_MB ? j->M - m0 : SG_MB;
+    size_t          nc = j->N - n0 < DNNL_NB ? j->N - n0 : DNNL_NB;
+    omp_set_num_threads(1);
+    if (npu_dnnl_refusal() ||
+        SG('N', 'T', mc, nc, j->K, j->alpha, j->a + m0 * j->lda, j->lda, j->b + n0 * j->ldb, j->ldb,
+           j->beta, j->c + m0 * j->ldc + n0, j->ldc) != dnnl_success)
+        sg_block_ref(j, m0, mc, n0, nc);
+}
+
+void npu_sgemm_nt(size_t M, size_t N, size_t K, float alpha, const float *a, size_t lda,
+                  const float *b, size_t ldb, float beta, float *c, size_t ldc) {
+    if (M == 0 || N == 0)
+        return;
+    sg_job_t j = {a, b, c, M, N, K, lda, ldb, ldc, alpha, beta};
+    if (K == 0) { /* oneDNN takes no empty inner dimension */
+        for (size_t m = 0; m < M; m++)
+            for (size_t n = 0; n < N; n++)
+                c[m * ldc + n] = beta != 0.0f ? beta * c[m * ldc + n] : 0.0f;
+        return;
+    }
+    size_t n_items = (M + SG_MB - 1) / SG_MB * ((N + DNNL_NB - 1) / DNNL_NB);
+    if ((double)M * (double)N * (double)K >= 2e6)
+        npu_parallel_for(n_items, sg_item, &j);
+    else
+        for (size_t i = 0; i < n_items; i++)
+            sg_item(&j, i);
+}

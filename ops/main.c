@@ -22,6 +22,8 @@ static const struct {
     {"inspect", ops_cmd_inspect,
      "a package's format, architecture, parameters and manifest verdict"},
     {"bench", ops_cmd_bench, "D3-Nano-NPU2's speed table, measured on a package on this machine"},
+    {"quantize", ops_cmd_quantize,
+     "an upstream BF16 package to a q4nx package (GPTQ or round to nearest)"},
     {"make-package", ops_cmd_make_package,
      "a synthetic package with random weights (meaningless answers)"},
     {"config", ops_cmd_config, "the effective configuration of serve or http, secrets masked"},

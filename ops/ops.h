@@ -24,6 +24,7 @@ int ops_cmd_validate(int argc, char **argv);
 int ops_cmd_version(int argc, char **argv);
 int ops_cmd_devices(int argc, char **argv);
 int ops_cmd_make_package(int argc, char **argv);
+int ops_cmd_quantize(int argc, char **argv);
 int ops_cmd_ask(int argc, char **argv);
 int ops_cmd_inspect(int argc, char **argv);
 int ops_cmd_serve(int argc, char **argv);

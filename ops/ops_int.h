@@ -31,6 +31,11 @@ void ops_matmul_desc(char *buf, size_t n);
  * allows, and the cause (MemoryDenyWriteExecute=) is the operator's. */
 void ops_warn_dnnl(void);
 
+/* dir/golden.json (eng_golden_record) for the package cmd (make-package,
+ * quantize) just wrote; a package that does not load as it is (a layout
+ * its bytes leave open) is left without one, said on stderr. */
+svc_err_t ops_record_golden(const char *cmd, const char *dir, char *errstr, size_t n);
+
 /* ---- the golden check before serving (ops_golden.c, eng_golden.c) ---- */
 
 typedef enum ops_golden_state {

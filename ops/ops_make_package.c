@@ -80,18 +80,16 @@ typedef struct make_args {
     bool            no_golden;
 } make_args_t;
 
-/* dir/golden.json from the package just written; a package that does not
- * load as it is (a layout its bytes leave open) is left without one. */
-static svc_err_t make_golden(const char *dir, char *errstr, size_t n) {
+svc_err_t ops_record_golden(const char *cmd, const char *dir, char *errstr, size_t n) {
     eng_package_t *pkg = NULL;
     eng_model_t   *m = NULL;
     char           why[1024] = "";
     if (eng_package_open(dir, &pkg, why, sizeof why) || eng_model_load(dir, &m, why, sizeof why) ||
         eng_model_check_package(m, pkg, why, sizeof why)) {
         fprintf(stderr,
-                "d3stream make-package: %s has no golden.json: it does not load without "
+                "d3stream %s: %s has no golden.json: it does not load without "
                 "options (%s)\n",
-                dir, why);
+                cmd, dir, why);
         eng_model_free(m);
         eng_package_free(pkg);
         return SVC_OK;
@@ -228,7 +226,7 @@ static int make_run(make_args_t *a) {
             if (a->opts.size != ENG_MAKE_TINY)
                 fprintf(stderr, "d3stream make-package: recording the golden answers of %s\n",
                         dirs[i][1]);
-            err = make_golden(dirs[i][1], errstr, sizeof errstr);
+            err = ops_record_golden("make-package", dirs[i][1], errstr, sizeof errstr);
         }
     if (err) {
         ops_fail("make-package", "%s", errstr);

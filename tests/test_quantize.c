@@ -1,0 +1,470 @@
+/*
+ * test_quantize.c -- `d3stream quantize` (issue 33, docs/quantize.md).
+ *
+ * The GPTQ core first, on synthetic matrices with correlated inputs: the
+ * blocked Cholesky against its definition, the tile encoders split into
+ * grid and codes giving eng_q4nx_encode_ref's bytes, and GPTQ's codes
+ * (every tile kind, static and dynamic grids, act-order) decoding to a
+ * matrix whose output error on held-out inputs is below round-to-nearest's,
+ * with its reported loss equal to the decoded matrix's.
+ */
+#include "engine.h"
+#include "eng_fwd_int.h"
+#include "eng_gptq_int.h"
+#include "eng_q4nx_int.h"
+#include "eng_quant_int.h"
+#include "eng_util_int.h"
+#include "npu.h"
+#include "test_cmd.h"
+#include "test_rng.h"
+#include "test_util.h"
+
+#include <jansson.h>
+
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+
+/* ---------------------------------------------------------------------
+ * GPTQ core
+ * --------------------------------------------------------------------- */
+
+/* About N(0, 1): the sum of four uniforms, centred and scaled. */
+static double nrm(rng_t *r) {
+    double s = 0;
+    for (int i = 0; i < 4; i++)
+        s += rng_uniform(r, 0.0f, 1.0f);
+    return (s - 2.0) * 1.7320508075688772;
+}
+
+/* x (n, K): rows z M, z standard normal (K), M a fixed random mixing with
+ * a strong shared direction, so that H = X^T X is far from diagonal, as a
+ * layer's inputs are. */
+static float *correlated(rng_t *r, const float *mix, size_t n, size_t K) {
+    float *x = malloc(n * K * sizeof *x), *z = malloc(K * sizeof *z);
+    cr_assert(x && z);
+    for (size_t t = 0; t < n; t++) {
+        for (size_t k = 0; k < K; k++)
+            z[k] = (float)nrm(r);
+        for (size_t k = 0; k < K; k++) {
+            double s = 0;
+            for (size_t j = 0; j < K; j++)
+                s += (double)z[j] * mix[j * K + k];
+            x[t * K + k] = (float)s;
+        }
+    }
+    free(z);
+    return x;
+}
+
+static float *mixing(rng_t *r, size_t K) {
+    float *m = malloc(K * K * sizeof *m);
+    cr_assert(m);
+    for (size_t j = 0; j < K; j++)
+        for (size_t k = 0; k < K; k++)
+            m[j * K + k] = (float)(nrm(r) * 0.3 + (j < 4 ? 1.0 : 0.0) +
+                                   (j == k ? 1.0 + (double)(k % 7) : 0.0));
+    return m;
+}
+
+/* sum over rows of x of |x (a - b)^T|^2 */
+static double out_err(const float *x, size_t n, const float *a, const float *b, size_t R,
+                      size_t K) {
+    double s = 0;
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = 0; r < R; r++) {
+            double y = 0;
+            for (size_t k = 0; k < K; k++)
+                y += (double)x[t * K + k] * ((double)a[r * K + k] - (double)b[r * K + k]);
+            s += y * y;
+        }
+    return s;
+}
+
+Test(quantize, cholesky_blocked) {
+    rng_t  r = {3 * 0x9e3779b97f4a7c15ull + 1};
+    size_t K = 300; /* three blocks, the last partial */
+    float *b = malloc(K * K * sizeof *b), *a = malloc(K * K * sizeof *a);
+    cr_assert(a && b);
+    for (size_t i = 0; i < K * K; i++)
+        b[i] = (float)nrm(&r);
+    for (size_t i = 0; i < K; i++)
+        for (size_t j = 0; j < K; j++) {
+            double s = i == j ? 1.0 : 0.0;
+            for (size_t k = 0; k < K; k++)
+                s += (double)b[i * K + k] * b[j * K + k];
+            a[i * K + j] = (float)s;
+        }
+    float *l = malloc(K * K * sizeof *l);
+    memcpy(l, a, K * K * sizeof *l);
+    cr_assert_eq(eng_gptq_cholesky(l, K), 0);
+    double worst = 0;
+    for (size_t i = 0; i < K; i++)
+        for (size_t j = 0; j <= i; j++) {
+            double s = 0;
+            for (size_t k = 0; k <= j; k++)
+                s += (double)l[i * K + k] * l[j * K + k];
+            worst = fmax(worst, fabs(s - a[i * K + j]) / sqrt((double)a[i * K + i] * a[j * K + j]));
+        }
+    cr_assert_lt(worst, 1e-4, "L L^T off by %g (relative)", worst);
+    a[5 * K + 5] = -1; /* not positive definite at row 5 */
+    memcpy(l, a, K * K * sizeof *l);
+    cr_assert_eq(eng_gptq_cholesky(l, K), 6);
+    free(a), free(b), free(l);
+}
+
+static const eng_q4nx_kind_t KINDS[] = {ENG_Q4NX_Q4_K, ENG_Q4NX_Q4_1, ENG_Q4NX_Q4_0, ENG_Q4NX_Q8};
+
+Test(quantize, encode_col_is_encode_ref) {
+    rng_t  r = {5 * 0x9e3779b97f4a7c15ull + 1};
+    size_t R = 40, K = 300; /* padding rows and columns */
+    float *w = malloc(R * K * sizeof *w);
+    for (size_t i = 0; i < R * K; i++)
+        w[i] = (float)nrm(&r) * 0.05f;
+    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
+        for (int ra = 0; ra < 2; ra++) {
+            size_t   nb = eng_q4nx_packed_bytes(KINDS[i], R, K);
+            uint8_t *a = malloc(nb), *b = malloc(nb);
+            memset(b, 0x5a, nb);
+            cr_assert_eq(eng_q4nx_encode_ref(KINDS[i], ra, w, R, K, a), SVC_OK);
+            for (size_t q = 0; q < 2; q++)
+                cr_assert_eq(eng_q4nx_encode_col(KINDS[i], ra, w, R, K, q, b, NULL, NULL), SVC_OK);
+            cr_assert(memcmp(a, b, nb) == 0, "%s raster %d", eng_q4nx_kind_name(KINDS[i]), ra);
+            free(a), free(b);
+        }
+    free(w);
+}
+
+typedef struct gq_case {
+    eng_q4nx_kind_t kind;
+    bool            act_order, static_groups;
+} gq_case_t;
+
+/* GPTQ against RTN on one case: loss in-sample and out-of-sample. */
+static void gptq_case(const gq_case_t *c) {
+    rng_t  r = {9 * 0x9e3779b97f4a7c15ull + 1};
+    size_t R = 48, K = 320, n = 1200;
+    float *mix = mixing(&r, K);
+    float *x = correlated(&r, mix, n, K), *x2 = correlated(&r, mix, n, K);
+    float *w = malloc(R * K * sizeof *w);
+    for (size_t i = 0; i < R * K; i++)
+        w[i] = (float)nrm(&r) * 0.05f;
+    eng_gptq_hess_t *h = eng_gptq_hess_new(K);
+    cr_assert(h);
+    cr_assert_eq(eng_gptq_hess_add(h, x, n / 2), SVC_OK);
+    cr_assert_eq(eng_gptq_hess_add(h, x + n / 2 * K, n - n / 2), SVC_OK);
+    cr_assert_eq(eng_gptq_hess_rows(h), n);
+    size_t           nb = eng_q4nx_packed_bytes(c->kind, R, K);
+    uint8_t         *pg = malloc(nb), *pr = malloc(nb);
+    eng_gptq_opts_t  o = {ENG_GPTQ_DAMP, c->act_order, c->static_groups};
+    eng_gptq_stats_t st;
+    char             errstr[256] = "";
+    cr_assert_eq(
+        eng_gptq_encode(c->kind, ENG_Q4NX_RASTER_B, w, R, K, h, &o, pg, &st, errstr, sizeof errstr),
+        SVC_OK, "%s", errstr);
+    cr_assert_eq(eng_q4nx_encode_ref(c->kind, ENG_Q4NX_RASTER_B, w, R, K, pr), SVC_OK);
+    size_t P = (R + 31) / 32, Q = (K + 255) / 256;
+    float *wg = malloc(R * K * sizeof *wg), *wr = malloc(R * K * sizeof *wr);
+    eng_q4nx_decode_ref(c->kind, ENG_Q4NX_RASTER_B, pg, P, Q, R, K, wg);
+    eng_q4nx_decode_ref(c->kind, ENG_Q4NX_RASTER_B, pr, P, Q, R, K, wr);
+    double in_g = out_err(x, n, w, wg, R, K), in_r = out_err(x, n, w, wr, R, K);
+    double out_g = out_err(x2, n, w, wg, R, K), out_r = out_err(x2, n, w, wr, R, K);
+    cr_log_info("%s act_order %d static %d: loss %.4g / rtn %.4g; held out %.4g / %.4g (%.2fx)",
+                eng_q4nx_kind_name(c->kind), c->act_order, c->static_groups, st.loss_gptq,
+                st.loss_rtn, out_g, out_r, out_g / out_r);
+    cr_assert(!st.kept_rtn);
+    cr_assert_float_eq(st.loss_gptq, in_g, 1e-3 * in_g, "reported %g, decoded %g", st.loss_gptq,
+                       in_g);
+    cr_assert_float_eq(st.loss_rtn, in_r, 1e-3 * in_r, "reported %g, decoded %g", st.loss_rtn,
+                       in_r);
+    cr_assert_lt(out_g, 0.8 * out_r, "%s: GPTQ %g, RTN %g held out", eng_q4nx_kind_name(c->kind),
+                 out_g, out_r);
+    eng_gptq_hess_free(h);
+    free(mix), free(x), free(x2), free(w), free(pg), free(pr), free(wg), free(wr);
+}
+
+Test(quantize, gptq_beats_rtn) {
+    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
+        for (int v = 0; v < 3; v++) {
+            gq_case_t c = {KINDS[i], v == 2, v == 1};
+            gptq_case(&c);
+        }
+}
+
+/* ---------------------------------------------------------------------
+ * Packages: tests/fixtures/tiny-upstream quantised both ways
+ * --------------------------------------------------------------------- */
+
+#define TINY    D3_SOURCE_DIR "/tests/fixtures/tiny-upstream"
+#define EXAMPLE D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json"
+
+static void tmp_root(char *root, size_t n) {
+    snprintf(root, n, "/tmp/d3quant.XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+}
+
+/* d3stream quantize ARGS, its exit status; stderr to the test's log. */
+static int quantize_cmd(const char *args) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "%s quantize %s 2>&1", binary(), args);
+    int rc = run_shell(cmd, &out);
+    cr_log_info("%s -> %d\n%s", cmd, rc, out.data);
+    svc_buf_fini(&out);
+    return rc;
+}
+
+static bool same_file(const char *a, const char *b) {
+    svc_buf_t x, y;
+    char      errstr[256];
+    svc_buf_init(&x, (size_t)1 << 26);
+    svc_buf_init(&y, (size_t)1 << 26);
+    bool same = svc_buf_read_file(&x, a, errstr, sizeof errstr) == SVC_OK &&
+                svc_buf_read_file(&y, b, errstr, sizeof errstr) == SVC_OK && x.len == y.len &&
+                memcmp(x.data, y.data, x.len) == 0;
+    svc_buf_fini(&x);
+    svc_buf_fini(&y);
+    return same;
+}
+
+/* inspect says ok, ask answers the example, the upstream files are there
+ * byte for byte and its weights and manifest are not. */
+static void check_package(const char *dir) {
+    char      cmd[1024];
+    svc_buf_t out;
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s", binary(), dir);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s:\n%s", cmd, out.data);
+    cr_assert(strstr(out.data, "verdict        ok"), "%s", out.data);
+    cr_assert(strstr(out.data, "q4nx Gen-B"), "%s", out.data);
+    svc_buf_fini(&out);
+    snprintf(cmd, sizeof cmd, "%s ask --model %s %s 2>/dev/null", binary(), dir, EXAMPLE);
+    cr_assert_eq(run_shell(cmd, &out), 0, "%s:\n%s", cmd, out.data);
+    cr_assert(strstr(out.data, "\"route\":{\"type\":\"choice\""), "%s", out.data);
+    svc_buf_fini(&out);
+    static const char *const same[] = {"tokenizer.json", "tokenizer_config.json",
+                                       "readout.safetensors", "decision_config.json",
+                                       "chat_template.jinja"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/%s", TINY, same[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, same[i]);
+        cr_assert(same_file(a, b), "%s differs from the upstream file", b);
+    }
+    static const char *const absent[] = {"model.safetensors", "MODEL_MANIFEST.json"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+        cr_assert(!eng_dir_has_file(dir, absent[i]), "%s/%s was written", dir, absent[i]);
+}
+
+Test(quantize, tiny_rtn_and_gptq_packages) {
+    char root[64], args[512], rtn[128], gptq[128];
+    tmp_root(root, sizeof root);
+    snprintf(rtn, sizeof rtn, "%s/rtn", root);
+    snprintf(gptq, sizeof gptq, "%s/gptq", root);
+    snprintf(args, sizeof args, "--model %s --out %s --method rtn", TINY, rtn);
+    cr_assert_eq(quantize_cmd(args), 0);
+    check_package(rtn);
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-prompts 16", TINY, gptq);
+    cr_assert_eq(quantize_cmd(args), 0);
+    check_package(gptq);
+    rm_tree(root);
+}
+
+/* Per layer, teacher-forced on prompts the calibration never saw (another
+ * seed), the relative RMS error of what each layer adds, for the two
+ * packages against the BF16 one (eng_fwd_layer_errors). */
+static void layer_errors(const char *bf16, const char *a, const char *b, double *ea, double *eb,
+                         size_t L) {
+    loaded_t    ref, qa, qb;
+    eng_calib_t c;
+    char        errstr[1024] = "";
+    load(bf16, &ref);
+    load(a, &qa);
+    load(b, &qb);
+    eng_calib_init(&c);
+    cr_assert_eq(eng_calib_generate(ref.pkg, 1000, 12, 16384, &c, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    cr_assert_geq(c.n, 6);
+    double *num = calloc(2 * L, sizeof *num), *den = calloc(2 * L, sizeof *den);
+    bool    nc = eng_package_noncausal(ref.pkg);
+    for (size_t i = 0; i < c.n; i++) {
+        cr_assert_eq(eng_fwd_layer_errors(ref.model, qa.model, c.seqs[i].v, c.seqs[i].n, nc, num,
+                                          den, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+        cr_assert_eq(eng_fwd_layer_errors(ref.model, qb.model, c.seqs[i].v, c.seqs[i].n, nc,
+                                          num + L, den + L, errstr, sizeof errstr),
+                     SVC_OK, "%s", errstr);
+    }
+    for (size_t l = 0; l < L; l++) {
+        ea[l] = sqrt(num[l] / den[l]);
+        eb[l] = sqrt(num[L + l] / den[L + l]);
+    }
+    cr_log_info("held out: %zu prompts, %llu tokens", c.n, (unsigned long long)c.tokens);
+    free(num), free(den);
+    eng_calib_fini(&c);
+    unload(&ref), unload(&qa), unload(&qb);
+}
+
+static void quantize_to(const char *out, eng_quant_method_t m) {
+    char             errstr[1024] = "";
+    eng_quant_opts_t o = {.model_dir = TINY, .out_dir = out, .method = m};
+    cr_assert_eq(eng_quantize(&o, errstr, sizeof errstr), SVC_OK, "%s", errstr);
+}
+
+Test(quantize, gptq_layer_error_below_rtn) {
+    char root[64], rtn[128], gptq[128];
+    tmp_root(root, sizeof root);
+    snprintf(rtn, sizeof rtn, "%s/rtn", root);
+    snprintf(gptq, sizeof gptq, "%s/gptq", root);
+    quantize_to(rtn, ENG_QUANT_RTN);
+    quantize_to(gptq, ENG_QUANT_GPTQ);
+    enum { L = 6 };
+    double er[L], eg[L];
+    layer_errors(TINY, rtn, gptq, er, eg, L);
+    for (size_t l = 0; l < L; l++) {
+        cr_log_info("layer %zu: relative RMS error RTN %.4f, GPTQ %.4f (%.2fx)", l, er[l], eg[l],
+                    eg[l] / er[l]);
+        cr_expect_lt(eg[l], er[l], "layer %zu: GPTQ %g, RTN %g", l, eg[l], er[l]);
+    }
+    rm_tree(root);
+}
+
+/* The examples' requests as a JSONL file (a blank line among them). */
+static void write_jsonl(const char *path, const char *bad_line) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    static const char *const ex[] = {D3_SOURCE_DIR "/ops/examples/d3-nano-npu2.json",
+                                     D3_SOURCE_DIR "/ops/examples/ticket-triage.json"};
+    for (size_t i = 0; i < 2; i++) {
+        svc_buf_t b;
+        char      errstr[256];
+        svc_buf_init(&b, 1 << 20);
+        cr_assert_eq(svc_buf_read_file(&b, ex[i], errstr, sizeof errstr), SVC_OK, "%s", errstr);
+        while (b.len && b.data[b.len - 1] == '\n')
+            b.len--;
+        fwrite(b.data, 1, b.len, f);
+        fputs("\n\n", f);
+        svc_buf_fini(&b);
+    }
+    if (bad_line)
+        fprintf(f, "%s\n", bad_line);
+    fclose(f);
+}
+
+Test(quantize, calibration_file) {
+    char root[64], jsonl[128], bad[128], out[128], args[768];
+    tmp_root(root, sizeof root);
+    snprintf(jsonl, sizeof jsonl, "%s/calib.jsonl", root);
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", root);
+    snprintf(out, sizeof out, "%s/q", root);
+    write_jsonl(jsonl, NULL);
+    write_jsonl(bad, "{\"state\": \"x\"}");
+    snprintf(args, sizeof args, "--model %s --out %s --calibration %s", TINY, out, jsonl);
+    cr_assert_eq(quantize_cmd(args), 0);
+    check_package(out);
+    /* line 5 (two requests, each followed by a blank line) has no questions */
+    char      cmd[1024];
+    svc_buf_t o;
+    snprintf(cmd, sizeof cmd, "%s quantize --model %s --out %s/q2 --calibration %s 2>&1", binary(),
+             TINY, root, bad);
+    cr_assert_eq(run_shell(cmd, &o), 3, "%s", o.data);
+    cr_assert(strstr(o.data, "bad.jsonl\" line 5: invalid_request"), "%s", o.data);
+    svc_buf_fini(&o);
+    rm_tree(root);
+}
+
+Test(quantize, refusals) {
+    char root[64], src[128], out[128], args[768];
+    tmp_root(root, sizeof root);
+    snprintf(out, sizeof out, "%s/q", root);
+    static const char *const usage[] = {
+        "--method rtn --calibration-prompts 4",
+        "--calibration /dev/null --calibration-prompts 3",
+        "--generation c",
+        "--damp 0",
+        "--calibration-tokens x",
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        snprintf(args, sizeof args, "--model %s --out %s %s", TINY, out, usage[i]);
+        cr_assert_eq(quantize_cmd(args), 2, "%s", usage[i]);
+    }
+    snprintf(args, sizeof args, "--model %s --out %s", TINY, TINY); /* not empty */
+    cr_assert_eq(quantize_cmd(args), 2);
+    /* the package's own directory, however spelt: refused before anything is written */
+    snprintf(src, sizeof src, "%s/src", root);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", TINY, src);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "--model %s --out %s/. --force --method rtn", src, src);
+    cr_assert_eq(quantize_cmd(args), 3);
+    cr_assert(!eng_dir_has_file(src, "model.q4nx"));
+    /* not an upstream package: a q4nx one */
+    snprintf(args, sizeof args, "--model %s --out %s --method rtn", src, out);
+    cr_assert_eq(quantize_cmd(args), 0);
+    snprintf(args, sizeof args, "--model %s --out %s/again --method rtn", out, root);
+    cr_assert_eq(quantize_cmd(args), 3);
+    rm_tree(root);
+}
+
+Test(quantize, generation_a) {
+    char root[64], out[128], args[512], cmd[512];
+    tmp_root(root, sizeof root);
+    snprintf(out, sizeof out, "%s/a", root);
+    snprintf(args, sizeof args, "--model %s --out %s --generation a --calibration-prompts 8", TINY,
+             out);
+    cr_assert_eq(quantize_cmd(args), 0);
+    svc_buf_t o;
+    snprintf(cmd, sizeof cmd, "%s inspect --model %s", binary(), out);
+    cr_assert_eq(run_shell(cmd, &o), 0, "%s", o.data);
+    cr_assert(strstr(o.data, "q4nx Gen-A"), "%s", o.data);
+    cr_assert(strstr(o.data, "q4_1"), "%s", o.data);
+    svc_buf_fini(&o);
+    snprintf(cmd, sizeof cmd, "%s ask --model %s %s 2>/dev/null", binary(), out, EXAMPLE);
+    cr_assert_eq(run_shell(cmd, &o), 0, "%s", o.data);
+    svc_buf_fini(&o);
+    rm_tree(root);
+}
+
+/* The generator: deterministic, decodable, its states in range, and
+ * varied (every question type, instructions given and not, non-ASCII
+ * languages). */
+Test(quantize, generated_requests) {
+    loaded_t l;
+    load(TINY, &l);
+    const eng_tokenizer_t *tok = eng_package_tokenizer(l.pkg);
+    size_t                 types[3] = {0}, no_instr = 0, non_ascii = 0, n = 60;
+    for (size_t i = 0; i < n; i++) {
+        svc_buf_t a, b;
+        svc_buf_init(&a, 1 << 24);
+        svc_buf_init(&b, 1 << 24);
+        cr_assert_eq(eng_calib_request(tok, 7, i, &a), SVC_OK);
+        cr_assert_eq(eng_calib_request(tok, 7, i, &b), SVC_OK);
+        cr_assert(a.len == b.len && memcmp(a.data, b.data, a.len) == 0, "request %zu differs", i);
+        sch_request_t        *req = decode_valid(a.data, a.len);
+        const sch_part_t     *p = sch_request_part(req, 0);
+        const sch_question_t *q = &p->questions[0];
+        cr_assert_null(q->error_code, "request %zu: %s", i, q->error_message);
+        types[q->type]++;
+        no_instr += q->instructions == NULL;
+        non_ascii += strstr(a.data, "\\u") != NULL;
+        eng_ids_t ids;
+        eng_ids_init(&ids);
+        json_t *j = json_loads(a.data, 0, NULL);
+        cr_assert(j);
+        const char *state = json_string_value(json_object_get(j, "state"));
+        cr_assert_eq(eng_tokenizer_encode(tok, state, strlen(state), &ids), SVC_OK);
+        cr_assert(ids.n >= ENG_CALIB_STATE_MIN && ids.n < ENG_CALIB_STATE_MAX + 400,
+                  "request %zu: state of %zu tokens", i, ids.n);
+        json_decref(j);
+        eng_ids_fini(&ids);
+        sch_request_free(req);
+        svc_buf_fini(&a);
+        svc_buf_fini(&b);
+    }
+    cr_log_info("types %zu %zu %zu, %zu without instructions, %zu non-ASCII", types[0], types[1],
+                types[2], no_instr, non_ascii);
+    for (int t = 0; t < 3; t++)
+        cr_assert_gt(types[t], 0, "no question of type %d in %zu requests", t, n);
+    cr_assert_gt(no_instr, 0);
+    cr_assert_gt(non_ascii, 0);
+    unload(&l);
+}
