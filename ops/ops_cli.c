@@ -8,6 +8,8 @@
 #include "schemas.h"
 
 #include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <sys/stat.h>
@@ -369,6 +371,18 @@ int ops_decode_request(const eng_package_t *pkg, const char *dir, unsigned flags
     }
     sch_error_fini(&e);
     return rc;
+}
+
+bool ops_dir_non_empty(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno != ENOENT; /* a file, or unreadable: let the writer say why */
+    struct dirent *de;
+    bool           any = false;
+    while (!any && (de = readdir(d)) != NULL)
+        any = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+    closedir(d);
+    return any;
 }
 
 bool ops_is_file(const char *dir, const char *name) {

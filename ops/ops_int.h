@@ -17,6 +17,10 @@ bool ops_read_request(const char *cmd, const char *path, svc_buf_t *body);
 /* Writes b to stdout followed by a newline; false when stdout failed. */
 bool ops_emit(const svc_buf_t *b);
 
+/* Whether dir exists and holds anything but . and .. (an existing file or
+ * an unreadable directory counts as not empty: the writer says why). The
+ * --out check of make-package and quantize. */
+bool ops_dir_non_empty(const char *dir);
 /* A regular file name in dir. */
 bool ops_is_file(const char *dir, const char *name);
 

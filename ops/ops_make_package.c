@@ -5,7 +5,6 @@
 #include "ops_int.h"
 
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 
@@ -179,19 +178,6 @@ static int parse_opt(int c, make_args_t *a) {
     return OPS_EXIT_USAGE;
 }
 
-/* true when dir exists and holds anything but . and .. */
-static bool dir_non_empty(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno != ENOENT; /* a file, or unreadable: let the writer say why */
-    struct dirent *de;
-    bool           any = false;
-    while (!any && (de = readdir(d)) != NULL)
-        any = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
-    closedir(d);
-    return any;
-}
-
 static int make_run(make_args_t *a) {
     if (a->opts.twin_dir && a->opts.format != ENG_MAKE_Q4NX) {
         ops_fail("make-package", "--twin needs --format q4nx");
@@ -210,7 +196,7 @@ static int make_run(make_args_t *a) {
     }
     const char *dirs[2][2] = {{"--out", a->opts.out_dir}, {"--twin", a->opts.twin_dir}};
     for (size_t i = 0; i < 2; i++)
-        if (dirs[i][1] && !a->force && dir_non_empty(dirs[i][1])) {
+        if (dirs[i][1] && !a->force && ops_dir_non_empty(dirs[i][1])) {
             ops_fail("make-package",
                      "%s \"%s\" exists and is not empty (use --force to write "
                      "into it)",

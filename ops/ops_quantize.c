@@ -6,7 +6,6 @@
 #include "ops_int.h"
 
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -156,19 +155,6 @@ static int parse_opt(int c, quant_args_t *a) {
     return OPS_EXIT_USAGE;
 }
 
-/* true when dir exists and holds anything but . and .. */
-static bool dir_non_empty(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno != ENOENT;
-    struct dirent *de;
-    bool           any = false;
-    while (!any && (de = readdir(d)) != NULL)
-        any = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
-    closedir(d);
-    return any;
-}
-
 static void quant_log(void *user, const char *line) {
     (void)user;
     fprintf(stderr, "d3stream quantize: %s\n", line);
@@ -184,7 +170,7 @@ static int quant_run(quant_args_t *a) {
         ops_fail("quantize", "--calibration FILE and --calibration-prompts N: give one");
         return OPS_EXIT_USAGE;
     }
-    if (!a->force && dir_non_empty(a->o.out_dir)) {
+    if (!a->force && ops_dir_non_empty(a->o.out_dir)) {
         ops_fail("quantize", "--out \"%s\" exists and is not empty (use --force to write into it)",
                  a->o.out_dir);
         return OPS_EXIT_USAGE;
