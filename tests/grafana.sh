@@ -42,23 +42,11 @@ T="grafana-$$-$RANDOM"
 "$ROOT/ops/kafka.sh" topic create "$T.out" 1 "$KDIR" >/dev/null
 printf 'k\t{"state": "the parcel came late", "questions": {"q": {"type": "noul", "instructions": "Late?"}}}\n' |
   kcat -P -b "$BROKERS" -t "$T.in" -K$'\t'
-: >"$LOG"
-"$D3STREAM" serve --model "$WORK/pkg" --brokers "$BROKERS" --group "$T" --input "$T.in" \
-  --output "$T.out" --from-beginning --http 127.0.0.1:0 2>"$LOG" &
-PID=$!
-PORT=""
+# shellcheck source=tests/tools/http_server.sh
+. "$ROOT/tests/tools/http_server.sh"
+d3_server_start "$LOG" serve --model "$WORK/pkg" --brokers "$BROKERS" --group "$T" \
+  --input "$T.in" --output "$T.out" --from-beginning --http 127.0.0.1:0
 deadline=$((SECONDS + 60 * MULT))
-while [ -z "$PORT" ] && [ $SECONDS -lt $deadline ]; do
-  kill -0 "$PID" 2>/dev/null || { cat "$LOG" >&2; fail "d3stream serve exited while starting"; }
-  PORT="$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$LOG" | head -n1)"
-  [ -n "$PORT" ] || sleep 0.05
-done
-[ -n "$PORT" ] || { cat "$LOG" >&2; fail "serve --http did not print its address"; }
-URL="http://127.0.0.1:$PORT"
-until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]; do
-  [ $SECONDS -lt $deadline ] || { cat "$LOG" >&2; fail "/health never answered 200"; }
-  sleep 0.05
-done
 code="$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
   --data-binary "@$ROOT/ops/examples/d3-nano-npu2.json" "$URL/v1/systemone")"
 [ "$code" = 200 ] || fail "POST /v1/systemone answered $code"

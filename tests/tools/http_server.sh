@@ -3,18 +3,32 @@
 # starts it on a free port and waits until /health answers.
 #
 #   http_server_start PKG LOG [ARGS...]   sets PID and URL; fail()s on timeout
+#   d3_server_start LOG COMMAND [ARGS...] the same for any command that serves
+#                                         HTTP (serve --http 127.0.0.1:0)
 #   http_server_name                      prints the served package's name
 #   http_server_stop                      SIGTERM; fail()s unless it exits 0
 #
-# Needs D3STREAM, PYVENV, MULT and a fail() from the sourcing script.
+# Needs D3STREAM, MULT and a fail() from the sourcing script (PYVENV for
+# http_server_name).
 
 http_server_start() {
   local pkg=$1 log=$2
   shift 2
-  "$D3STREAM" http --model "$pkg" --listen 127.0.0.1:0 "$@" 2>"$log" &
+  d3_server_start "$log" http --model "$pkg" --listen 127.0.0.1:0 "$@"
+}
+
+# d3_server_start LOG COMMAND [ARGS...]: `d3stream COMMAND ARGS` in the
+# background (an `http`, or a `serve --http 127.0.0.1:0`), its stderr in
+# LOG; sets PID and URL once /health answers 200.
+d3_server_start() {
+  local log=$1
+  shift
+  : >"$log" # the poll below may read it before the server opens it
+  "$D3STREAM" "$@" 2>"$log" &
   PID=$!
   URL=""
   for _ in $(seq $((300 * MULT))); do
+    kill -0 "$PID" 2>/dev/null || { cat "$log" >&2; fail "d3stream $1 exited while starting"; }
     URL="$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | head -1 | sed 's/listening on //')" || true
     [ -n "$URL" ] && curl -sf "$URL/health" >/dev/null && return 0
     sleep 0.1
