@@ -33,6 +33,8 @@ PACKAGES=(
   # dpkg-shlibdeps; its check installs it (adduser makes the service user)
   # and verifies the unit with systemd-analyze
   file dpkg-dev adduser systemd
+  # /usr/bin/time -v: the peak RSS the docs' measurements quote (docs/quantize.md)
+  time
   # the fuzzers (tests/fuzz/run.sh): clang, and its libFuzzer and sanitizer
   # runtimes, which Debian 12's clang only recommends
   clang libclang-rt-14-dev

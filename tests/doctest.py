@@ -16,7 +16,7 @@ Reads README.md and docs/*.md (or the files named). In each:
 * every relative link into the repository names a file that exists, and
   its #anchor a heading of that file (links out of it, to the design
   documents beside a checkout, are not checked: a clone elsewhere has none);
-* a full command line in inline code (``d3stream``, ``curl``, ``kcat``,
+* a command in an indented code block, or a full command line in inline code (``d3stream``, ``curl``, ``kcat``,
   ``cmake`` or ``systemctl`` with two more words, or a script of ``ops/`` or
   ``tests/`` with an argument) is an error: it would escape this test.
 
@@ -73,9 +73,17 @@ def blocks(path):
     return out, prose
 
 
+INDENTED = re.compile(r"^(?: {4,}|\t)(?:d3stream|curl|kcat|cmake|nice|ops/|tests/|build/tests/)\S* ")
+
+
 def inline_commands(path, prose):
     bad = []
+    prev = ""
     for line, text in prose:
+        if INDENTED.match(text) and (not prev.strip() or INDENTED.match(prev)):
+            bad.append(f"{path}:{line}: a command in an indented code block, not run: {text.strip()!r}"
+                       " (fence it as sh, or as text for a synopsis)")
+        prev = text
         for m in INLINE.finditer(text):
             w = m.group(1).split()
             if not w:
