@@ -56,19 +56,27 @@ until grep -q 'msg=result' "$LOG"; do
 done
 curl -sf "$URL/metrics" >"$WORK/metrics.txt" || fail "GET /metrics"
 
-python3 - "$DASH" "$WORK/metrics.txt" <<'PY' || fail "the dashboard queries what is not exported (above)"
+# Debian's python3-prometheus-client reads the scrape (as in http_formats.sh),
+# for Debian's interpreter, which need not be the first python3 on PATH.
+PROM_PY=""
+for py in /usr/bin/python3 python3; do
+  if command -v "$py" >/dev/null && "$py" -c 'import prometheus_client.parser' 2>/dev/null; then
+    PROM_PY="$py"
+    break
+  fi
+done
+[ -n "$PROM_PY" ] ||
+  fail "no python3 with prometheus_client; ops/setup-deps.sh installs python3-prometheus-client"
+
+"$PROM_PY" - "$DASH" "$WORK/metrics.txt" <<'PY' || fail "the dashboard queries what is not exported (above)"
 import json, re, sys
+from prometheus_client.parser import text_string_to_metric_families
 
 dash = json.load(open(sys.argv[1]))
-labels = {}  # sample name -> its label names
-for line in open(sys.argv[2]):
-    if line.startswith("#") or not line.strip():
-        continue
-    m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s", line)
-    if not m:
-        sys.exit(f"/metrics: unreadable line {line!r}")
-    names = set(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="', m.group(3) or ""))
-    labels.setdefault(m.group(1), set()).update(names)
+labels = {}  # sample name (d3stream_x_bucket included) -> its label names
+for fam in text_string_to_metric_families(open(sys.argv[2], encoding="utf-8").read()):
+    for smp in fam.samples:
+        labels.setdefault(smp.name, set()).update(smp.labels)
 
 exprs = []
 def walk(p):

@@ -47,22 +47,9 @@ trap cleanup EXIT
   { cat "$WORK/make.log" >&2; fail "make-package failed"; }
 # The log exists before the server starts: the poll below reads it while
 # the background job may not have opened it yet (set -e, pipefail).
-: >"$LOG"
-"$D3STREAM" http --model "$WORK/pkg" --listen 127.0.0.1:0 2>"$LOG" &
-PID=$!
-PORT=""
-deadline=$((SECONDS + 30 * MULT))
-while [ -z "$PORT" ] && [ $SECONDS -lt $deadline ]; do
-  kill -0 "$PID" 2>/dev/null || { cat "$LOG" >&2; fail "d3stream http exited while starting"; }
-  PORT="$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$LOG" | head -n1)"
-  [ -n "$PORT" ] || sleep 0.05
-done
-[ -n "$PORT" ] || { cat "$LOG" >&2; fail "d3stream http did not print its address"; }
-URL="http://127.0.0.1:$PORT"
-until [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ]; do
-  [ $SECONDS -lt $deadline ] || { cat "$LOG" >&2; fail "/health never answered 200"; }
-  sleep 0.05
-done
+# shellcheck source=tests/tools/http_server.sh
+. "$ROOT/tests/tools/http_server.sh"
+d3_server_start "$LOG" http --model "$WORK/pkg" --listen 127.0.0.1:0
 
 get() { # <path> <file>: GET, 200 expected
   local code
