@@ -111,14 +111,21 @@ static void prompts(const args_t *a, const pk_t *ref, eng_calib_t *c) {
     json_decref(root);
 }
 
-static int cmd_layers(const args_t *a) {
-    pk_t ref, q[2];
-    open_pk(a->bf16, &ref);
+/* The BF16 package, the one or two quantised ones and the held-out prompts
+ * both commands compare them on; returns how many quantised ones. */
+static int open_all(const args_t *a, pk_t *ref, pk_t q[2], eng_calib_t *c) {
+    open_pk(a->bf16, ref);
     int nq = a->b ? 2 : 1;
     for (int i = 0; i < nq; i++)
         open_pk(i ? a->b : a->a, &q[i]);
-    eng_calib_t c;
-    prompts(a, &ref, &c);
+    prompts(a, ref, c);
+    return nq;
+}
+
+static int cmd_layers(const args_t *a) {
+    pk_t             ref, q[2];
+    eng_calib_t      c;
+    int              nq = open_all(a, &ref, q, &c);
     eng_model_info_t info;
     eng_model_get_info(ref.m, &info);
     size_t  L = info.n_layers;
@@ -176,19 +183,15 @@ static void answer(const pk_t *k, const eng_ids_t *ids, float *h, double *p255, 
 }
 
 static int cmd_e2e(const args_t *a) {
-    pk_t ref, q[2];
-    open_pk(a->bf16, &ref);
-    int nq = a->b ? 2 : 1;
-    for (int i = 0; i < nq; i++)
-        open_pk(i ? a->b : a->a, &q[i]);
+    pk_t        ref, q[2];
     eng_calib_t c;
-    prompts(a, &ref, &c);
-    size_t  H = eng_model_hidden_size(ref.m);
-    float  *h0 = malloc(H * sizeof *h0), *h1 = malloc(H * sizeof *h1);
-    double  r255[ENG_N_CODES], r4[4], p255[ENG_N_CODES], p4[4];
-    double *cos = malloc(2 * c.n * sizeof *cos);
-    size_t  agree255[2] = {0}, agree4[2] = {0};
-    double  dp4[2] = {0}, kl[2] = {0};
+    int         nq = open_all(a, &ref, q, &c);
+    size_t      H = eng_model_hidden_size(ref.m);
+    float      *h0 = malloc(H * sizeof *h0), *h1 = malloc(H * sizeof *h1);
+    double      r255[ENG_N_CODES], r4[4], p255[ENG_N_CODES], p4[4];
+    double     *cos = malloc(2 * c.n * sizeof *cos);
+    size_t      agree255[2] = {0}, agree4[2] = {0};
+    double      dp4[2] = {0}, kl[2] = {0};
     for (size_t p = 0; p < c.n; p++) {
         answer(&ref, &c.seqs[p], h0, r255, r4);
         for (int i = 0; i < nq; i++) {
