@@ -29,6 +29,7 @@ Kafka broker ($D3_KAFKA_BOOTSTRAP), $KAFKA_DIR its ops/kafka.sh directory
 ($D3_KAFKA_DIR), $WORK a scratch directory of the file.
 """
 import argparse
+import functools
 import glob
 import os
 import re
@@ -109,6 +110,7 @@ def slug(heading):
     return h.replace(" ", "-")
 
 
+@functools.lru_cache(maxsize=None)
 def anchors(path):
     _, prose = blocks(path)
     return {slug(t.lstrip("#")) for _, t in prose if re.match(r"^#{1,6} ", t)}
