@@ -2,6 +2,7 @@
  * main.c -- `d3stream <command> [options]`.
  */
 #include "ops.h"
+#include "ops_int.h" /* ops_log_init: main is ops' own */
 
 #ifndef D3_VERSION
 #define D3_VERSION "dev"
@@ -57,8 +58,12 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version"))
         return ops_cmd_version(1, argv + 1);
     for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[1], COMMANDS[i].name))
+        if (!strcmp(argv[1], COMMANDS[i].name)) {
+            /* every log line names its command (serve and http set their
+             * level again from --log-level) */
+            ops_log_init(COMMANDS[i].name, OPS_LOG_INFO);
             return COMMANDS[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "d3stream: unknown command \"%s\"\n\n", argv[1]);
     usage(stderr);
     return OPS_EXIT_USAGE;

@@ -280,7 +280,6 @@ int ops_cmd_ask(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    ops_log_init("ask", OPS_LOG_INFO); /* its log lines say cmd=ask */
     const char     *dir = NULL;
     bool            no_verify = false, no_golden = false;
     eng_load_opts_t lo = {0};

@@ -861,7 +861,6 @@ int ops_cmd_bench(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    ops_log_init("bench", OPS_LOG_INFO); /* its log lines say cmd=bench */
     bench_opts_t o = {.runs = 3};
     bool         runs_given = false;
     int          c, rc;

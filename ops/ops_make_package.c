@@ -245,7 +245,6 @@ int ops_cmd_make_package(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    ops_log_init("make-package", OPS_LOG_INFO); /* its log lines say cmd=make-package */
     make_args_t a = {0};
     int         c;
     optind = 1;

@@ -207,7 +207,6 @@ int ops_cmd_quantize(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    ops_log_init("quantize", OPS_LOG_INFO); /* its log lines say cmd=quantize */
     quant_args_t a = {.o = {.method = ENG_QUANT_GPTQ}};
     int          c;
     optind = 1;
