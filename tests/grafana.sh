@@ -21,6 +21,9 @@ fail() {
   exit 1
 }
 [ -x "$D3STREAM" ] || fail "no d3stream binary at $D3STREAM (set D3STREAM)"
+# shellcheck source=tests/tools/http_server.sh
+. "$ROOT/tests/tools/http_server.sh"
+prom_python
 BROKERS="${D3_KAFKA_BOOTSTRAP:?grafana: set D3_KAFKA_BOOTSTRAP (ops/kafka.sh start DIR prints it)}"
 KDIR="${D3_KAFKA_DIR:-$ROOT/build/_kafka}"
 [ "$(cat "$KDIR/bootstrap" 2>/dev/null)" = "$BROKERS" ] ||
@@ -42,8 +45,6 @@ T="grafana-$$-$RANDOM"
 "$ROOT/ops/kafka.sh" topic create "$T.out" 1 "$KDIR" >/dev/null
 printf 'k\t{"state": "the parcel came late", "questions": {"q": {"type": "noul", "instructions": "Late?"}}}\n' |
   kcat -P -b "$BROKERS" -t "$T.in" -K$'\t'
-# shellcheck source=tests/tools/http_server.sh
-. "$ROOT/tests/tools/http_server.sh"
 d3_server_start "$LOG" serve --model "$WORK/pkg" --brokers "$BROKERS" --group "$T" \
   --input "$T.in" --output "$T.out" --from-beginning --http 127.0.0.1:0
 deadline=$((SECONDS + 60 * MULT))
@@ -56,18 +57,7 @@ until grep -q 'msg=result' "$LOG"; do
 done
 curl -sf "$URL/metrics" >"$WORK/metrics.txt" || fail "GET /metrics"
 
-# Debian's python3-prometheus-client reads the scrape (as in http_formats.sh),
-# for Debian's interpreter, which need not be the first python3 on PATH.
-PROM_PY=""
-for py in /usr/bin/python3 python3; do
-  if command -v "$py" >/dev/null && "$py" -c 'import prometheus_client.parser' 2>/dev/null; then
-    PROM_PY="$py"
-    break
-  fi
-done
-[ -n "$PROM_PY" ] ||
-  fail "no python3 with prometheus_client; ops/setup-deps.sh installs python3-prometheus-client"
-
+# Debian's python3-prometheus-client reads the scrape (as in http_formats.sh).
 "$PROM_PY" - "$DASH" "$WORK/metrics.txt" <<'PY' || fail "the dashboard queries what is not exported (above)"
 import json, re, sys
 from prometheus_client.parser import text_string_to_metric_families

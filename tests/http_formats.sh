@@ -20,17 +20,9 @@ fail() {
 }
 command -v curl >/dev/null || fail "curl not found; ops/setup-deps.sh installs it"
 [ -x "$D3STREAM" ] || fail "no d3stream binary at $D3STREAM (set D3STREAM)"
-# Debian's python3-prometheus-client is for Debian's interpreter, which need
-# not be the first python3 on PATH.
-PROM_PY=""
-for py in /usr/bin/python3 python3; do
-  if command -v "$py" >/dev/null && "$py" -c 'import prometheus_client.parser' 2>/dev/null; then
-    PROM_PY="$py"
-    break
-  fi
-done
-[ -n "$PROM_PY" ] ||
-  fail "no python3 with prometheus_client; ops/setup-deps.sh installs python3-prometheus-client"
+# shellcheck source=tests/tools/http_server.sh
+. "$ROOT/tests/tools/http_server.sh"
+prom_python
 "$PYVENV/bin/python" -c 'import openapi_spec_validator' 2>/dev/null ||
   fail "no openapi-spec-validator in $PYVENV; run tests/tools/pyvenv.sh (ops/test.sh does)"
 
@@ -47,8 +39,6 @@ trap cleanup EXIT
   { cat "$WORK/make.log" >&2; fail "make-package failed"; }
 # The log exists before the server starts: the poll below reads it while
 # the background job may not have opened it yet (set -e, pipefail).
-# shellcheck source=tests/tools/http_server.sh
-. "$ROOT/tests/tools/http_server.sh"
 d3_server_start "$LOG" http --model "$WORK/pkg" --listen 127.0.0.1:0
 
 get() { # <path> <file>: GET, 200 expected

@@ -7,6 +7,8 @@
 #                                         HTTP (serve --http 127.0.0.1:0)
 #   http_server_name                      prints the served package's name
 #   http_server_stop                      SIGTERM; fail()s unless it exits 0
+#   prom_python                           sets PROM_PY: a python3 with Debian's
+#                                         prometheus_client; fail()s without one
 #
 # Needs D3STREAM, MULT and a fail() from the sourcing script (PYVENV for
 # http_server_name).
@@ -46,4 +48,17 @@ http_server_stop() {
   kill -TERM "$PID"
   wait "$PID" || fail "d3stream http did not exit 0 on SIGTERM"
   PID=""
+}
+
+# Debian's python3-prometheus-client is for Debian's interpreter, which need
+# not be the first python3 on PATH.
+prom_python() {
+  PROM_PY=""
+  for py in /usr/bin/python3 python3; do
+    if command -v "$py" >/dev/null && "$py" -c 'import prometheus_client.parser' 2>/dev/null; then
+      PROM_PY="$py"
+      return 0
+    fi
+  done
+  fail "no python3 with prometheus_client; ops/setup-deps.sh installs python3-prometheus-client"
 }
