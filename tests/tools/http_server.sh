@@ -1,6 +1,7 @@
-# tests/tools/http_server.sh -- sourced by the scripts that drive `d3stream
-# http` with third-party clients (tests/sdk_clients.sh, tests/jevcompat.sh):
-# starts it on a free port and waits until /health answers.
+# tests/tools/http_server.sh -- sourced by the scripts that drive d3stream's
+# HTTP side with third-party clients and parsers (tests/sdk_clients.sh,
+# tests/jevcompat.sh, tests/http_formats.sh, tests/grafana.sh): starts
+# `http` (or `serve --http`) on a free port and waits until /health answers.
 #
 #   http_server_start PKG LOG [ARGS...]   sets PID and URL; fail()s on timeout
 #   d3_server_start LOG COMMAND [ARGS...] the same for any command that serves
