@@ -196,6 +196,7 @@ typedef struct gq {
     float            *at;      /* (K, K) A^T */
     float            *ablk;    /* (256, 256) A of the current block */
     float            *gd, *gm; /* (Q, 32P, 8) grids */
+    float            *imp;     /* (K) H's diagonal: the grids' importances; NULL: plain grids */
     uint8_t          *packed;
     size_t            b0, nb; /* the current block */
     char             *errstr;
@@ -216,6 +217,7 @@ static void gq_free(gq_t *g) {
     free(g->ablk);
     free(g->gd);
     free(g->gm);
+    free(g->imp);
 }
 
 static svc_err_t gq_alloc(gq_t *g) {
@@ -239,6 +241,40 @@ static svc_err_t gq_rtn(gq_t *g) {
     for (size_t q = 0; !err && q < g->Q; q++)
         err = eng_q4nx_encode_col(g->kind, g->raster, g->w, g->R, g->K, q, g->packed,
                                   g->gd + q * band, g->gm + q * band);
+    return err;
+}
+
+typedef struct gq_refit_job {
+    gq_t      *g;
+    svc_err_t *err; /* (Q) each tile column's */
+} gq_refit_job_t;
+
+/* Tile column q's grids fitted to the importances: its tiles and its
+ * band of gd, gm are its own, so the columns go over the pool. */
+static void gq_refit_col(void *ctx, size_t q) {
+    gq_refit_job_t *j = ctx;
+    gq_t           *g = j->g;
+    size_t          band = g->P * ENG_Q4NX_ROWS * 8;
+    j->err[q] = eng_q4nx_encode_col_imp(g->kind, g->raster, g->w, g->R, g->K, q, g->imp, g->packed,
+                                        g->gd + q * band, g->gm + q * band);
+}
+
+/* The grids again, fitted to H's diagonal (eng_q4nx_encode_col_imp): the
+ * tiles' parameters and the static grids. */
+static svc_err_t gq_refit(gq_t *g) {
+    g->imp = malloc(g->K * sizeof *g->imp);
+    gq_refit_job_t j = {.g = g, .err = calloc(g->Q, sizeof *j.err)};
+    if (!g->imp || !j.err) {
+        free(j.err);
+        return SVC_ERR_NOMEM;
+    }
+    for (size_t k = 0; k < g->K; k++)
+        g->imp[k] = g->h[k * g->K + k] > 0 ? g->h[k * g->K + k] : 0.0f;
+    npu_parallel_for(g->Q, gq_refit_col, &j);
+    svc_err_t err = SVC_OK;
+    for (size_t q = 0; q < g->Q && !err; q++)
+        err = j.err[q];
+    free(j.err);
     return err;
 }
 
@@ -356,8 +392,8 @@ static svc_err_t gq_block(gq_t *g, bool dynamic) {
             g->wc[r * K + b0 + c] = (b0 ? g->wc[r * K + b0 + c] : 0.0f) + g->wp[r * K + b0 + c];
     if (dynamic) {
         size_t    q = b0 / ENG_Q4NX_COLS, band = g->P * ENG_Q4NX_ROWS * 8;
-        svc_err_t err = eng_q4nx_encode_col(g->kind, g->raster, g->wc, g->R, K, q, g->packed,
-                                            g->gd + q * band, g->gm + q * band);
+        svc_err_t err = eng_q4nx_encode_col_imp(g->kind, g->raster, g->wc, g->R, K, q, g->imp,
+                                                g->packed, g->gd + q * band, g->gm + q * band);
         if (err)
             return err;
     }
@@ -428,7 +464,10 @@ static svc_err_t gq_run(gq_t *g, const eng_gptq_opts_t *o, eng_gptq_stats_t *st)
     gq_rtn_err(g);
     st->loss_rtn = gq_loss(g, g->e, NULL);
     memset(g->e, 0, g->R * g->K * sizeof *g->e);
-    err = gq_order(g, o->act_order);
+    if (!o->plain_grids)
+        err = gq_refit(g);
+    if (!err)
+        err = gq_order(g, o->act_order);
     if (!err)
         err = gq_factor(g, o->damp > 0 ? o->damp : ENG_GPTQ_DAMP, &st->damp);
     if (err)

@@ -53,6 +53,8 @@ typedef struct eng_gptq_opts {
     double damp;          /* added to H's diagonal: damp x its mean (GPTQ's 1%) */
     bool   act_order;     /* columns in order of decreasing H_kk (implies static) */
     bool   static_groups; /* grids from W, not from w~ at each block's start */
+    bool   plain_grids;   /* grids span each group (RTN's); else fitted to H's diagonal
+                             (eng_q4nx_encode_col_imp), the tiles' parameters with them */
 } eng_gptq_opts_t;
 
 #define ENG_GPTQ_DAMP 0.01

@@ -187,6 +187,17 @@ SVC_WUR svc_err_t eng_q4nx_encode_ref(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra
 SVC_WUR svc_err_t eng_q4nx_encode_col(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster,
                                       const float *w, size_t rows, size_t cols, size_t q,
                                       void *packed, float *d, float *m);
+/* As eng_q4nx_encode_col, but where imp is given (cols floats: how much
+ * each input column weighs in the output error; GPTQ passes its
+ * Hessian's diagonal) the Q4_K and Q4_1 grids are fitted to minimise the
+ * importance-weighted squared error of rounding to nearest, trimming each
+ * group's range by up to 14% at either end (group_clip in
+ * eng_q4nx_tiles.c), instead of spanning it; values past a trimmed end
+ * round to the end level. Q4_0 and Q8 ignore imp. NULL: exactly
+ * eng_q4nx_encode_col. */
+SVC_WUR svc_err_t eng_q4nx_encode_col_imp(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster,
+                                          const float *w, size_t rows, size_t cols, size_t q,
+                                          const float *imp, void *packed, float *d, float *m);
 /* The encoders' rounding of x onto the grid (d, m) of kind, clipped to
  * the kind's codes. */
 int eng_q4nx_code_near(eng_q4nx_kind_t kind, float x, float d, float m);

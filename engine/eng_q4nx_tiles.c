@@ -445,6 +445,89 @@ static unsigned nearest4(float x, float sc, float mn) {
     return f <= 0 ? 0 : f >= 15 ? 15 : (unsigned)f;
 }
 
+/* sum imp (x - level)^2 over a group on the 16 levels spanning [lo, hi]
+ * (hi > lo, and at least 1/64 of the group's span so that the codes
+ * stay far inside int32), each x on its nearest level (as nearest4, up to
+ * ties: the search only compares errors). Written for the compiler to
+ * vectorise (branch-free clamps): the search below runs it ~25 times per
+ * group of every matrix. */
+static float clip_err(const float *x, const float *imp, float lo, float hi) {
+    float sc = (hi - lo) / 15.0f, inv = 15.0f / (hi - lo), t[ENG_Q4NX_GROUP], e = 0;
+    for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) { /* no reduction: vectorised */
+        int32_t c = (int32_t)((x[j] - lo) * inv + 0.5f), o;
+        c &= ~(c >> 31);                 /* max(c, 0), without a branch */
+        o = c - 15, c -= o & ~(o >> 31); /* min(c, 15) */
+        float v = (float)c * sc + lo - x[j];
+        t[j] = imp[j] * v * v;
+    }
+    for (size_t j = 0; j < ENG_Q4NX_GROUP; j++)
+        e += t[j];
+    return e;
+}
+
+#define CLIP_STEPS 8     /* trims tried at each end */
+#define CLIP_STEP  0.02f /* of the group's range per trim */
+
+/* The best of the trims a = 0 .. CLIP_STEPS - 1 at the low end (high:
+ * false) or the high end, the other end's kept, into *lo or *hi. */
+static float clip_end(const float *x, const float *imp, bool zero_in, float r0, float lo0,
+                      float hi0, bool high, float *lo, float *hi, float best) {
+    for (int a = 1; a < CLIP_STEPS; a++) {
+        float l = high ? *lo : lo0 + CLIP_STEP * (float)a * r0;
+        float h = high ? hi0 - CLIP_STEP * (float)a * r0 : *hi;
+        if ((zero_in && l > 0.0f) || !(h > l))
+            continue;
+        float e = clip_err(x, imp, l, h);
+        if (e < best)
+            best = e, *lo = l, *hi = h;
+    }
+    return best;
+}
+
+/* The range a group's 16 levels span: [min, max] without importances (the
+ * encoders' own, nothing clipped); with them (imp, one per element; GPTQ
+ * passes its Hessian's diagonal, the weight of each input in the output
+ * error) the range that makes sum imp (x - level)^2 small: each end
+ * trimmed by 0 to 14% of the range in steps of 2% (low, high, low again:
+ * a coordinate search, within 0.5% of trying all 64 pairs on the
+ * fixtures), then the two levels refitted to the codes by weighted least
+ * squares, twice. A few clipped outliers buy a finer step for the rest,
+ * as in llama.cpp's imatrix quantisation (make_qkx2_quants). zero_in:
+ * the range must contain 0 (Q4_K's min is <= 0). */
+static void group_clip(const float *x, const float *imp, bool zero_in, float *lo, float *hi) {
+    group_range(x, lo, hi);
+    if (zero_in)
+        *lo = fminf(*lo, 0.0f);
+    if (!imp || !(*hi > *lo))
+        return;
+    float r = *hi - *lo, lo0 = *lo, hi0 = *hi, blo = *lo, bhi = *hi;
+    float best = clip_err(x, imp, blo, bhi);
+    best = clip_end(x, imp, zero_in, r, lo0, hi0, false, &blo, &bhi, best);
+    best = clip_end(x, imp, zero_in, r, lo0, hi0, true, &blo, &bhi, best);
+    best = clip_end(x, imp, zero_in, r, lo0, hi0, false, &blo, &bhi, best);
+    for (int it = 0; it < 2; it++) { /* the levels refitted to the codes, weighted least squares */
+        float  sc = (bhi - blo) / 15.0f;
+        double sw = 0, sl = 0, sll = 0, sx = 0, slx = 0;
+        for (size_t j = 0; j < ENG_Q4NX_GROUP; j++) {
+            double L = (double)nearest4(x[j], sc, blo), w = imp[j];
+            sw += w, sl += w * L, sll += w * L * L, sx += w * x[j], slx += w * L * x[j];
+        }
+        double det = sw * sll - sl * sl, d, m;
+        if (!(det > 0))
+            break;
+        d = (sw * slx - sl * sx) / det, m = (sll * sx - sl * slx) / det;
+        if (zero_in && m > 0)
+            m = 0, d = sll > 0 ? slx / sll : 0;
+        if (!(d > 0) || 15.0 * 64.0 * d < r) /* also keeps clip_err's codes within int32 */
+            break;
+        float e = clip_err(x, imp, (float)m, (float)(m + 15 * d));
+        if (!(e < best))
+            break;
+        best = e, blo = (float)m, bhi = (float)(m + 15 * d);
+    }
+    *lo = blo, *hi = bhi;
+}
+
 /* Each row fit below writes one tile row's parameters and returns its 8
  * groups' levels: code c decodes to d[g] * c + m[g] (m 0 for the signed
  * kinds), the very products the decoders take. The codes are then chosen
@@ -455,11 +538,12 @@ static unsigned nearest4(float x, float sc, float mn) {
  * steps are fitted on a bf16 super-scale with 8-bit codes, as in ggml's
  * Q4_K (min clamped to <= 0) and the converter's refit (§3.4 step 3), but
  * rounded outward (mins down, steps up) so no element is ever clipped. */
-static void fit_q4k_row(const float *x, size_t rt, uint8_t *t, float *d, float *m) {
+static void fit_q4k_row(const float *x, const float *imp, size_t rt, uint8_t *t, float *d,
+                        float *m) {
     float lo[8], hi[8], umax = 0;
     for (size_t g = 0; g < 8; g++) {
-        group_range(x + g * ENG_Q4NX_GROUP, &lo[g], &hi[g]);
-        lo[g] = fminf(lo[g], 0.0f);
+        group_clip(x + g * ENG_Q4NX_GROUP, imp ? imp + g * ENG_Q4NX_GROUP : NULL, true, &lo[g],
+                   &hi[g]);
         umax = fmaxf(umax, -lo[g]);
     }
     uint16_t hm = step_up(umax, 255.0f);
@@ -484,10 +568,11 @@ static void fit_q4k_row(const float *x, size_t rt, uint8_t *t, float *d, float *
 
 /* gguf-py's Q4_1 (m = min, d = (max - min) / 15) with m rounded down and
  * d up to bf16 so that the 16 levels still span [min, max] (§3.3). */
-static void fit_q41_row(const float *x, size_t rt, uint8_t *t, float *d, float *m) {
+static void fit_q41_row(const float *x, const float *imp, size_t rt, uint8_t *t, float *d,
+                        float *m) {
     for (size_t g = 0; g < 8; g++) {
         float lo, hi;
-        group_range(x + g * ENG_Q4NX_GROUP, &lo, &hi);
+        group_clip(x + g * ENG_Q4NX_GROUP, imp ? imp + g * ENG_Q4NX_GROUP : NULL, false, &lo, &hi);
         uint16_t hm = lo >= 0 ? (uint16_t)(f32_bits(lo) >> 16) : eng_f32_to_bf16_up(-lo) ^ 0x8000u;
         m[g] = bf16(hm);
         uint16_t hd = step_up(hi - m[g], 15.0f);
@@ -587,17 +672,17 @@ void eng_q4nx_code_put(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, void *pac
  * nearest; the levels of its rows' groups into d, m (rows 32p.., stride 8)
  * when given. */
 static void encode_tile(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float *w, size_t rows,
-                        size_t cols, size_t p, size_t q, uint8_t *t, float *blk, float *d,
-                        float *m) {
+                        size_t cols, size_t p, size_t q, uint8_t *t, float *blk, const float *imp,
+                        float *d, float *m) {
     memset(t, 0, eng_q4nx_tile_bytes(kind));
     gather(w, rows, cols, p, q, blk);
     for (size_t rt = 0; rt < ENG_Q4NX_ROWS; rt++) {
         const float *x = blk + rt * ENG_Q4NX_COLS;
         float        dr[8], mr[8];
         if (kind == ENG_Q4NX_Q4_K)
-            fit_q4k_row(x, rt, t, dr, mr);
+            fit_q4k_row(x, imp, rt, t, dr, mr);
         else if (kind == ENG_Q4NX_Q4_1)
-            fit_q41_row(x, rt, t, dr, mr);
+            fit_q41_row(x, imp, rt, t, dr, mr);
         else if (kind == ENG_Q4NX_Q4_0)
             fit_q40_row(x, rt, t, dr, mr);
         else
@@ -621,6 +706,12 @@ static bool encoded_kind(eng_q4nx_kind_t kind) {
 svc_err_t eng_q4nx_encode_col(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const float *w,
                               size_t rows, size_t cols, size_t q, void *packed, float *d,
                               float *m) {
+    return eng_q4nx_encode_col_imp(kind, raster, w, rows, cols, q, NULL, packed, d, m);
+}
+
+svc_err_t eng_q4nx_encode_col_imp(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, const float *w,
+                                  size_t rows, size_t cols, size_t q, const float *imp,
+                                  void *packed, float *d, float *m) {
     size_t P = (rows + ENG_Q4NX_ROWS - 1) / ENG_Q4NX_ROWS;
     size_t Q = (cols + ENG_Q4NX_COLS - 1) / ENG_Q4NX_COLS;
     if (!encoded_kind(kind) || q >= Q)
@@ -632,13 +723,18 @@ svc_err_t eng_q4nx_encode_col(eng_q4nx_kind_t kind, eng_q4nx_raster_t raster, co
                                                              ? cols - q * ENG_Q4NX_COLS
                                                              : ENG_Q4NX_COLS))
             return SVC_ERR_INVALID;
-    float *blk = malloc(sizeof(tile_f32_t));
+    float *blk = malloc(sizeof(tile_f32_t)), ti[ENG_Q4NX_COLS] = {0};
     if (!blk)
         return SVC_ERR_NOMEM;
+    if (imp) /* the tile column's, zero past cols */
+        memcpy(
+            ti, imp + q * ENG_Q4NX_COLS,
+            (cols - q * ENG_Q4NX_COLS < ENG_Q4NX_COLS ? cols - q * ENG_Q4NX_COLS : ENG_Q4NX_COLS) *
+                sizeof *ti);
     size_t tb = eng_q4nx_tile_bytes(kind);
     for (size_t p = 0; p < P; p++)
-        encode_tile(kind, raster, w, rows, cols, p, q, (uint8_t *)packed + (p * Q + q) * tb, blk, d,
-                    m);
+        encode_tile(kind, raster, w, rows, cols, p, q, (uint8_t *)packed + (p * Q + q) * tb, blk,
+                    imp ? ti : NULL, d, m);
     free(blk);
     return SVC_OK;
 }
@@ -656,7 +752,8 @@ static svc_err_t encode(eng_q4nx_kind_t kind, eng_q4nx_raster_t ra, const float 
     uint8_t *base = packed;
     for (size_t p = 0; p < P; p++)
         for (size_t q = 0; q < Q; q++)
-            encode_tile(kind, ra, w, rows, cols, p, q, base + (p * Q + q) * tb, blk, NULL, NULL);
+            encode_tile(kind, ra, w, rows, cols, p, q, base + (p * Q + q) * tb, blk, NULL, NULL,
+                        NULL);
     free(blk);
     return SVC_OK;
 }

@@ -251,7 +251,7 @@ svc_err_t qz_gptq_text(qz_t *q, eng_q4nx_writer_t *w) {
     qg_t g = {.q = q,
               .w = w,
               .go = {q->o->damp > 0 ? q->o->damp : ENG_QUANT_DAMP, !q->o->no_act_order,
-                     q->o->static_groups}};
+                     q->o->static_groups, q->o->plain_grids}};
     eng_q4nx_writer_set_encoder(w, qg_encode, &g);
     svc_err_t err = qg_calib(q, &c);
     if (!err)

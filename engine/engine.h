@@ -936,6 +936,8 @@ typedef struct eng_quant_opts {
     bool        no_act_order; /* columns in order, not by decreasing Hessian diagonal (the
                                  default: measured better, docs/quantize.md) */
     bool static_groups;       /* without act-order: grids from the weights, not the updated ones */
+    bool plain_grids;         /* each group's grid spans its values (RTN's) instead of being
+                                 fitted to the Hessian's diagonal (the default, measured better) */
     eng_quant_log_fn log;     /* optional: progress */
     void            *log_user;
 } eng_quant_opts_t;

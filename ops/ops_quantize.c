@@ -15,7 +15,7 @@ static const char QUANT_HELP[] =
     "                         [--calibration FILE | --calibration-prompts N]\n"
     "                         [--calibration-tokens N] [--calibration-seed N]\n"
     "                         [--generation a|b] [--damp X] [--no-act-order]\n"
-    "                         [--static-groups]\n"
+    "                         [--static-groups] [--plain-grids]\n"
     "                         [--force] [--no-golden]\n"
     "\n"
     "Writes into DIR a D3-Nano-NPU2-style package made from the upstream package in\n"
@@ -53,6 +53,9 @@ static const char QUANT_HELP[] =
     "  --static-groups        with --no-act-order: group grids from the weights before\n"
     "                         any update (else each block of 256 columns is fitted as\n"
     "                         it is reached)\n"
+    "  --plain-grids          GPTQ: each group's 16 levels span its values, as --method\n"
+    "                         rtn's; by default they are fitted to the Hessian's diagonal\n"
+    "                         (ends trimmed where that lowers the weighted error)\n"
     "  --force                write into a non-empty DIR (same-named files replaced)\n"
     "  --no-golden            no golden.json (by default the package is loaded and the\n"
     "                         golden request answered on this machine, as make-package does)\n"
@@ -144,6 +147,10 @@ static int parse_opt(int c, quant_args_t *a) {
         a->o.static_groups = true;
         a->calib_given = true;
         return 0;
+    case 'P':
+        a->o.plain_grids = true;
+        a->calib_given = true;
+        return 0;
     case 'F':
         a->force = true;
         return 0;
@@ -162,8 +169,8 @@ static void quant_log(void *user, const char *line) {
 
 static int quant_run(quant_args_t *a) {
     if (a->o.method == ENG_QUANT_RTN && a->calib_given) {
-        ops_fail("quantize", "--calibration*, --damp, --no-act-order and --static-groups are "
-                             "GPTQ's (--method rtn takes none)");
+        ops_fail("quantize", "--calibration*, --damp, --no-act-order, --static-groups and "
+                             "--plain-grids are GPTQ's (--method rtn takes none)");
         return OPS_EXIT_USAGE;
     }
     if (a->o.calib_file && a->o.calib_prompts) {
@@ -202,6 +209,7 @@ int ops_cmd_quantize(int argc, char **argv) {
         {"damp", required_argument, NULL, 'd'},
         {"no-act-order", no_argument, NULL, 'A'},
         {"static-groups", no_argument, NULL, 'S'},
+        {"plain-grids", no_argument, NULL, 'P'},
         {"force", no_argument, NULL, 'F'},
         {"no-golden", no_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},

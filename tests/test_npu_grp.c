@@ -162,7 +162,7 @@ static void check8(rng_t *r, size_t T, size_t K, size_t N) {
 Test(npu_grp, grp8) {
     rng_t        r = {0xc7};
     const size_t Ts[] = {1, 6, 7, 33};
-    const size_t Ks[] = {1, 31, 32, 33, 100, 256};
+    const size_t Ks[] = {1, 31, 32, 33, 100, 256, 544, 1000};
     const size_t Ns[] = {1, 16, 33, 130};
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
         for (size_t j = 0; j < sizeof Ks / sizeof Ks[0]; j++)

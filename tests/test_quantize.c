@@ -135,9 +135,50 @@ Test(quantize, encode_col_is_encode_ref) {
     free(w);
 }
 
+/* Importance-fitted grids (eng_q4nx_encode_col_imp): without importances
+ * exactly encode_col's bytes; with them, a lower importance-weighted
+ * squared error than the plain grids', tile by tile, on weights with
+ * outliers and importances that vary by 100x across columns. */
+Test(quantize, importance_grids) {
+    rng_t  r = {11 * 0x9e3779b97f4a7c15ull + 1};
+    size_t R = 40, K = 300, P = 2, Q = 2;
+    float *w = malloc(R * K * sizeof *w), *imp = malloc(K * sizeof *imp);
+    for (size_t i = 0; i < R * K; i++)
+        w[i] = (float)nrm(&r) * 0.05f * (i % 97 == 0 ? 4.0f : 1.0f);
+    for (size_t k = 0; k < K; k++)
+        imp[k] = 0.01f + rng_uniform(&r, 0.0f, 1.0f);
+    for (size_t i = 0; i < 2; i++) { /* Q4_K, Q4_1 */
+        size_t   nb = eng_q4nx_packed_bytes(KINDS[i], R, K);
+        uint8_t *a = malloc(nb), *b = malloc(nb), *c = malloc(nb);
+        float   *wa = malloc(R * K * sizeof *wa), *wc = malloc(R * K * sizeof *wc);
+        for (size_t q = 0; q < Q; q++) {
+            cr_assert_eq(eng_q4nx_encode_col(KINDS[i], 0, w, R, K, q, a, NULL, NULL), SVC_OK);
+            cr_assert_eq(eng_q4nx_encode_col_imp(KINDS[i], 0, w, R, K, q, NULL, b, NULL, NULL),
+                         SVC_OK);
+            cr_assert_eq(eng_q4nx_encode_col_imp(KINDS[i], 0, w, R, K, q, imp, c, NULL, NULL),
+                         SVC_OK);
+        }
+        cr_assert(memcmp(a, b, nb) == 0, "%s: no importances, other bytes",
+                  eng_q4nx_kind_name(KINDS[i]));
+        eng_q4nx_decode_ref(KINDS[i], 0, a, P, Q, R, K, wa);
+        eng_q4nx_decode_ref(KINDS[i], 0, c, P, Q, R, K, wc);
+        double ea = 0, ec = 0;
+        for (size_t n = 0; n < R; n++)
+            for (size_t k = 0; k < K; k++) {
+                double da = w[n * K + k] - wa[n * K + k], dc = w[n * K + k] - wc[n * K + k];
+                ea += imp[k] * da * da, ec += imp[k] * dc * dc;
+            }
+        cr_log_info("%s: weighted error %.4g plain, %.4g fitted (%.2fx)",
+                    eng_q4nx_kind_name(KINDS[i]), ea, ec, ec / ea);
+        cr_assert_lt(ec, 0.9 * ea, "%s: fitted %g, plain %g", eng_q4nx_kind_name(KINDS[i]), ec, ea);
+        free(a), free(b), free(c), free(wa), free(wc);
+    }
+    free(w), free(imp);
+}
+
 typedef struct gq_case {
     eng_q4nx_kind_t kind;
-    bool            act_order, static_groups;
+    bool            act_order, static_groups, plain_grids;
 } gq_case_t;
 
 /* GPTQ against RTN on one case: loss in-sample and out-of-sample. */
@@ -156,7 +197,7 @@ static void gptq_case(const gq_case_t *c) {
     cr_assert_eq(eng_gptq_hess_rows(h), n);
     size_t           nb = eng_q4nx_packed_bytes(c->kind, R, K);
     uint8_t         *pg = malloc(nb), *pr = malloc(nb);
-    eng_gptq_opts_t  o = {ENG_GPTQ_DAMP, c->act_order, c->static_groups};
+    eng_gptq_opts_t  o = {ENG_GPTQ_DAMP, c->act_order, c->static_groups, c->plain_grids};
     eng_gptq_stats_t st;
     char             errstr[256] = "";
     cr_assert_eq(
@@ -169,9 +210,10 @@ static void gptq_case(const gq_case_t *c) {
     eng_q4nx_decode_ref(c->kind, ENG_Q4NX_RASTER_B, pr, P, Q, R, K, wr);
     double in_g = out_err(x, n, w, wg, R, K), in_r = out_err(x, n, w, wr, R, K);
     double out_g = out_err(x2, n, w, wg, R, K), out_r = out_err(x2, n, w, wr, R, K);
-    cr_log_info("%s act_order %d static %d: loss %.4g / rtn %.4g; held out %.4g / %.4g (%.2fx)",
-                eng_q4nx_kind_name(c->kind), c->act_order, c->static_groups, st.loss_gptq,
-                st.loss_rtn, out_g, out_r, out_g / out_r);
+    cr_log_info("%s act_order %d static %d plain %d: loss %.4g / rtn %.4g; held out %.4g / %.4g "
+                "(%.2fx)",
+                eng_q4nx_kind_name(c->kind), c->act_order, c->static_groups, c->plain_grids,
+                st.loss_gptq, st.loss_rtn, out_g, out_r, out_g / out_r);
     cr_assert(!st.kept_rtn);
     cr_assert_float_eq(st.loss_gptq, in_g, 1e-3 * in_g, "reported %g, decoded %g", st.loss_gptq,
                        in_g);
@@ -185,8 +227,8 @@ static void gptq_case(const gq_case_t *c) {
 
 Test(quantize, gptq_beats_rtn) {
     for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
-        for (int v = 0; v < 3; v++) {
-            gq_case_t c = {KINDS[i], v == 2, v == 1};
+        for (int v = 0; v < 6; v++) {
+            gq_case_t c = {KINDS[i], v % 3 == 2, v % 3 == 1, v >= 3};
             gptq_case(&c);
         }
 }
