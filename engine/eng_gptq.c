@@ -259,8 +259,14 @@ static void gq_refit_col(void *ctx, size_t q) {
                                         g->gd + q * band, g->gm + q * band);
 }
 
-/* The grids again, fitted to H's diagonal (eng_q4nx_encode_col_imp): the
- * tiles' parameters and the static grids. */
+/* The grids again, fitted to importances (eng_q4nx_encode_col_imp): the
+ * tiles' parameters and the static grids. The importance of column k is
+ * H_kk plus the mean of H's diagonal: with H_kk alone a column the
+ * calibration barely reached weighs nothing, its group's grid clips it
+ * freely, and prompts unlike the calibration's then find it wrong
+ * (trained-tiny, 100 generated held-out prompts: final-state cosine 0.89
+ * against BF16 where RTN keeps 0.93; with the mean added 0.96, the
+ * per-layer errors unchanged; docs/quantize.md). */
 static svc_err_t gq_refit(gq_t *g) {
     g->imp = malloc(g->K * sizeof *g->imp);
     gq_refit_job_t j = {.g = g, .err = calloc(g->Q, sizeof *j.err)};
@@ -268,8 +274,12 @@ static svc_err_t gq_refit(gq_t *g) {
         free(j.err);
         return SVC_ERR_NOMEM;
     }
+    double mean = 0;
     for (size_t k = 0; k < g->K; k++)
-        g->imp[k] = g->h[k * g->K + k] > 0 ? g->h[k * g->K + k] : 0.0f;
+        mean += g->h[k * g->K + k] > 0 ? g->h[k * g->K + k] : 0.0f;
+    mean /= (double)g->K;
+    for (size_t k = 0; k < g->K; k++)
+        g->imp[k] = (g->h[k * g->K + k] > 0 ? g->h[k * g->K + k] : 0.0f) + (float)mean;
     npu_parallel_for(g->Q, gq_refit_col, &j);
     svc_err_t err = SVC_OK;
     for (size_t q = 0; q < g->Q && !err; q++)
