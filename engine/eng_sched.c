@@ -96,6 +96,7 @@ struct sreq {
     eng_answers_t       *ans;
     eng_deadline_t       dl;        /* under s->mu */
     double               submit_ms; /* eng_now_ms at submit */
+    eng_sched_class_t    cls;       /* its lane of the queue (eng_sched_submit_as) */
     bool                 started;   /* a forward ran: queue_ms is set */
     size_t               left;      /* questions not finished, under s->mu */
     squ_t               *qs;        /* (n_qs), in part order */
@@ -124,12 +125,13 @@ struct eng_sched {
     eng_imgreg_t        *reg; /* image slots, or NULL without a vision tower */
     bool                 noncausal;
     size_t               max_jobs, max_tokens, max_group, n_workers;
-    pthread_t           *threads;   /* (n_workers) */
-    struct wctx         *ctx;       /* (n_workers) */
-    size_t               n_threads; /* started */
-    size_t               n_layers;  /* the model's L */
-    size_t               n_shared;  /* layers a prefix state keeps per token (F or L) */
-    eng_ids_t            head;      /* the constant head's ids */
+    size_t               bulk_max_jobs, bulk_max_tokens; /* ENG_SCHED_BULK's bounds */
+    pthread_t           *threads;                        /* (n_workers) */
+    struct wctx         *ctx;                            /* (n_workers) */
+    size_t               n_threads;                      /* started */
+    size_t               n_layers;                       /* the model's L */
+    size_t               n_shared; /* layers a prefix state keeps per token (F or L) */
+    eng_ids_t            head;     /* the constant head's ids */
     /* state after head under each profile, read-only (a state is continued
      * only by the profile's model view that made it): exact's at start,
      * another profile's when a batch of it first runs (head_ensure) */
@@ -152,8 +154,8 @@ struct eng_sched {
 
     pthread_mutex_t   mu;
     pthread_cond_t    cv;
-    squ_t            *q_head, *q_tail; /* FIFO */
-    sreq_t           *live;            /* admitted requests not completed (eng_sched_cancel) */
+    squ_t            *q_head[2], *q_tail[2]; /* FIFO per eng_sched_class_t, interactive first */
+    sreq_t           *live; /* admitted requests not completed (eng_sched_cancel) */
     uint64_t          seq;
     bool              stopping;
     eng_sched_stats_t stats;
@@ -527,7 +529,22 @@ static void release_locked(eng_sched_t *s, sreq_t **done, squ_t *q, const double
     }
 }
 
-/* The leaders handed work (release_locked) at the queue's tail. Called
+/* q at the tail of its request's lane. @locks s->mu held. */
+static void lane_push_locked(eng_sched_t *s, squ_t *q) {
+    eng_sched_class_t c = q->r->cls;
+    q->next = NULL;
+    if (s->q_tail[c])
+        s->q_tail[c]->next = q;
+    else
+        s->q_head[c] = q;
+    s->q_tail[c] = q;
+}
+
+static bool queue_empty_locked(const eng_sched_t *s) {
+    return !s->q_head[ENG_SCHED_INTERACTIVE] && !s->q_head[ENG_SCHED_BULK];
+}
+
+/* The leaders handed work (release_locked) at their lanes' tails. Called
  * after finish_locked, before s->mu is let go. @locks s->mu held. */
 static void requeue_locked(eng_sched_t *s) {
     if (!s->requeue)
@@ -535,12 +552,7 @@ static void requeue_locked(eng_sched_t *s) {
     while (s->requeue) {
         squ_t *q = s->requeue;
         s->requeue = q->next;
-        q->next = NULL;
-        if (s->q_tail)
-            s->q_tail->next = q;
-        else
-            s->q_head = q;
-        s->q_tail = q;
+        lane_push_locked(s, q);
     }
     pthread_cond_broadcast(&s->cv);
 }
@@ -912,43 +924,58 @@ static size_t images_ready(wctx_t *w, squ_t **v, size_t n) {
     return kept;
 }
 
-/* Takes up to max_group questions of one profile (the first live one's)
- * off the queue into v, in queue order; the others stay queued in order.
- * Questions of failed or expired requests are finished on the way.
- * Returns how many were taken and sets w's model to that profile's.
- * @locks s->mu held. */
-static size_t take_batch_locked(wctx_t *w, squ_t **v) {
+/* The walk of take_batch_locked over the queue's lanes: its counts are
+ * shared by both lanes. */
+typedef struct take {
+    size_t n, finished, passed;
+    bool   have_prof;
+} take_t;
+
+/* take_batch_locked over lane c. @locks s->mu held. */
+static void take_lane_locked(wctx_t *w, squ_t **v, eng_sched_class_t c, take_t *t) {
     eng_sched_t *s = w->s;
-    size_t       n = 0, finished = 0, passed = 0;
-    squ_t      **link = &s->q_head, *kept = NULL; /* kept: the last question left queued */
+    squ_t      **link = &s->q_head[c], *kept = NULL; /* kept: the last question left queued */
     /* finish at most max_group, and pass over a bounded number of the
      * other profile's, so that the lock is held briefly */
-    while (*link && n < s->max_group && finished < s->max_group && passed < 4 * s->max_group) {
+    while (*link && t->n < s->max_group && t->finished < s->max_group &&
+           t->passed < 4 * s->max_group) {
         squ_t *q = *link;
         if (q->r->err || q->r->dl.expired) { /* known without reading the clock */
             *link = q->next;
             if (!q->r->err)
                 eng_answers_put_deadline(q->r->ans, q->p, q->i);
             finish_locked(s, &w->done, q, NULL);
-            finished++;
+            t->finished++;
             continue;
         }
-        if (n == 0)
-            w->prof = q->prof;
+        if (!t->have_prof)
+            w->prof = q->prof, t->have_prof = true;
         if (q->prof != w->prof) { /* another pass takes it: profiles never share one */
             kept = q;
             link = &q->next;
-            passed++;
+            t->passed++;
             continue;
         }
         *link = q->next;
-        v[n++] = q;
+        v[t->n++] = q;
     }
     if (!*link) /* walked to the end: the tail is the last question left */
-        s->q_tail = kept;
+        s->q_tail[c] = kept;
+}
+
+/* Takes up to max_group questions of one profile (the first live one's)
+ * off the queue into v, the interactive lane's before the bulk lane's,
+ * each in queue order; the others stay queued in order. Questions of
+ * failed or expired requests are finished on the way. Returns how many
+ * were taken and sets w's model to that profile's. @locks s->mu held. */
+static size_t take_batch_locked(wctx_t *w, squ_t **v) {
+    eng_sched_t *s = w->s;
+    take_t       t = {0};
+    take_lane_locked(w, v, ENG_SCHED_INTERACTIVE, &t);
+    take_lane_locked(w, v, ENG_SCHED_BULK, &t);
     requeue_locked(s); /* the leaders handed work by the ones finished here */
     w->model = eng_model_profile(s->model, w->prof);
-    return n;
+    return t.n;
 }
 
 static void *worker_main(void *arg) {
@@ -959,15 +986,15 @@ static void *worker_main(void *arg) {
     SVC_ASSERT(v && lc && w->hidden && w->pend && w->seqs);
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->q_head && !s->cdone && !s->stopping)
+        while (queue_empty_locked(s) && !s->cdone && !s->stopping)
             pthread_cond_wait(&s->cv, &s->mu);
         sreq_t *cd = s->cdone;
         s->cdone = NULL;
-        if (!s->q_head && !cd) {
+        if (queue_empty_locked(s) && !cd) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        size_t n = s->q_head ? take_batch_locked(w, v) : 0;
+        size_t n = !queue_empty_locked(s) ? take_batch_locked(w, v) : 0;
         if (n)
             batch_note(&s->stats, n);
         pthread_mutex_unlock(&s->mu);
@@ -1113,6 +1140,12 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     }
     s->max_jobs = conf->max_jobs ? conf->max_jobs : ENG_SCHED_MAX_JOBS;
     s->max_tokens = conf->max_tokens ? conf->max_tokens : ENG_SCHED_MAX_TOKENS;
+    s->bulk_max_jobs = conf->bulk_max_jobs && conf->bulk_max_jobs < s->max_jobs
+                           ? conf->bulk_max_jobs
+                           : s->max_jobs;
+    s->bulk_max_tokens = conf->bulk_max_tokens && conf->bulk_max_tokens < s->max_tokens
+                             ? conf->bulk_max_tokens
+                             : s->max_tokens;
     s->max_group = conf->max_group ? conf->max_group : 32;
     if (eng_model_has_vision(model)) {
         s->reg = eng_imgreg_new(model, conf->max_images ? conf->max_images : 32);
@@ -1163,11 +1196,15 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     return SVC_OK;
 }
 
-/* Whether n_jobs more jobs of tokens would pass a bound while other jobs
- * are pending (eng_sched_conf_t.max_jobs). @locks s->mu held */
-static bool queue_full_locked(const eng_sched_t *s, size_t n_jobs, uint64_t tokens) {
-    return s->stats.queued_jobs > 0 && (s->stats.queued_jobs + n_jobs > s->max_jobs ||
-                                        s->stats.queued_tokens + tokens > s->max_tokens);
+/* Whether n_jobs more jobs of tokens of class c would pass c's bound
+ * while other jobs (of either class) are pending
+ * (eng_sched_conf_t.max_jobs, bulk_max_jobs). @locks s->mu held */
+static bool queue_full_locked(const eng_sched_t *s, size_t n_jobs, uint64_t tokens,
+                              eng_sched_class_t c) {
+    size_t   mj = c == ENG_SCHED_BULK ? s->bulk_max_jobs : s->max_jobs;
+    uint64_t mt = c == ENG_SCHED_BULK ? s->bulk_max_tokens : s->max_tokens;
+    return s->stats.queued_jobs > 0 &&
+           (s->stats.queued_jobs + n_jobs > mj || s->stats.queued_tokens + tokens > mt);
 }
 
 /* A request that the queue (or, with images, the image slots) would turn
@@ -1177,7 +1214,7 @@ static bool queue_full_locked(const eng_sched_t *s, size_t n_jobs, uint64_t toke
  * reach the model), so this may wait a little earlier than needed, never
  * forever: an empty queue admits. Tokens are not known before the
  * tokenizing; the exact check counts them. */
-static bool would_wait(eng_sched_t *s, const sch_request_t *req) {
+static bool would_wait(eng_sched_t *s, const sch_request_t *req, eng_sched_class_t c) {
     size_t n_img = 0, n_jobs = 0;
     for (size_t p = 0; p < sch_request_n_parts(req); p++) {
         const sch_part_t *part = sch_request_part(req, p);
@@ -1188,14 +1225,19 @@ static bool would_wait(eng_sched_t *s, const sch_request_t *req) {
         n_jobs += valid;
     }
     pthread_mutex_lock(&s->mu);
-    bool full = queue_full_locked(s, n_jobs, 0);
+    bool full = queue_full_locked(s, n_jobs, 0, c);
     pthread_mutex_unlock(&s->mu);
     return full || (n_img && s->reg && eng_imgreg_would_wait(s->reg));
 }
 
 svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
                            void *user, sch_error_t *reject) {
-    if (would_wait(s, req))
+    return eng_sched_submit_as(s, req, ENG_SCHED_INTERACTIVE, done, user, reject);
+}
+
+svc_err_t eng_sched_submit_as(eng_sched_t *s, const sch_request_t *req, eng_sched_class_t cls,
+                              eng_sched_done_fn done, void *user, sch_error_t *reject) {
+    if (would_wait(s, req, cls))
         return SVC_ERR_RETRIABLE;
     char      errstr[512] = "";
     double    submit_ms = eng_now_ms();
@@ -1206,6 +1248,7 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
         r->done = done;
         r->user = user;
         r->submit_ms = submit_ms;
+        r->cls = cls;
         eng_deadline_start(&r->dl, sch_request_options(req)); /* counts from submit */
         err = eng_answer_refuse_media(s->pkg, s->model, req, errstr, sizeof errstr);
     }
@@ -1228,7 +1271,7 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
     }
     pthread_mutex_lock(&s->mu);
     SVC_ASSERT(!s->stopping);
-    if (queue_full_locked(s, r->n_jobs, r->tokens)) {
+    if (queue_full_locked(s, r->n_jobs, r->tokens, cls)) {
         pthread_mutex_unlock(&s->mu);
         sreq_free(r);
         return SVC_ERR_RETRIABLE;
@@ -1247,11 +1290,7 @@ svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_d
             }
             fl_insert_locked(s, q);
         }
-        if (s->q_tail)
-            s->q_tail->next = q;
-        else
-            s->q_head = q;
-        s->q_tail = q;
+        lane_push_locked(s, q);
     }
     s->stats.queued += r->n_qs;
     s->stats.queued_jobs += r->n_jobs;

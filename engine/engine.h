@@ -682,7 +682,27 @@ typedef struct eng_sched_conf {
     size_t      cache_entries;
     size_t      cache_bytes;
     const char *identity; /* the package identity in the key (copied; NULL: the served name) */
+    /* Bulk requests (eng_sched_submit_as with ENG_SCHED_BULK: serve's
+     * Kafka records) are admitted only while the queue, both classes
+     * counted, stays within these smaller bounds, so that a backlog leaves
+     * max_jobs - bulk_max_jobs jobs (and the tokens) to interactive
+     * requests (HTTP) instead of turning them away with 429. 0, or not
+     * below max_jobs / max_tokens: the same bounds (no room kept). */
+    size_t bulk_max_jobs;
+    size_t bulk_max_tokens;
 } eng_sched_conf_t;
+
+/* The two lanes of the queue. Interactive questions (eng_sched_submit's)
+ * are taken before every queued bulk one; each lane is FIFO. A bulk
+ * request waits while interactive ones keep the workers busy: an
+ * interactive load that never lets up starves the bulk lane, by design
+ * (a person is waiting on the HTTP answer; the Kafka lag shows the wait).
+ * An interactive question that joins an identical bulk one in flight
+ * (the result cache's joins) waits on it in the bulk lane. */
+typedef enum eng_sched_class {
+    ENG_SCHED_INTERACTIVE = 0,
+    ENG_SCHED_BULK = 1,
+} eng_sched_class_t;
 
 /* serve and http's defaults (upstream's --result-cache-entries, and ours). */
 #define ENG_SCHED_CACHE_ENTRIES 16384u
@@ -738,6 +758,13 @@ SVC_WUR svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *mod
  */
 SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng_sched_done_fn done,
                                    void *user, sch_error_t *reject);
+
+/* eng_sched_submit (which is this with ENG_SCHED_INTERACTIVE) in lane cls:
+ * ENG_SCHED_BULK is admitted within bulk_max_jobs and bulk_max_tokens and
+ * runs after the queued interactive questions. */
+SVC_WUR svc_err_t eng_sched_submit_as(eng_sched_t *s, const sch_request_t *req,
+                                      eng_sched_class_t cls, eng_sched_done_fn done, void *user,
+                                      sch_error_t *reject);
 
 /**
  * @brief Withdraws the admitted request submitted with done and user (its

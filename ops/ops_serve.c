@@ -125,7 +125,10 @@ static const char SERVE_HELP[] =
     "  --http HOST:PORT    also serve the HTTP shim (the routes of `d3stream http\n"
     "                      --help`) on this address, in this process, on the same\n"
     "                      package and engine scheduler: HTTP requests and Kafka\n"
-    "                      records share the worker threads. Port 0 picks a free one;\n"
+    "                      records share the worker threads; HTTP requests run first,\n"
+    "                      and records fill at most 3/4 of --max-queue and\n"
+    "                      --max-queued-tokens, so a backlog leaves room for HTTP\n"
+    "                      instead of 429s. Port 0 picks a free one;\n"
     "                      the address is logged (msg=\"listening on http://...\").\n"
     "                      /health is 503 until the model is loaded; /metrics has the\n"
     "                      HTTP and engine metrics and those of --metrics-file\n"
@@ -168,6 +171,10 @@ static const char SERVE_HELP[] =
 #define SERVE_PROGRESS_MS  2000
 #define SERVE_METRICS_MS   5000
 #define SERVE_HTTP_DRAIN_S 60.0
+/* With --http, Kafka records (the engine's bulk lane) may fill the queue
+ * up to all but 1/4 of --max-queue and --max-queued-tokens; HTTP requests
+ * have the rest and are run first (eng_sched_class_t). */
+#define SERVE_HTTP_SHARE 4
 
 static volatile sig_atomic_t serve_stop, serve_hup;
 
@@ -443,6 +450,12 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
     pthread_cond_init(&s.cond, NULL);
     eng_sched_conf_t sc = ops_sched_conf(&o->http, ask->model_sha256);
     int              rc = OPS_EXIT_FAILURE;
+    if (http) { /* a Kafka backlog leaves a quarter of the queue to HTTP */
+        size_t   mj = sc.max_jobs ? sc.max_jobs : ENG_SCHED_MAX_JOBS;
+        uint64_t mt = sc.max_tokens ? sc.max_tokens : ENG_SCHED_MAX_TOKENS;
+        sc.bulk_max_jobs = mj > 1 ? mj - mj / SERVE_HTTP_SHARE : 1;
+        sc.bulk_max_tokens = mt > 1 ? mt - mt / SERVE_HTTP_SHARE : 1;
+    }
     s.reg = sch_registry_new(o->registry_url, 0, errstr, sizeof errstr);
     if (!s.reg)
         ops_fail("serve", "--schema-registry: %s", errstr);

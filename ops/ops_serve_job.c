@@ -200,7 +200,7 @@ bool ops_serve_job_submit(serve_t *s) {
         return false;
     sch_error_t reject;
     sch_error_init(&reject);
-    svc_err_t err = eng_sched_submit(s->sched, j->req, engine_done, j, &reject);
+    svc_err_t err = eng_sched_submit_as(s->sched, j->req, ENG_SCHED_BULK, engine_done, j, &reject);
     if (err == SVC_ERR_RETRIABLE) {
         sch_error_fini(&reject);
         s->refused = st;

@@ -528,6 +528,7 @@ typedef struct slot {
     bool           block;   /* wait in done until released */
     bool           in_done; /* done has been entered */
     bool           released;
+    size_t         order; /* how many dones had finished before this one's */
 } slot_t;
 
 static void on_done(void *user, eng_answers_t *ans, svc_err_t err, const char *errstr) {
@@ -539,6 +540,7 @@ static void on_done(void *user, eng_answers_t *ans, svc_err_t err, const char *e
     sl->err = err;
     snprintf(sl->errstr, sizeof sl->errstr, "%s", errstr ? errstr : "");
     sl->in_done = true;
+    sl->order = w->n_done;
     pthread_cond_broadcast(&w->cv);
     while (sl->block && !sl->released)
         pthread_cond_wait(&w->cv, &w->mu);
@@ -1065,6 +1067,51 @@ Test(sched, backpressure_counts_jobs) {
     sch_request_free(rb);
     sch_request_free(rc);
     sch_request_free(rd);
+    unload(&l);
+}
+
+/* Two lanes: Kafka's bulk requests fill the queue only to bulk_max_jobs,
+ * which leaves room for interactive (HTTP) ones, and an interactive
+ * request is run before the bulk ones queued ahead of it. */
+Test(sched, interactive_lane_keeps_room_and_goes_first) {
+    loaded_t     l;
+    waiter_t     w;
+    eng_sched_t *s =
+        one_worker(&l, (eng_sched_conf_t){.max_jobs = 4, .bulk_max_jobs = 2, .max_group = 1}, &w);
+    sch_request_t *ra = n_questions(1), *rb[3], *rc[3];
+    slot_t         a = {.w = &w, .block = true}, b[3], c[3];
+    for (int i = 0; i < 3; i++) {
+        rb[i] = n_questions(1), rc[i] = n_questions(1);
+        b[i] = (slot_t){.w = &w}, c[i] = (slot_t){.w = &w};
+    }
+    block_worker(s, ra, &a);
+    cr_assert_eq(eng_sched_submit_as(s, rb[0], ENG_SCHED_BULK, on_done, &b[0], NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit_as(s, rb[1], ENG_SCHED_BULK, on_done, &b[1], NULL), SVC_OK);
+    /* the bulk bound: two jobs queued */
+    cr_assert_eq(eng_sched_submit_as(s, rb[2], ENG_SCHED_BULK, on_done, &b[2], NULL),
+                 SVC_ERR_RETRIABLE);
+    /* the room left for the interactive lane: two more, then full */
+    cr_assert_eq(eng_sched_submit(s, rc[0], on_done, &c[0], NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit_as(s, rc[1], ENG_SCHED_INTERACTIVE, on_done, &c[1], NULL),
+                 SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rc[2], on_done, &c[2], NULL), SVC_ERR_RETRIABLE);
+    release_blocked(&a);
+    wait_done(&w, 5);
+    /* a ran first (it blocked the worker); then c0, c1, then b0, b1 */
+    cr_assert_eq(a.order, 0);
+    cr_assert_eq(c[0].order, 1);
+    cr_assert_eq(c[1].order, 2);
+    cr_assert_eq(b[0].order, 3);
+    cr_assert_eq(b[1].order, 4);
+    /* an empty queue admits a bulk request as before */
+    cr_assert_eq(eng_sched_submit_as(s, rb[2], ENG_SCHED_BULK, on_done, &b[2], NULL), SVC_OK);
+    wait_done(&w, 6);
+    eng_sched_free(s);
+    slot_t *all[] = {&a, &b[0], &b[1], &b[2], &c[0], &c[1]};
+    check_all_ok(all, 6);
+    sch_request_free(ra);
+    for (int i = 0; i < 3; i++)
+        sch_request_free(rb[i]), sch_request_free(rc[i]);
     unload(&l);
 }
 

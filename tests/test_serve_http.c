@@ -92,6 +92,17 @@ static void assert_example(const svc_buf_t *resp) {
     json_decref(j);
 }
 
+/* The example's bytes, NUL-terminated (caller frees). */
+static char *read_example(void) {
+    svc_buf_t b;
+    char      errstr[256];
+    size_t    len = 0;
+    svc_buf_init(&b, (size_t)1 << 24);
+    cr_assert(svc_buf_read_file(&b, EXAMPLE, errstr, sizeof errstr) == SVC_OK, "%s", errstr);
+    cr_assert_eq(svc_buf_add(&b, "", 1), SVC_OK);
+    return svc_buf_steal(&b, &len);
+}
+
 Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
     char dir[64], pkg[128], log[160], metrics[160];
     make_package(dir, pkg, sizeof pkg);
@@ -123,16 +134,7 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
 
     /* The second half goes in while the example is posted over HTTP. */
     produce(t.in, reqs + n / 2, n - n / 2);
-    size_t len = 0;
-    char  *example = NULL;
-    {
-        svc_buf_t b;
-        char      errstr[256];
-        svc_buf_init(&b, (size_t)1 << 24);
-        cr_assert(svc_buf_read_file(&b, EXAMPLE, errstr, sizeof errstr) == SVC_OK, "%s", errstr);
-        cr_assert_eq(svc_buf_add(&b, "", 1), SVC_OK);
-        example = svc_buf_steal(&b, &len);
-    }
+    char *example = read_example();
     for (int i = 0; i < 10; i++) {
         st = http_call(port, "POST", "/v1/systemone", example, &resp);
         cr_assert_eq(st, 200, "POST %d: %d: %s (see %s)", i, st, resp.data, log);
@@ -190,6 +192,73 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
     cr_assert_geq(log_count(log, "level=info cmd=serve msg=result request_id=shttp-"), n);
     cr_assert_eq(log_count(log, " msg=request request_id="), 10, "see %s", log);
     cr_assert_eq(log_count(log, " method=POST path=/v1/systemone status=200 "), 10, "see %s", log);
+    free(reqs);
+    free(bufs);
+    rm_tree(dir);
+}
+
+/* A Kafka backlog larger than the engine's queue (--max-queue 4) keeps the
+ * queue full while it drains; the records may fill only 3/4 of it, so the
+ * HTTP requests posted meanwhile are admitted (200, never 429) and run
+ * before the queued records. */
+Test(serve_http, backlog_leaves_room_for_http, .timeout = 600, .fini = children_kill) {
+    char dir[64], pkg[128], log[160];
+    make_package(dir, pkg, sizeof pkg);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    topics_t t;
+    topics_new(&t);
+    int    n = scaled(1000, 200);
+    char  *bufs;
+    req_t *reqs = simple_requests(n, "sback", &bufs);
+    produce(t.in, reqs, n);
+    char base[2048];
+    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, t.dlq,
+              "--http 127.0.0.1:0 --workers 1 --max-queue 4");
+    pid_t     pid = child_start(base, log);
+    int       port = wait_port(pid, log);
+    svc_buf_t resp;
+    svc_buf_init(&resp, (size_t)1 << 26);
+    int64_t deadline = now_ms() + wait_ms();
+    int     st = 0;
+    while ((st = http_call(port, "GET", "/health", NULL, &resp)) != 200 && now_ms() < deadline) {
+        child_assert_running(pid, log);
+        usleep(20 * 1000);
+    }
+    cr_assert_eq(st, 200, "/health: %d: %s", st, resp.data);
+    char *example = read_example();
+    /* from the first record's result (the log's line) on, one request
+     * after another, while records are left (up to 100 requests) */
+    static const char result[] = "level=info cmd=serve msg=result request_id=sback-";
+    deadline = now_ms() + wait_ms();
+    while (log_count(log, result) == 0 && now_ms() < deadline) {
+        child_assert_running(pid, log);
+        usleep(5 * 1000);
+    }
+    int during = 0;
+    while (during < 100 && log_count(log, result) < n) {
+        st = http_call(port, "POST", "/v1/systemone", example, &resp);
+        cr_assert_eq(st, 200, "POST %d during the backlog: %d: %s (see %s)", during, st, resp.data,
+                     log);
+        assert_example(&resp);
+        during++;
+    }
+    free(example);
+    cr_log_info("HTTP requests answered while the backlog drained: %d (of at most 100)", during);
+    cr_assert_geq(during, 3, "the backlog drained too fast for the test (%d requests)", during);
+    static rec_t recs[MAX_RECS];
+    int          got = 0;
+    deadline = now_ms() + wait_ms() * 2;
+    while ((got = read_all(t.out, recs, MAX_RECS)) < n && now_ms() < deadline) {
+        recs_free(recs, got);
+        child_assert_running(pid, log);
+        usleep(200 * 1000);
+    }
+    cr_assert_geq(got, n, "%d of %d Kafka results (see %s)", got, n, log);
+    recs_free(recs, got);
+    svc_buf_fini(&resp);
+    child_term_ok(pid, log);
+    assert_committed_at_end(t.group, t.in);
+    cr_assert_eq(log_count(log, " status=429 "), 0, "see %s", log);
     free(reqs);
     free(bufs);
     rm_tree(dir);
