@@ -529,15 +529,34 @@ static void release_locked(eng_sched_t *s, sreq_t **done, squ_t *q, const double
     }
 }
 
-/* q at the tail of its request's lane. @locks s->mu held. */
-static void lane_push_locked(eng_sched_t *s, squ_t *q) {
-    eng_sched_class_t c = q->r->cls;
+/* q at the tail of lane c. @locks s->mu held. */
+static void lane_push_to_locked(eng_sched_t *s, squ_t *q, eng_sched_class_t c) {
     q->next = NULL;
     if (s->q_tail[c])
         s->q_tail[c]->next = q;
     else
         s->q_head[c] = q;
     s->q_tail[c] = q;
+}
+
+/* q at the tail of its request's lane. @locks s->mu held. */
+static void lane_push_locked(eng_sched_t *s, squ_t *q) {
+    lane_push_to_locked(s, q, q->r->cls);
+}
+
+/* An interactive question joined bulk leader l: l, if still queued in the
+ * bulk lane, moves to the interactive lane's tail, so that the question
+ * does not wait behind the backlog. @locks s->mu held. */
+static void promote_locked(eng_sched_t *s, squ_t *l) {
+    squ_t **link = &s->q_head[ENG_SCHED_BULK], *prev = NULL;
+    while (*link && *link != l)
+        prev = *link, link = &(*link)->next;
+    if (!*link) /* running already, or queued interactive */
+        return;
+    *link = l->next;
+    if (s->q_tail[ENG_SCHED_BULK] == l)
+        s->q_tail[ENG_SCHED_BULK] = prev;
+    lane_push_to_locked(s, l, ENG_SCHED_INTERACTIVE);
 }
 
 static bool queue_empty_locked(const eng_sched_t *s) {
@@ -1286,6 +1305,8 @@ svc_err_t eng_sched_submit_as(eng_sched_t *s, const sch_request_t *req, eng_sche
             if (l) {
                 join_locked(l, q);
                 s->stats.joins++;
+                if (cls == ENG_SCHED_INTERACTIVE && l->r->cls == ENG_SCHED_BULK)
+                    promote_locked(s, l);
                 continue;
             }
             fl_insert_locked(s, q);

@@ -697,8 +697,8 @@ typedef struct eng_sched_conf {
  * request waits while interactive ones keep the workers busy: an
  * interactive load that never lets up starves the bulk lane, by design
  * (a person is waiting on the HTTP answer; the Kafka lag shows the wait).
- * An interactive question that joins an identical bulk one in flight
- * (the result cache's joins) waits on it in the bulk lane. */
+ * An interactive question that joins an identical bulk one still queued
+ * (the result cache's joins) moves that one to the interactive lane. */
 typedef enum eng_sched_class {
     ENG_SCHED_INTERACTIVE = 0,
     ENG_SCHED_BULK = 1,

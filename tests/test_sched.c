@@ -1115,6 +1115,42 @@ Test(sched, interactive_lane_keeps_room_and_goes_first) {
     unload(&l);
 }
 
+/* An interactive question that joins an identical queued bulk one (the
+ * result cache's joins) moves it ahead of the backlog: both are answered
+ * before the bulk request queued before them. */
+Test(sched, interactive_join_promotes_its_bulk_leader) {
+    loaded_t     l;
+    waiter_t     w;
+    eng_sched_t *s = one_worker(&l, (eng_sched_conf_t){.max_group = 1, .cache_entries = 16}, &w);
+    static const char b0_body[] = "{\"state\": \"z\", \"questions\": {\"q\": {\"type\": "
+                                  "\"noul\", \"instructions\": \"Is it b?\"}}}",
+                      x_body[] = "{\"state\": \"w\", \"questions\": {\"q\": {\"type\": "
+                                 "\"noul\", \"instructions\": \"Is it c?\"}}}";
+    sch_request_t *ra = n_states(2), *rb0 = decode_valid(b0_body, strlen(b0_body)),
+                  *rb1 = decode_valid(x_body, strlen(x_body)),
+                  *rc = decode_valid(x_body, strlen(x_body));
+    slot_t a = {.w = &w, .block = true}, b0 = {.w = &w}, b1 = {.w = &w}, c = {.w = &w};
+    block_worker(s, ra, &a);
+    cr_assert_eq(eng_sched_submit_as(s, rb0, ENG_SCHED_BULK, on_done, &b0, NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit_as(s, rb1, ENG_SCHED_BULK, on_done, &b1, NULL), SVC_OK);
+    cr_assert_eq(eng_sched_submit(s, rc, on_done, &c, NULL), SVC_OK);
+    eng_sched_stats_t st;
+    eng_sched_stats(s, &st);
+    cr_assert_eq(st.joins, 1);
+    release_blocked(&a);
+    wait_done(&w, 4);
+    cr_assert_lt(b1.order, b0.order, "the promoted leader ran after the backlog");
+    cr_assert_lt(c.order, b0.order, "the joined question waited behind the backlog");
+    eng_sched_free(s);
+    slot_t *all[] = {&a, &b0, &b1, &c};
+    check_all_ok(all, 4);
+    sch_request_free(ra);
+    sch_request_free(rb0);
+    sch_request_free(rb1);
+    sch_request_free(rc);
+    unload(&l);
+}
+
 /* The prompt tokens req's questions run (their usage), from the plain path. */
 static size_t request_tokens(const loaded_t *l, const sch_request_t *req) {
     eng_answers_t *ans = NULL;
