@@ -328,6 +328,82 @@ Test(quantize, gptq_layer_error_below_rtn) {
     rm_tree(root);
 }
 
+/* A reference pass over a model's own layers, the stream after layer
+ * `keep` copied out (eng_fwd_ref_t.done). */
+typedef struct ref_cut {
+    const eng_model_t *m;
+    size_t             keep, seen;
+    float             *x;
+} ref_cut_t;
+
+static svc_err_t cut_fetch(void *user, size_t li, eng_layer_t *l, char *errstr, size_t n) {
+    (void)errstr, (void)n;
+    *l = ((ref_cut_t *)user)->m->layers[li];
+    return SVC_OK;
+}
+
+static void cut_drop(void *user, eng_layer_t *l) {
+    (void)user, (void)l;
+}
+
+static svc_err_t cut_done(void *user, size_t li, const float *x, size_t rows, char *errstr,
+                          size_t n) {
+    ref_cut_t *c = user;
+    (void)errstr, (void)n;
+    c->seen++;
+    if (li == c->keep) {
+        c->x = malloc(rows * c->m->cfg.hidden * sizeof *c->x);
+        cr_assert(c->x);
+        memcpy(c->x, x, rows * c->m->cfg.hidden * sizeof *c->x);
+    }
+    return SVC_OK;
+}
+
+/* A reference pass started at layer k from the stream another pass had
+ * after layer k - 1 ends bit for bit where the whole pass does (what
+ * `quantize --resume` relies on). */
+Test(quantize, reference_pass_resumes_bit_for_bit) {
+    loaded_t    l;
+    eng_calib_t c;
+    char        errstr[1024] = "";
+    load(TINY, &l);
+    eng_calib_init(&c);
+    cr_assert_eq(eng_calib_generate(l.pkg, 5, 3, 4096, &c, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    size_t         H = l.model->cfg.hidden, L = l.model->cfg.n_layers, k = 3;
+    float         *fin = malloc(2 * c.n * H * sizeof *fin);
+    eng_fwd_seq_t *seqs = calloc(c.n, sizeof *seqs);
+    cr_assert(fin && seqs && c.n >= 2);
+    for (size_t i = 0; i < c.n; i++)
+        seqs[i] = (eng_fwd_seq_t){NULL, c.seqs[i].v, c.seqs[i].n, fin + i * H};
+    ref_cut_t     cut = {.m = l.model, .keep = k - 1};
+    eng_fwd_ref_t r = {.fetch = cut_fetch, .drop = cut_drop, .user = &cut, .done = cut_done};
+    bool          nc = eng_package_noncausal(l.pkg);
+    cr_assert_eq(eng_fwd_reference(l.model, &r, seqs, c.n, NULL, nc, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    cr_assert_eq(cut.seen, L);
+    for (size_t i = 0; i < c.n; i++)
+        seqs[i].final_last = fin + (c.n + i) * H;
+    ref_cut_t     again = {.m = l.model, .keep = SIZE_MAX};
+    eng_fwd_ref_t r2 = {.fetch = cut_fetch,
+                        .drop = cut_drop,
+                        .user = &again,
+                        .done = cut_done,
+                        .first = k,
+                        .x0 = cut.x};
+    cr_assert_eq(eng_fwd_reference(l.model, &r2, seqs, c.n, NULL, nc, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert_eq(again.seen, L - k);
+    cr_assert(memcmp(fin, fin + c.n * H, c.n * H * sizeof *fin) == 0,
+              "the resumed pass's final states differ");
+    r2.x0 = NULL; /* a start without its input is refused */
+    cr_assert_eq(eng_fwd_reference(l.model, &r2, seqs, c.n, NULL, nc, errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    free(cut.x), free(fin), free(seqs);
+    eng_calib_fini(&c);
+    unload(&l);
+}
+
 /* The examples' requests as a JSONL file (a blank line among them). */
 static void write_jsonl(const char *path, const char *bad_line) {
     FILE *f = fopen(path, "w");
