@@ -215,7 +215,8 @@ typedef struct eng_fwd_ref {
      * from x0, the residual stream after layer first - 1 of a pass over
      * the same seqs ((sum of T) x hidden, the sequences' rows in order, as
      * done below saw it), in place of the embedding: a pass cut after a
-     * layer goes on bit for bit (`quantize --resume`). */
+     * layer goes on bit for bit (`quantize --resume`). x0 is read before
+     * the first fetch only: the caller may free it from then on. */
     size_t       first;
     const float *x0;
     /* Optional (NULL): called after layer li ran and was dropped with its
