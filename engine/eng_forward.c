@@ -1195,9 +1195,16 @@ svc_err_t eng_fwd_reference(const eng_model_t *m, const eng_fwd_ref_t *r, const 
         memcpy(view.layers, m->layers, c->n_layers * sizeof *view.layers);
         err = fwd_alloc(&f, m, in, S, false);
     }
-    if (!err)
+    if (!err && (r->first > c->n_layers || (r->first && !r->x0))) {
+        svc_errf(errstr, errstr_size, "reference pass: start at layer %zu of %zu%s", r->first,
+                 c->n_layers, r->first && !r->x0 ? " without its input" : "");
+        err = SVC_ERR_INVALID;
+    }
+    if (!err) /* a resumed pass still wants embed_all's positions */
         embed_all(&f, md);
-    for (size_t li = 0; !err && li < c->n_layers; li++) {
+    if (!err && r->first)
+        memcpy(f.x, r->x0, rows * c->hidden * sizeof *f.x);
+    for (size_t li = r->first; !err && li < c->n_layers; li++) {
         eng_layer_t l = {0};
         if ((err = r->fetch(r->user, li, &l, errstr, errstr_size)))
             break;
@@ -1207,6 +1214,8 @@ svc_err_t eng_fwd_reference(const eng_model_t *m, const eng_fwd_ref_t *r, const 
         } else
             err = ref_layer(&f, m, &view, &l, li, r, noncausal, x_in, x_ref);
         r->drop(r->user, &l);
+        if (!err && r->done)
+            err = r->done(r->user, li, f.x, rows, errstr, errstr_size);
     }
     if (!err) {
         f.m = m;

@@ -211,6 +211,19 @@ typedef struct eng_fwd_ref {
      * eng_quantize.c). Called on the pass's thread. */
     void (*tap)(void *user, const npu_wpack_t *w, const float *x, size_t T);
     void *tap_user;
+    /* Optional (0, NULL): the pass starts at layer first (<= n_layers)
+     * from x0, the residual stream after layer first - 1 of a pass over
+     * the same seqs ((sum of T) x hidden, the sequences' rows in order, as
+     * done below saw it), in place of the embedding: a pass cut after a
+     * layer goes on bit for bit (`quantize --resume`). x0 is read before
+     * the first fetch only: the caller may free it from then on. */
+    size_t       first;
+    const float *x0;
+    /* Optional (NULL): called after layer li ran and was dropped with its
+     * output x ((sum of T) x hidden, as x0 above), valid during the call;
+     * an error stops the pass and is returned (errstr set by done). */
+    svc_err_t (*done)(void *user, size_t li, const float *x, size_t rows, char *errstr,
+                      size_t errstr_size);
 } eng_fwd_ref_t;
 
 /**
@@ -220,8 +233,9 @@ typedef struct eng_fwd_ref {
  *        held at a time; and, where r has alt models, their layers run on
  *        the same input and compared (eng_fwd_layer_errors' measure).
  * @returns SVC_OK (every final_last written); SVC_ERR_INVALID (bad ids, a
- *          state given, a fetched layer of another kind), SVC_ERR_NOMEM or
- *          fetch's error, with errstr.
+ *          state given, a fetched layer of another kind, first past the
+ *          layers or without x0), SVC_ERR_NOMEM or fetch's or done's
+ *          error, with errstr.
  */
 SVC_WUR svc_err_t eng_fwd_reference(const eng_model_t *m, const eng_fwd_ref_t *r,
                                     const eng_fwd_seq_t *seqs, size_t n, const eng_media_t *md,

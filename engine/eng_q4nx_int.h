@@ -457,6 +457,34 @@ SVC_WUR svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name,
                                       const uint64_t *dims, const float *data, eng_q4nx_kind_t kind,
                                       char *errstr, size_t errstr_size);
 
+/* One tensor as the writer holds it: its Q4NX name and the bytes finish
+ * writes (tiles, BF16, F32), after every transform and encoding. */
+typedef struct eng_q4nx_wtensor {
+    const char     *name;
+    eng_dtype_t     dtype;
+    uint32_t        rank;
+    const uint64_t *shape; /* (rank) */
+    const uint8_t  *data;
+    size_t          nbytes;
+} eng_q4nx_wtensor_t;
+
+/* Tensors held so far (an add may make two: alpha/beta's ".bf16" copy,
+ * Gen-A's embedding); in the order added until finish sorts them. */
+size_t eng_q4nx_writer_count(const eng_q4nx_writer_t *w);
+/* Tensor i (< count), borrowed: valid until the next add or finish. */
+void eng_q4nx_writer_tensor(const eng_q4nx_writer_t *w, size_t i, eng_q4nx_wtensor_t *t);
+
+/**
+ * @brief Adds a tensor already in its stored form (a copy of t->data), as
+ *   another writer held it (eng_q4nx_writer_tensor): `quantize --resume`
+ *   puts back the tiles of the layers a killed run had finished, so that
+ *   finish writes the bytes an uninterrupted run would.
+ * @returns SVC_OK; SVC_ERR_INVALID (a name already held, rank over
+ *   ENG_ST_MAX_RANK, nbytes not the shape's size), SVC_ERR_NOMEM.
+ */
+SVC_WUR svc_err_t eng_q4nx_writer_add_encoded(eng_q4nx_writer_t *w, const eng_q4nx_wtensor_t *t,
+                                              char *errstr, size_t errstr_size);
+
 /**
  * @brief Writes the safetensors file to path (through path + ".tmp" and a
  *   rename, so a failed write leaves no partial file under path).

@@ -349,6 +349,33 @@ svc_err_t eng_q4nx_writer_add(eng_q4nx_writer_t *w, const char *hf_name, size_t 
     return wr_plain(&c, qname, f32 ? ENG_DT_F32 : ENG_DT_BF16, (uint32_t)rank, dims, data, n, xf);
 }
 
+size_t eng_q4nx_writer_count(const eng_q4nx_writer_t *w) {
+    return w->n;
+}
+
+void eng_q4nx_writer_tensor(const eng_q4nx_writer_t *w, size_t i, eng_q4nx_wtensor_t *t) {
+    SVC_ASSERT(i < w->n);
+    const wr_tensor_t *x = &w->t[i];
+    *t = (eng_q4nx_wtensor_t){x->name, x->dtype, x->rank, x->shape, x->data, x->nbytes};
+}
+
+svc_err_t eng_q4nx_writer_add_encoded(eng_q4nx_writer_t *w, const eng_q4nx_wtensor_t *t,
+                                      char *errstr, size_t errstr_size) {
+    wr_ctx_t c = {w, t->name, t->name, errstr, errstr_size};
+    uint64_t n = t->dtype < ENG_DT_COUNT ? eng_dtype_size(t->dtype) : 0;
+    for (uint32_t k = 0; n && k < t->rank && k < ENG_ST_MAX_RANK; k++)
+        n = t->shape[k] && n <= UINT64_MAX / t->shape[k] ? n * t->shape[k] : 0;
+    if (t->rank > ENG_ST_MAX_RANK || !n || n != t->nbytes)
+        return wr_fail(&c, SVC_ERR_INVALID, "%zu bytes for rank %u of %s: not the shape's size",
+                       t->nbytes, (unsigned)t->rank,
+                       t->dtype < ENG_DT_COUNT ? eng_dtype_name(t->dtype) : "no dtype");
+    uint8_t *d = malloc(t->nbytes);
+    if (!d)
+        return wr_fail(&c, SVC_ERR_NOMEM, "out of memory");
+    memcpy(d, t->data, t->nbytes);
+    return wr_push(&c, t->name, t->dtype, t->rank, t->shape, d, t->nbytes);
+}
+
 /* ---------------------------------------------------------------------
  * finish
  * --------------------------------------------------------------------- */

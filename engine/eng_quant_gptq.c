@@ -52,8 +52,10 @@ static const struct {
 typedef struct qg {
     qz_t              *q;
     eng_q4nx_writer_t *w;
-    size_t             li; /* the layer running */
-    eng_layer_t        l;  /* its packs, for the tap */
+    size_t             mark; /* w's tensors before this layer's */
+    float             *x0;   /* a resumed pass's input, freed once read */
+    size_t             li;   /* the layer running */
+    eng_layer_t        l;    /* its packs, for the tap */
     eng_gptq_hess_t   *h[QG_SLOTS];
     eng_gptq_opts_t    go;
     svc_err_t          err; /* a drop's failure, returned by the next fetch */
@@ -123,6 +125,8 @@ static svc_err_t qg_fetch(void *user, size_t li, eng_layer_t *l, char *errstr, s
         svc_errf(errstr, n, "%s", g->why);
         return g->err;
     }
+    free(g->x0); /* copied into the pass (eng_fwd_ref_t.x0): one stream less held */
+    g->x0 = NULL;
     const eng_model_cfg_t *c = &g->q->shell->cfg;
     svc_err_t              err = eng_ref_layer(g->q->src, g->q->shell, li, l, errstr, n);
     size_t out = l->kind == ENG_LAYER_LINEAR ? eng_lin_value_dim(c) : c->n_heads * c->head_dim;
@@ -138,6 +142,7 @@ static svc_err_t qg_fetch(void *user, size_t li, eng_layer_t *l, char *errstr, s
         svc_errf(errstr, n, "layer %zu: out of memory for its Hessians", li);
     g->li = li;
     g->l = *l;
+    g->mark = eng_q4nx_writer_count(g->w);
     g->t0 = qz_now();
     memset(g->loss_g, 0, sizeof g->loss_g);
     memset(g->loss_r, 0, sizeof g->loss_r);
@@ -202,6 +207,17 @@ static void qg_drop(void *user, eng_layer_t *l) {
     qg_report(g);
 }
 
+/* Layer li has run and been rounded: its tiles and output checkpointed. */
+static svc_err_t qg_done(void *user, size_t li, const float *x, size_t rows, char *errstr,
+                         size_t n) {
+    qg_t *g = user;
+    if (g->err) { /* its rounding failed */
+        svc_errf(errstr, n, "%s", g->why);
+        return g->err;
+    }
+    return qz_ckpt_layer(g->q, li, g->w, g->mark, x, rows, errstr, n);
+}
+
 /* The calibration prompts (opts: a file, or generated). */
 static svc_err_t qg_calib(qz_t *q, eng_calib_t *c) {
     const eng_quant_opts_t *o = q->o;
@@ -224,7 +240,9 @@ static svc_err_t qg_calib(qz_t *q, eng_calib_t *c) {
     return err;
 }
 
-/* The pass over every prompt at once, its layers rounded as they go. */
+/* The pass over every prompt at once, its layers rounded and
+ * checkpointed as they go; a resumed run's from its first layer not done
+ * (the ones before it put back into the writer). */
 static svc_err_t qg_pass(qz_t *q, qg_t *g, const eng_calib_t *c) {
     size_t         H = q->shell->cfg.hidden;
     eng_fwd_seq_t *seqs = calloc(c->n, sizeof *seqs);
@@ -232,7 +250,16 @@ static svc_err_t qg_pass(qz_t *q, qg_t *g, const eng_calib_t *c) {
     svc_err_t      err = seqs && fin ? SVC_OK : SVC_ERR_NOMEM;
     for (size_t i = 0; !err && i < c->n; i++)
         seqs[i] = (eng_fwd_seq_t){NULL, c->seqs[i].v, c->seqs[i].n, fin + i * H};
-    eng_fwd_ref_t r = {.fetch = qg_fetch, .drop = qg_drop, .user = g, .tap = qg_tap, .tap_user = g};
+    if (!err)
+        err = qz_ckpt_restore(q, g->w, (size_t)c->tokens, &g->x0);
+    eng_fwd_ref_t r = {.fetch = qg_fetch,
+                       .drop = qg_drop,
+                       .user = g,
+                       .tap = qg_tap,
+                       .tap_user = g,
+                       .first = g->x0 ? qz_ckpt_done(q->ck) : 0,
+                       .x0 = g->x0,
+                       .done = qg_done};
     if (!err)
         err = eng_fwd_reference(q->shell, &r, seqs, c->n, NULL, eng_package_noncausal(q->pkg),
                                 q->errstr, q->errstr_size);
@@ -242,6 +269,8 @@ static svc_err_t qg_pass(qz_t *q, qg_t *g, const eng_calib_t *c) {
     }
     free(seqs);
     free(fin);
+    free(g->x0); /* not freed by a fetch: the pass failed first, or every layer was done */
+    g->x0 = NULL;
     return err;
 }
 
@@ -254,6 +283,8 @@ svc_err_t qz_gptq_text(qz_t *q, eng_q4nx_writer_t *w) {
                      q->o->static_groups, q->o->plain_grids}};
     eng_q4nx_writer_set_encoder(w, qg_encode, &g);
     svc_err_t err = qg_calib(q, &c);
+    if (!err)
+        err = qz_ckpt_calib(q, &c);
     if (!err)
         err = qg_pass(q, &g, &c);
     eng_calib_fini(&c);

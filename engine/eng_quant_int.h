@@ -74,6 +74,7 @@ SVC_WUR svc_err_t eng_calib_file(const eng_package_t *pkg, const char *path, uin
  * --------------------------------------------------------------------- */
 
 struct eng_q4nx_writer;
+typedef struct qz_ckpt qz_ckpt_t;
 
 /* One quantisation run: the source package opened three ways (prompts,
  * the layerless shell for the pass, the tensors), the tensor lists the
@@ -95,6 +96,7 @@ typedef struct qz {
     pw_ctx_t                pc;
     uint64_t                calib_tokens; /* GPTQ: what the calibration came to */
     size_t                  calib_prompts;
+    qz_ckpt_t              *ck; /* the work directory (qz_ckpt_open), owned */
 } qz_t;
 
 /* Progress line through opts->log. */
@@ -109,5 +111,51 @@ SVC_WUR svc_err_t qz_sublist(const pw_list_t *l, const char *prefix, bool match,
 /* eng_quant_gptq.c: every text tensor into w, the layers' projections by
  * GPTQ on the calibration prompts' inputs, layer by layer. */
 SVC_WUR svc_err_t qz_gptq_text(qz_t *q, struct eng_q4nx_writer *w);
+
+/* ---------------------------------------------------------------------
+ * Per-layer checkpoints (eng_quant_ckpt.c): out_dir/ENG_QUANT_PARTIAL
+ * holds state.json, each finished layer's tiles and the residual stream
+ * after the last one, so that a killed GPTQ run goes on with --resume and
+ * writes the bytes an uninterrupted run would. RTN (seconds) writes none.
+ * --------------------------------------------------------------------- */
+
+/**
+ * @brief Sets q->ck (freed by qz_ckpt_free). With opts->resume and a
+ *   state.json there: its options must be this run's (source files,
+ *   method, generation, GPTQ's options, the calibration's), else refused
+ *   naming the first field that differs; files state.json does not name
+ *   are removed. Otherwise the directory is emptied (a run not resumed
+ *   starts over) and, for GPTQ, made.
+ * @returns SVC_OK; SVC_ERR_INVALID (another run's checkpoint),
+ *   SVC_ERR_FORMAT (a state.json not of this format), SVC_ERR_IO,
+ *   SVC_ERR_NOMEM; errstr set.
+ */
+SVC_WUR svc_err_t qz_ckpt_open(qz_t *q);
+void              qz_ckpt_free(qz_ckpt_t *ck); /* NULL is a no-op */
+/* Layers finished by the run resumed (0: none, or not resumed). */
+size_t qz_ckpt_done(const qz_ckpt_t *ck);
+/* The calibration's digest (its prompts' ids): recorded, or refused
+ * (SVC_ERR_INVALID, errstr) when a resumed run's differs. */
+SVC_WUR svc_err_t qz_ckpt_calib(qz_t *q, const eng_calib_t *c);
+/**
+ * @brief A resumed run's finished layers' tensors into w, and *x0 (rows x
+ *   hidden, malloc'd, the caller frees; NULL when nothing is resumed) the
+ *   stream after the last of them. Every file must have the size and
+ *   sha256 state.json gives it: a damaged one is refused (SVC_ERR_FORMAT
+ *   naming it), never used.
+ */
+SVC_WUR svc_err_t qz_ckpt_restore(qz_t *q, struct eng_q4nx_writer *w, size_t rows, float **x0);
+/**
+ * @brief Layer li has been rounded (its tensors are w's from index mark
+ *   on) and x (rows x hidden) is its output: both written, then
+ *   state.json, then the stream before it removed. Test hook:
+ *   D3_TEST_QUANT_STOP_AFTER_LAYER=N fails the run (SVC_ERR_INTERNAL)
+ *   right after layer N (1-based) is checkpointed, as a kill there would.
+ */
+SVC_WUR svc_err_t qz_ckpt_layer(qz_t *q, size_t li, const struct eng_q4nx_writer *w, size_t mark,
+                                const float *x, size_t rows, char *errstr, size_t errstr_size);
+/* The package is written: the directory is removed (a failure is only
+ * said). */
+SVC_WUR svc_err_t qz_ckpt_finish(qz_t *q);
 
 #endif /* D3STREAM_ENG_QUANT_INT_H */

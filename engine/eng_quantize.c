@@ -453,6 +453,8 @@ static svc_err_t qz_write(qz_t *q) {
     qz_names_t s = {0};
     svc_err_t  err = qz_out_dir(q);
     if (!err)
+        err = qz_ckpt_open(q);
+    if (!err)
         err = qz_model_q4nx(q);
     if (!err && q->has_vision)
         err = qz_vision_q4nx(q);
@@ -470,6 +472,8 @@ static svc_err_t qz_write(qz_t *q) {
         qsort(s.v, s.n, sizeof *s.v, str_cmp);
         err = pw_sha256sum(&q->pc, (const char *const *)s.v, s.n);
     }
+    if (!err) /* complete: the checkpoints are not needed any more */
+        err = qz_ckpt_finish(q);
     names_free(&s);
     return err;
 }
@@ -490,6 +494,7 @@ svc_err_t eng_quantize(const eng_quant_opts_t *opts, char *errstr, size_t errstr
     free(q.text.v);
     free(q.vision.v);
     free(q.full);
+    qz_ckpt_free(q.ck);
     json_decref(q.cfg);
     eng_ref_close(q.src);
     eng_model_free(q.shell);

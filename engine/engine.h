@@ -965,9 +965,18 @@ typedef struct eng_quant_opts {
     bool static_groups;       /* without act-order: grids from the weights, not the updated ones */
     bool plain_grids;         /* each group's grid spans its values (RTN's) instead of being
                                  fitted to the Hessian's diagonal (the default, measured better) */
-    eng_quant_log_fn log;     /* optional: progress */
+    /* GPTQ keeps per-layer checkpoints in out_dir/ENG_QUANT_PARTIAL
+     * (removed once the package is written): resume goes on from the
+     * last finished layer when the checkpoint is of the same run (else
+     * refused, naming the option that differs) and starts over when there
+     * is none; without it an existing checkpoint is discarded. */
+    bool             resume;
+    eng_quant_log_fn log; /* optional: progress */
     void            *log_user;
 } eng_quant_opts_t;
+
+/* The work directory inside out_dir (docs/quantize.md "Restarting"). */
+#define ENG_QUANT_PARTIAL "quantize.partial"
 
 /* The default calibration: generated requests until 32,768 tokens (about
  * 30 of them; states of 100 to 2,000 tokens), at most 64: the synthetic

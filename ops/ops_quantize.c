@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <sys/stat.h>
 
 static const char QUANT_HELP[] =
     "Usage: d3stream quantize --model BF16DIR --out DIR [--method gptq|rtn]\n"
@@ -16,7 +17,7 @@ static const char QUANT_HELP[] =
     "                         [--calibration-tokens N] [--calibration-seed N]\n"
     "                         [--generation a|b] [--damp X] [--no-act-order]\n"
     "                         [--static-groups] [--plain-grids]\n"
-    "                         [--force] [--no-golden]\n"
+    "                         [--resume | --force] [--no-golden]\n"
     "\n"
     "Writes into DIR a D3-Nano-NPU2-style package made from the upstream package in\n"
     "BF16DIR (model.safetensors or an index and its shards):\n"
@@ -56,21 +57,39 @@ static const char QUANT_HELP[] =
     "  --plain-grids          GPTQ: each group's 16 levels span its values, as --method\n"
     "                         rtn's; by default they are fitted to the Hessian's diagonal\n"
     "                         (ends trimmed where that lowers the weighted error)\n"
-    "  --force                write into a non-empty DIR (same-named files replaced)\n"
+    "  --resume               go on from the last layer a killed or failed GPTQ run into\n"
+    "                         DIR finished (its checkpoints in DIR/" ENG_QUANT_PARTIAL "); the\n"
+    "                         options must be that run's (refused, naming the one that\n"
+    "                         differs); without a checkpoint the run starts at layer 1\n"
+    "  --force                write into a non-empty DIR (same-named files replaced); an\n"
+    "                         unfinished run's checkpoints there are discarded\n"
     "  --no-golden            no golden.json (by default the package is loaded and the\n"
     "                         golden request answered on this machine, as make-package does)\n"
     "\n"
     "Progress goes to stderr, one line per layer with GPTQ's proxy loss against\n"
     "rounding to nearest for each input (in, out, mlp, down). Memory: the embedding\n"
     "and a layer in fp32, the calibration tokens' residual stream, one layer's\n"
-    "Hessians and the output.\n"
+    "Hessians and the output. GPTQ checkpoints every finished layer into\n"
+    "DIR/" ENG_QUANT_PARTIAL " (its tiles and the residual stream after it: disk about\n"
+    "model.q4nx's size plus two streams), removed when the package is written;\n"
+    "RTN takes seconds and keeps none (a failed RTN run simply starts over).\n"
     "\n"
-    "Exit status: 0 written, 2 usage, 3 the package could not be read or written.\n";
+    "Exit status: 0 written, 2 usage (DIR holding an unfinished run's checkpoints\n"
+    "without --resume or --force, too), 3 the package could not be read or written,\n"
+    "or --resume was refused (another run's checkpoint, a damaged file).\n";
 
 typedef struct quant_args {
     eng_quant_opts_t o;
     bool             force, no_golden, calib_given;
 } quant_args_t;
+
+/* DIR holds an unfinished run's checkpoints. */
+static bool has_partial(const char *out_dir) {
+    char        path[4096];
+    struct stat sb;
+    int         n = snprintf(path, sizeof path, "%s/" ENG_QUANT_PARTIAL, out_dir);
+    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
 
 static int usage(const char *fmt, const char *arg) {
     fputs("d3stream quantize: ", stderr);
@@ -154,6 +173,9 @@ static int parse_opt(int c, quant_args_t *a) {
     case 'F':
         a->force = true;
         return 0;
+    case 'R':
+        a->o.resume = true;
+        return 0;
     case 'G':
         a->no_golden = true;
         return 0;
@@ -177,7 +199,20 @@ static int quant_run(quant_args_t *a) {
         ops_fail("quantize", "--calibration FILE and --calibration-prompts N: give one");
         return OPS_EXIT_USAGE;
     }
-    if (!a->force && ops_dir_non_empty(a->o.out_dir)) {
+    bool partial = has_partial(a->o.out_dir);
+    if (a->o.resume && a->force) {
+        ops_fail("quantize", "--resume goes on from DIR's checkpoints, --force discards them: "
+                             "give one");
+        return OPS_EXIT_USAGE;
+    }
+    if (partial && !a->o.resume && !a->force) {
+        ops_fail("quantize",
+                 "--out \"%s\" holds an unfinished run's checkpoints (" ENG_QUANT_PARTIAL
+                 "): add --resume to go on from its last finished layer, or --force to start over",
+                 a->o.out_dir);
+        return OPS_EXIT_USAGE;
+    }
+    if (!a->force && !(a->o.resume && partial) && ops_dir_non_empty(a->o.out_dir)) {
         ops_fail("quantize", "--out \"%s\" exists and is not empty (use --force to write into it)",
                  a->o.out_dir);
         return OPS_EXIT_USAGE;
@@ -211,6 +246,7 @@ int ops_cmd_quantize(int argc, char **argv) {
         {"static-groups", no_argument, NULL, 'S'},
         {"plain-grids", no_argument, NULL, 'P'},
         {"force", no_argument, NULL, 'F'},
+        {"resume", no_argument, NULL, 'R'},
         {"no-golden", no_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},

@@ -812,3 +812,62 @@ Test(q4nx, writer_refusals) {
     eng_q4nx_writer_free(NULL);
     eng_q4nx_close(NULL);
 }
+
+/* ------------------------------------------------------------ writer: encoded tensors */
+
+static uint8_t *file_bytes(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n ? *n : 1);
+    cr_assert(b && fread(b, 1, *n, f) == *n);
+    fclose(f);
+    return b;
+}
+
+/* A writer given another's tensors as they are held (quantize --resume's
+ * checkpoints), in another order, writes the same file byte for byte. */
+Test(q4nx, writer_add_encoded_same_file) {
+    eng_q4nx_writer_t *a = NULL, *b = NULL;
+    char               err[512] = "", pa[64], pb[64];
+    float              x[64 * 256], nrm[256];
+    uint64_t           d2[2] = {64, 256}, d1[1] = {256};
+    for (size_t i = 0; i < 64 * 256; i++)
+        x[i] = sinf((float)i * 0.37f) * 0.02f;
+    for (size_t i = 0; i < 256; i++)
+        nrm[i] = cosf((float)i);
+    cr_assert_eq(eng_q4nx_writer_new(32, &a), SVC_OK);
+    cr_assert_eq(eng_q4nx_writer_new(32, &b), SVC_OK);
+    static const char *const mats[] = {"layers.0.mlp.up_proj.weight",
+                                       "layers.0.linear_attn.in_proj_a.weight",
+                                       "layers.0.self_attn.q_proj.weight"};
+    for (size_t i = 0; i < 3; i++)
+        cr_assert_eq(eng_q4nx_writer_add(a, mats[i], 2, d2, x, ENG_Q4NX_AUTO, err, sizeof err),
+                     SVC_OK, "%s", err);
+    cr_assert_eq(eng_q4nx_writer_add(a, "layers.0.input_layernorm.weight", 1, d1, nrm,
+                                     ENG_Q4NX_AUTO, err, sizeof err),
+                 SVC_OK, "%s", err);
+    size_t n = eng_q4nx_writer_count(a);
+    cr_assert_eq(n, 5); /* in_proj_a's ".bf16" copy too */
+    for (size_t i = n; i-- > 0;) {
+        eng_q4nx_wtensor_t t;
+        eng_q4nx_writer_tensor(a, i, &t);
+        cr_assert_eq(eng_q4nx_writer_add_encoded(b, &t, err, sizeof err), SVC_OK, "%s", err);
+        cr_expect_eq(eng_q4nx_writer_add_encoded(b, &t, err, sizeof err), SVC_ERR_INVALID);
+        t.nbytes--;
+        cr_expect_eq(eng_q4nx_writer_add_encoded(b, &t, err, sizeof err), SVC_ERR_INVALID);
+    }
+    snprintf(pa, sizeof pa, "%s", tmp_path());
+    snprintf(pb, sizeof pb, "%s", tmp_path());
+    cr_assert_eq(eng_q4nx_writer_finish(a, pa, err, sizeof err), SVC_OK, "%s", err);
+    cr_assert_eq(eng_q4nx_writer_finish(b, pb, err, sizeof err), SVC_OK, "%s", err);
+    size_t   na, nb;
+    uint8_t *fa = file_bytes(pa, &na), *fb = file_bytes(pb, &nb);
+    cr_expect(na == nb && memcmp(fa, fb, na) == 0, "the files differ");
+    free(fa), free(fb);
+    unlink(pa), unlink(pb);
+    eng_q4nx_writer_free(a);
+    eng_q4nx_writer_free(b);
+}

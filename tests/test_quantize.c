@@ -24,6 +24,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------------
  * GPTQ core
@@ -370,6 +371,82 @@ Test(quantize, gptq_layer_error_below_rtn) {
     rm_tree(root);
 }
 
+/* A reference pass over a model's own layers, the stream after layer
+ * `keep` copied out (eng_fwd_ref_t.done). */
+typedef struct ref_cut {
+    const eng_model_t *m;
+    size_t             keep, seen;
+    float             *x;
+} ref_cut_t;
+
+static svc_err_t cut_fetch(void *user, size_t li, eng_layer_t *l, char *errstr, size_t n) {
+    (void)errstr, (void)n;
+    *l = ((ref_cut_t *)user)->m->layers[li];
+    return SVC_OK;
+}
+
+static void cut_drop(void *user, eng_layer_t *l) {
+    (void)user, (void)l;
+}
+
+static svc_err_t cut_done(void *user, size_t li, const float *x, size_t rows, char *errstr,
+                          size_t n) {
+    ref_cut_t *c = user;
+    (void)errstr, (void)n;
+    c->seen++;
+    if (li == c->keep) {
+        c->x = malloc(rows * c->m->cfg.hidden * sizeof *c->x);
+        cr_assert(c->x);
+        memcpy(c->x, x, rows * c->m->cfg.hidden * sizeof *c->x);
+    }
+    return SVC_OK;
+}
+
+/* A reference pass started at layer k from the stream another pass had
+ * after layer k - 1 ends bit for bit where the whole pass does (what
+ * `quantize --resume` relies on). */
+Test(quantize, reference_pass_resumes_bit_for_bit) {
+    loaded_t    l;
+    eng_calib_t c;
+    char        errstr[1024] = "";
+    load(TINY, &l);
+    eng_calib_init(&c);
+    cr_assert_eq(eng_calib_generate(l.pkg, 5, 3, 4096, &c, errstr, sizeof errstr), SVC_OK, "%s",
+                 errstr);
+    size_t         H = l.model->cfg.hidden, L = l.model->cfg.n_layers, k = 3;
+    float         *fin = malloc(2 * c.n * H * sizeof *fin);
+    eng_fwd_seq_t *seqs = calloc(c.n, sizeof *seqs);
+    cr_assert(fin && seqs && c.n >= 2);
+    for (size_t i = 0; i < c.n; i++)
+        seqs[i] = (eng_fwd_seq_t){NULL, c.seqs[i].v, c.seqs[i].n, fin + i * H};
+    ref_cut_t     cut = {.m = l.model, .keep = k - 1};
+    eng_fwd_ref_t r = {.fetch = cut_fetch, .drop = cut_drop, .user = &cut, .done = cut_done};
+    bool          nc = eng_package_noncausal(l.pkg);
+    cr_assert_eq(eng_fwd_reference(l.model, &r, seqs, c.n, NULL, nc, errstr, sizeof errstr), SVC_OK,
+                 "%s", errstr);
+    cr_assert_eq(cut.seen, L);
+    for (size_t i = 0; i < c.n; i++)
+        seqs[i].final_last = fin + (c.n + i) * H;
+    ref_cut_t     again = {.m = l.model, .keep = SIZE_MAX};
+    eng_fwd_ref_t r2 = {.fetch = cut_fetch,
+                        .drop = cut_drop,
+                        .user = &again,
+                        .done = cut_done,
+                        .first = k,
+                        .x0 = cut.x};
+    cr_assert_eq(eng_fwd_reference(l.model, &r2, seqs, c.n, NULL, nc, errstr, sizeof errstr),
+                 SVC_OK, "%s", errstr);
+    cr_assert_eq(again.seen, L - k);
+    cr_assert(memcmp(fin, fin + c.n * H, c.n * H * sizeof *fin) == 0,
+              "the resumed pass's final states differ");
+    r2.x0 = NULL; /* a start without its input is refused */
+    cr_assert_eq(eng_fwd_reference(l.model, &r2, seqs, c.n, NULL, nc, errstr, sizeof errstr),
+                 SVC_ERR_INVALID);
+    free(cut.x), free(fin), free(seqs);
+    eng_calib_fini(&c);
+    unload(&l);
+}
+
 /* The examples' requests as a JSONL file (a blank line among them). */
 static void write_jsonl(const char *path, const char *bad_line) {
     FILE *f = fopen(path, "w");
@@ -509,4 +586,206 @@ Test(quantize, generated_requests) {
     cr_assert_gt(no_instr, 0);
     cr_assert_gt(non_ascii, 0);
     unload(&l);
+}
+
+/* ---------------------------------------------------------------------
+ * Restarting (--resume): per-layer checkpoints in OUT/quantize.partial
+ * --------------------------------------------------------------------- */
+
+#define TRAINED D3_SOURCE_DIR "/tests/fixtures/trained-tiny"
+
+/* `ENV d3stream quantize ARGS`: its exit status, its stderr in out (the
+ * caller frees). */
+static int quantize_out(const char *env, const char *args, svc_buf_t *out) {
+    char cmd[1536];
+    snprintf(cmd, sizeof cmd, "%s %s quantize %s --no-golden 2>&1", env ? env : "", binary(), args);
+    int rc = run_shell(cmd, out);
+    cr_log_info("%s -> %d\n%s", cmd, rc, out->data);
+    return rc;
+}
+
+static void expect_same_package(const char *a, const char *b) {
+    static const char *const files[] = {"model.q4nx", "MANIFEST.sha256", "README.md",
+                                        "config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char x[256], y[256];
+        snprintf(x, sizeof x, "%s/%s", a, files[i]);
+        snprintf(y, sizeof y, "%s/%s", b, files[i]);
+        cr_expect(same_file(x, y), "%s differs from %s", y, x);
+    }
+    cr_expect(!eng_dir_has_file(b, ENG_QUANT_PARTIAL), "%s/%s left behind", b, ENG_QUANT_PARTIAL);
+    char partial[256];
+    snprintf(partial, sizeof partial, "%s/%s", b, ENG_QUANT_PARTIAL);
+    cr_expect(access(partial, F_OK) != 0, "%s left behind", partial);
+}
+
+/* A run stopped after `stop` layers (the test hook: as a kill after that
+ * layer's checkpoint), then resumed: the package an uninterrupted run
+ * writes, byte for byte. */
+static void stop_and_resume(const char *model, const char *opts, const char *whole, const char *out,
+                            int stop, size_t layers) {
+    char      args[768], env[64], want[96];
+    svc_buf_t o;
+    snprintf(env, sizeof env, "D3_TEST_QUANT_STOP_AFTER_LAYER=%d", stop);
+    snprintf(args, sizeof args, "--model %s --out %s %s", model, out, opts);
+    cr_assert_eq(quantize_out(env, args, &o), 3, "%s", o.data);
+    cr_assert(strstr(o.data, "stopped after layer"), "%s", o.data);
+    svc_buf_fini(&o);
+    cr_assert(!eng_dir_has_file(out, "model.q4nx"));
+    snprintf(args, sizeof args, "--model %s --out %s %s --resume", model, out, opts);
+    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    if ((size_t)stop < layers)
+        snprintf(want, sizeof want, "resuming at layer %d of %zu", stop + 1, layers);
+    else
+        snprintf(want, sizeof want, "all %zu layers were checkpointed", layers);
+    cr_expect(strstr(o.data, want), "no \"%s\" in:\n%s", want, o.data);
+    svc_buf_fini(&o);
+    expect_same_package(whole, out);
+}
+
+Test(quantize, resume_is_byte_identical, .timeout = 120) {
+    char      root[64], whole[128], out[192], args[512];
+    svc_buf_t o;
+    tmp_root(root, sizeof root);
+    snprintf(whole, sizeof whole, "%s/whole", root);
+    snprintf(args, sizeof args, "--model %s --out %s", TINY, whole);
+    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    svc_buf_fini(&o);
+    static const int stops[] = {1, 4, 6}; /* 6: every layer done, only the rest left */
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        snprintf(out, sizeof out, "%s/stop%d", root, stops[i]);
+        stop_and_resume(TINY, "", whole, out, stops[i], 6);
+    }
+    /* --resume with nothing to resume starts at layer 1 */
+    snprintf(out, sizeof out, "%s/fresh", root);
+    snprintf(args, sizeof args, "--model %s --out %s --resume", TINY, out);
+    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    cr_expect(strstr(o.data, "no checkpoint"), "%s", o.data);
+    svc_buf_fini(&o);
+    expect_same_package(whole, out);
+    /* the trained fixture, Gen-A, the columns in order, a smaller calibration */
+    static const char opts[] = "--generation a --no-act-order --calibration-tokens 8192";
+    snprintf(whole, sizeof whole, "%s/trained", root);
+    snprintf(args, sizeof args, "--model %s --out %s %s", TRAINED, whole, opts);
+    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    svc_buf_fini(&o);
+    snprintf(out, sizeof out, "%s/trained-stop", root);
+    stop_and_resume(TRAINED, opts, whole, out, 3, 6);
+    rm_tree(root);
+}
+
+/* A checkpoint of other options, of another method or calibration is
+ * refused naming the field; without --resume it is neither used nor
+ * silently discarded. */
+Test(quantize, resume_refuses_other_options, .timeout = 60) {
+    char      root[64], out[128], args[512];
+    svc_buf_t o;
+    tmp_root(root, sizeof root);
+    snprintf(out, sizeof out, "%s/q", root);
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192", TINY, out);
+    cr_assert_eq(quantize_out("D3_TEST_QUANT_STOP_AFTER_LAYER=2", args, &o), 3, "%s", o.data);
+    svc_buf_fini(&o);
+    static const struct {
+        const char *opts, *field;
+    } other[] = {
+        {"--calibration-tokens 8192 --damp 0.2", "field \"damp\""},
+        {"--calibration-tokens 8192 --calibration-seed 3", "field \"calibration_seed\""},
+        {"--calibration-tokens 8192 --no-act-order", "field \"act_order\""},
+        {"--calibration-tokens 8192 --plain-grids", "field \"grids\""},
+        {"--calibration-tokens 8192 --generation a", "field \"generation\""},
+        {"--calibration-tokens 4096", "field \"calibration_tokens\""},
+        {"--method rtn", "field \"method\""},
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        snprintf(args, sizeof args, "--model %s --out %s %s --resume", TINY, out, other[i].opts);
+        cr_expect_eq(quantize_out(NULL, args, &o), 3, "%s: %s", other[i].opts, o.data);
+        cr_expect(strstr(o.data, other[i].field) && strstr(o.data, "refusing to mix"),
+                  "%s: no %s in %s", other[i].opts, other[i].field, o.data);
+        svc_buf_fini(&o);
+    }
+    /* the source's files changed (another copy of the package) */
+    char src[128], cmd[512];
+    snprintf(src, sizeof src, "%s/src", root);
+    snprintf(cmd, sizeof cmd, "cp -r %s %s && touch -d '2001-01-01' %s/config.json", TINY, src,
+             src);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192 --resume", src, out);
+    cr_expect_eq(quantize_out(NULL, args, &o), 3, "%s", o.data);
+    cr_expect(strstr(o.data, "field \"source\""), "%s", o.data);
+    svc_buf_fini(&o);
+    /* not resumed: refused unless --force; --resume --force is a usage error */
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192", TINY, out);
+    cr_expect_eq(quantize_out(NULL, args, &o), 2, "%s", o.data);
+    cr_expect(strstr(o.data, "unfinished run's checkpoints"), "%s", o.data);
+    svc_buf_fini(&o);
+    snprintf(args, sizeof args, "--model %s --out %s --resume --force", TINY, out);
+    cr_expect_eq(quantize_out(NULL, args, &o), 2, "%s", o.data);
+    svc_buf_fini(&o);
+    /* the checkpoint is still the one made: it resumes */
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192 --resume", TINY,
+             out);
+    cr_expect_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    cr_expect(strstr(o.data, "resuming at layer 3 of 6"), "%s", o.data);
+    svc_buf_fini(&o);
+    rm_tree(root);
+}
+
+/* Flips one byte of dir/name, or cuts it to half its size. */
+static void damage(const char *dir, const char *name, bool cut) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/%s", dir, ENG_QUANT_PARTIAL, name);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    if (cut) {
+        cr_assert_eq(ftruncate(fileno(f), n / 2), 0);
+    } else {
+        fseek(f, n / 2, SEEK_SET);
+        int c = fgetc(f);
+        fseek(f, n / 2, SEEK_SET);
+        fputc(c ^ 0x40, f);
+    }
+    fclose(f);
+}
+
+/* A damaged checkpoint file (a tiles file, the stream; a byte changed or
+ * the file cut) is refused naming it, never used; --force starts over. */
+Test(quantize, resume_refuses_damaged_checkpoint, .timeout = 60) {
+    char      root[64], out[128], whole[128], args[512];
+    svc_buf_t o;
+    tmp_root(root, sizeof root);
+    snprintf(whole, sizeof whole, "%s/whole", root);
+    snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192", TINY, whole);
+    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    svc_buf_fini(&o);
+    static const struct {
+        const char *file;
+        bool        cut;
+    } bad[] = {
+        {"layer-001.tiles", false},
+        {"layer-000.tiles", true},
+        {"stream-002.f32", false},
+        {"stream-002.f32", true},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(out, sizeof out, "%s/q%zu", root, i);
+        snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192", TINY, out);
+        cr_assert_eq(quantize_out("D3_TEST_QUANT_STOP_AFTER_LAYER=3", args, &o), 3, "%s", o.data);
+        svc_buf_fini(&o);
+        damage(out, bad[i].file, bad[i].cut);
+        snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192 --resume", TINY,
+                 out);
+        cr_expect_eq(quantize_out(NULL, args, &o), 3, "%s: %s", bad[i].file, o.data);
+        cr_expect(strstr(o.data, bad[i].file) && strstr(o.data, "is damaged"), "%s: %s",
+                  bad[i].file, o.data);
+        cr_expect(!eng_dir_has_file(out, "model.q4nx"));
+        svc_buf_fini(&o);
+        snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192 --force", TINY,
+                 out);
+        cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+        svc_buf_fini(&o);
+        expect_same_package(whole, out);
+    }
+    rm_tree(root);
 }
