@@ -368,9 +368,16 @@ static void norm_rows(fwd_t *f, const float *w, size_t t0, size_t n) {
     npu_rmsnorm(f->x + t0 * c->hidden, w, n, c->hidden, c->eps, f->h, true);
 }
 
-/* Qwen3_5MLP on f->h (n, H): down(silu(gate(h)) * up(h)) -> f->c (n, H). */
+/* Qwen3_5MLP on f->h (n, H): down(silu(gate(h)) * up(h)) -> f->c (n, H).
+ * Under fast, one fused call (npu_mlp_fast: the same bits, without the
+ * (n, inter) intermediates where the packs run grp8), but while a tap
+ * listens: the calibration must see the down projection's input. */
 static void mlp(fwd_t *f, const eng_layer_t *l, size_t n) {
     const eng_model_cfg_t *c = &f->m->cfg;
+    if (f->m->fast && !f->tap) {
+        npu_mlp_fast(f->h, n, l->mlp_gate, l->mlp_up, l->mlp_down, f->a, f->b, f->c);
+        return;
+    }
     fwd_mm_n(f, f->h, n, 2, (const npu_wpack_t *const[]){l->mlp_gate, l->mlp_up},
              (float *const[]){f->a, f->b});
     npu_silu_mul(f->a, f->b, n, c->inter, f->a);

@@ -639,6 +639,15 @@ void        npu_matmul_packed_fast(const float *x, const npu_wpack_t *w, size_t 
  * (npu_matmul_vnni_grp8_n). */
 void npu_matmul_packed_fast_n(const float *x, size_t T, size_t n, const npu_wpack_t *const *w,
                               float *const *out);
+/* Qwen3_5MLP under the fast profile: out (T, N) = down(silu(gate(x)) *
+ * up(x)), bit for bit as npu_matmul_packed_fast_n of gate and up into
+ * ga and ub (T, F each), npu_silu_mul(ga, ub, T, F, ga) and
+ * npu_matmul_packed_fast of down. Where all three run grp8 with matching
+ * shapes the three are fused (npu_mlp_vnni_grp8) and ga and ub are not
+ * touched; elsewhere (AMX or Q8_0 companions of other shapes, no VNNI)
+ * it is those three calls, in ga and ub. */
+void npu_mlp_fast(const float *x, size_t T, const npu_wpack_t *gate, const npu_wpack_t *up,
+                  const npu_wpack_t *down, float *ga, float *ub, float *out);
 
 /* Whether the pack took an int8x3 layout, AMX or VNNI, or the group codes
  * (npu_wpack_new_quantised, npu_wpack_new_groups). */
@@ -727,6 +736,17 @@ void npu_matmul_vnni_grp8(const float *x, const void *pk, size_t T, size_t K, si
 void npu_matmul_vnni_grp8_n(const float *x, size_t T, size_t K, size_t n, const void *const *pk,
                             const size_t *N, float *const *out);
 void npu_matmul_grp8_ref(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out);
+/* Qwen3_5MLP on grp8 packs, fused: out (T, N) = down(silu(gate(x)) *
+ * up(x)), x (T, K), gate and up (F, K), down (N, F), bit for bit as
+ * npu_matmul_vnni_grp8_n of gate and up, npu_silu_mul and
+ * npu_matmul_vnni_grp8 of down, without the (T, F) fp32 intermediates:
+ * each row chunk's gate and up panels go through silu * up and grp8's
+ * quantisation in their epilogue, straight into the down projection's
+ * activations (npu_vnni_grp.c, "the fused MLP"). False, with nothing
+ * written, for a shape with a zero or when its scratch cannot be had:
+ * the caller runs the three calls. Needs what npu_matmul_vnni_grp8 needs. */
+bool npu_mlp_vnni_grp8(const float *x, size_t T, size_t K, size_t F, size_t N, const void *gate,
+                       const void *up, const void *down, float *out);
 
 /* Whether the fast kernels use AMX tiles in this process: the CPU has
  * amx_bf16 and avx512_bf16, the process may use the tiles, the AVX-512

@@ -29,13 +29,6 @@
 /* Lanes [0, n) of a 16-lane vector, n <= 16. */
 #include "npu_vec_int.h"
 
-/* silu(x) = x / (1 + exp(-x)); exp(-x) saturates to +inf for x < -88.8,
- * which gives -0, as the exact value rounds to. */
-static inline __m512 silu512(__m512 x) {
-    __m512 e = npu_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
-    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-}
-
 /* Sixteen vectors in, one out: lane i = the sum of the lanes of a[i]. */
 static inline __m512 reduce16(const __m512 a[16]) {
     __m512 b[8], c[4];
@@ -599,7 +592,7 @@ static void conv_rows(void *ctx, size_t i) {
                 if (rows[k])
                     acc = _mm512_fmadd_ps(_mm512_loadu_ps(j->wt + k * j->Cp + c0),
                                           _mm512_maskz_loadu_ps(cm, rows[k] + c0), acc);
-            _mm512_mask_storeu_ps(j->out + t * C + c0, cm, silu512(acc));
+            _mm512_mask_storeu_ps(j->out + t * C + c0, cm, npu_silu512(acc));
         }
     }
 }
@@ -678,7 +671,7 @@ void npu_rmsnorm_gated_avx512(const float *x, const float *z, const float *w, si
             __mmask16 m = npu_mask16(D - d);
             __m512    y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + d), inv);
             y = _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, w + d));
-            y = _mm512_mul_ps(y, silu512(_mm512_maskz_loadu_ps(m, zr + d)));
+            y = _mm512_mul_ps(y, npu_silu512(_mm512_maskz_loadu_ps(m, zr + d)));
             _mm512_mask_storeu_ps(yr + d, m, y);
         }
     }
@@ -700,8 +693,8 @@ void npu_silu_mul_avx512(const float *gate, const float *up, size_t T, size_t F,
     size_t n = T * F;
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = npu_mask16(n - i);
-        __m512    y = _mm512_mul_ps(silu512(_mm512_maskz_loadu_ps(m, gate + i)),
-                                    _mm512_maskz_loadu_ps(m, up + i));
+        __m512    y =
+            npu_silu_mul16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
         _mm512_mask_storeu_ps(out + i, m, y);
     }
 }

@@ -670,6 +670,24 @@ void npu_matmul_packed_fast_n(const float *x, size_t T, size_t n, const npu_wpac
         npu_matmul_packed_fast(x, w[i], T, out[i]);
 }
 
+/* The grp8 pack that npu_matmul_packed_fast would run w on, or NULL. */
+static const npu_wpack_t *fast_grp8(const npu_wpack_t *w) {
+    const npu_wpack_t *f = w->fast ? w->fast : w;
+    return f->layout == WPACK_VNNI_GRP && npu_fast_usable() ? f : NULL;
+}
+
+void npu_mlp_fast(const float *x, size_t T, const npu_wpack_t *gate, const npu_wpack_t *up,
+                  const npu_wpack_t *down, float *ga, float *ub, float *out) {
+    const npu_wpack_t *g = fast_grp8(gate), *u = fast_grp8(up), *d = fast_grp8(down);
+    if (g && u && d && u->K == g->K && u->N == g->N && d->K == g->N &&
+        npu_mlp_vnni_grp8(x, T, g->K, g->N, d->N, g->data, u->data, d->data, out))
+        return;
+    npu_matmul_packed_fast_n(x, T, 2, (const npu_wpack_t *const[]){gate, up},
+                             (float *const[]){ga, ub});
+    npu_silu_mul(ga, ub, T, gate->N, ga);
+    npu_matmul_packed_fast(ga, down, T, out);
+}
+
 void npu_matmul_packed(const float *x, const npu_wpack_t *w, size_t T, float *out) {
     switch (w->layout) {
     case WPACK_AMX:

@@ -41,6 +41,22 @@ static inline __m512 npu_exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* silu(x) = x / (1 + exp(-x)); exp(-x) saturates to +inf for x < -88.8,
+ * which gives -0, as the exact value rounds to. Shared by npu_avx512.c
+ * (npu_silu_mul_avx512, the gated norm, the conv) and the fused MLP of
+ * npu_vnni_grp.c, which must give npu_silu_mul's bits. */
+static inline __m512 npu_silu512(__m512 x) {
+    __m512 e = npu_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* Qwen3_5MLP's activation on 16 lanes: silu(gate) * up, in that order
+ * (npu_silu_mul_avx512 and the fused MLP's epilogue: one formula, the
+ * same bits). */
+static inline __m512 npu_silu_mul16(__m512 gate, __m512 up) {
+    return _mm512_mul_ps(npu_silu512(gate), up);
+}
+
 /* The int8x3 scheme's quantisation (npu_amx_i8.c's header; also
  * npu_vnni_i8.c): a row of weights or activations as 16-bit integers of
  * one scale, each split into a high and a low signed byte. QMAX = 127 *

@@ -61,6 +61,31 @@
  * out = sum_g s (d A + m I). 1.6x grp8x2, but on the synthetic nano it
  * moves the hidden state to cosine 0.98 (docs/performance.md): a measurement switch.
  *
+ * The fused MLP (npu_mlp_vnni_grp8, the fast profile's Qwen3_5MLP):
+ * unfused, gate and up write (T, F) fp32 each, npu_silu_mul reads both
+ * and writes one, and the down projection's g8_quant reads it again:
+ * four streams of T x F floats (F = 6,144 on the nano) beside the
+ * kernels, memory-bound (g8_quant and npu_silu_mul_avx512 were 2.7% and
+ * 2.1% of a fast 1 x 1,024 pass, perf, one thread; the stalls on their
+ * loads). Fused, per chunk of MC rows: x is quantised once; an item owns
+ * G_MLP_PAIRS pairs (gate panel p, up panel p) and walks the chunk 6 rows
+ * at a time, each panel's micro-kernel storing its 6 x 32 sums into a
+ * scratch on the stack (G8S_STORE) instead of out; the epilogue takes
+ * silu(gate) * up of the 32 columns (npu_silu_mul16, npu_silu_mul's
+ * formula) and quantises them with g8_quant_group, g8_quant's own steps:
+ * a panel's 32 columns are exactly one group of the down projection's K,
+ * so its codes, S and I land in the down job's chunk buffers at group p,
+ * and nothing else of the row is needed. Then the down job's g8 items run
+ * on that chunk as g_run's would. Every value is the same fp32 operation
+ * on the same operands as in the three calls, so the bits are theirs
+ * (test_npu_grp mlp_fused, memcmp); what is gone is the fp32 (T, F)
+ * traffic: per chunk the down projection's codes (MC x F bytes) and its
+ * S and I are all that is kept between the two halves. Measured (the same
+ * pass, 2-core Zen 5 VM, shared): the epilogue 1.7% and x's quantisation
+ * 1.2% where g8_quant and SiLU were 3.4% and 2.2%, and the kernel's own
+ * samples 7.5% fewer (gate and up no longer store their sums to memory);
+ * docs/profiles.md has the runs.
+ *
  * Each output element is the same sum in the same order whatever T and the
  * chunking are, and npu_matmul_grp_ref computes it with the same integers
  * and the same fp32 operations: test_npu_grp holds the two to equal bits.
@@ -292,29 +317,36 @@ static void g_quant(void *ctx, size_t i) {
     }
 }
 
+/* grp8's activations of one row and group, its 32 values in a and b
+ * (zero past K): the bytes into xh (32), the scale into *S and the
+ * bytes' sum into *I, by g8_ref_group's steps (max, 127 / max, nearest
+ * even, clamp). g8_quant and the fused MLP's epilogue both: the same bits. */
+static inline void g8_quant_group(__m512 a, __m512 b, int8_t *xh, float *S, float *I) {
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    float         mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    __m512        vi = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+    __m512i       qa =
+        _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), lim), nlim);
+    __m512i qb =
+        _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, vi)), lim), nlim);
+    _mm_storeu_si128((__m128i *)(void *)xh, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(void *)(xh + 16), _mm512_cvtepi32_epi8(qb));
+    *S = mx / 127.0f;
+    *I = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+}
+
 /* grp8: rows [16 i, 16 i + 16) of the chunk as one signed byte per value
- * and a scale per group of 32 (g8_ref_group's steps: max, 127 / max,
- * nearest even, clamp), the group's sum of the bytes in I. */
+ * and a scale per group of 32 (g8_quant_group), the group's sum of the
+ * bytes in I. */
 static void g8_quant(void *ctx, size_t i) {
     const g_job_t *j = ctx;
-    const __m512i  lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     for (size_t r = 16 * i; r < 16 * i + 16 && r < j->mc; r++) {
         const float *xr = j->x + (j->t0 + r) * j->K;
         for (size_t g = 0; g < j->G; g++) {
-            size_t  k0 = g * G_K, l0 = k0 < j->K ? j->K - k0 : 0, l1 = l0 > 16 ? l0 - 16 : 0;
-            __m512  a = _mm512_maskz_loadu_ps(npu_mask16(l0), l0 ? xr + k0 : xr);
-            __m512  b = _mm512_maskz_loadu_ps(npu_mask16(l1), l1 ? xr + k0 + 16 : xr);
-            float   mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-            __m512  vi = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
-            __m512i qa = _mm512_max_epi32(
-                _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), lim), nlim);
-            __m512i qb = _mm512_max_epi32(
-                _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, vi)), lim), nlim);
-            _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k0), _mm512_cvtepi32_epi8(qa));
-            _mm_storeu_si128((__m128i *)(void *)(j->xh + r * j->Kp + k0 + 16),
-                             _mm512_cvtepi32_epi8(qb));
-            j->S[r * j->G + g] = mx / 127.0f;
-            j->I[r * j->G + g] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+            size_t k0 = g * G_K, l0 = k0 < j->K ? j->K - k0 : 0, l1 = l0 > 16 ? l0 - 16 : 0;
+            __m512 a = _mm512_maskz_loadu_ps(npu_mask16(l0), l0 ? xr + k0 : xr);
+            __m512 b = _mm512_maskz_loadu_ps(npu_mask16(l1), l1 ? xr + k0 + 16 : xr);
+            g8_quant_group(a, b, j->xh + r * j->Kp + k0, &j->S[r * j->G + g], &j->I[r * j->G + g]);
         }
     }
 }
@@ -385,14 +417,24 @@ static inline __m512i g_bc(const int8_t *p) {
         if (cols > 16)                                                                             \
             _mm512_mask_storeu_ps(o_ + 16, npu_mask16(cols - 16), f1_##r);                         \
     } while (0)
+/* The fused MLP's gate and up panels (npu_mlp_vnni_grp8): row r of the
+ * strip, all 32 columns (zero past N), into the item's 6 x 32 scratch
+ * at j->out. */
+#define G8S_STORE(r)                                                                               \
+    do {                                                                                           \
+        _mm512_store_ps(j->out + (r)*G_NR, f0_##r);                                                \
+        _mm512_store_ps(j->out + (r)*G_NR + 16, f1_##r);                                           \
+    } while (0)
 /* Rows [r0, r0 + MR) of the chunk times panel pan (32 columns from n0,
  * cols of them real) into out, for MR = 1 .. 6 (a constant in each
  * instance), written out row by row so that the accumulators stay in
  * registers (npu_vnni_i8.c: GCC keeps arrays of them in memory); A8 (a
- * constant): grp8's one byte per activation, one pass per group. */
-#define G_MICRO_ANY(P, A8, MR)                                                                     \
+ * constant): grp8's one byte per activation, one pass per group; STORE
+ * the rows' way out (G_STORE, G8_STORE, G8S_STORE). */
+#define G_MICRO_ANY(P, A8, STORE, MR)                                                              \
     static void P##_micro_##MR(const void *job, size_t r0, size_t p, size_t n0, size_t cols) {     \
         const g_job_t *j = job;                                                                    \
+        (void)n0, (void)cols; /* STORE's: G8S_STORE takes neither */                               \
         const uint8_t *pan = j->pk + p * j->G * G_BLK;                                             \
         const __m512i  z = _mm512_setzero_si512();                                                 \
         G_DECL(0);                                                                                 \
@@ -419,17 +461,17 @@ static inline __m512i g_bc(const int8_t *p) {
             else                                                                                   \
                 NPU_ROWS6(MR, G_FMA);                                                              \
         }                                                                                          \
-        if (A8)                                                                                    \
-            NPU_ROWS6(MR, G8_STORE);                                                               \
-        else                                                                                       \
-            NPU_ROWS6(MR, G_STORE);                                                                \
+        NPU_ROWS6(MR, STORE);                                                                      \
     }
-#define G_MICRO(MR)  G_MICRO_ANY(g, false, MR)
-#define G8_MICRO(MR) G_MICRO_ANY(g8, true, MR)
+#define G_MICRO(MR)   G_MICRO_ANY(g, false, G_STORE, MR)
+#define G8_MICRO(MR)  G_MICRO_ANY(g8, true, G8_STORE, MR)
+#define G8S_MICRO(MR) G_MICRO_ANY(g8s, true, G8S_STORE, MR)
 
 NPU_VNNI_MICROS(g, G_MICRO)
 
 NPU_VNNI_MICROS(g8, G8_MICRO)
+
+NPU_VNNI_MICROS(g8s, G8S_MICRO)
 
 /* Item i: the chunk's rows times panels [i NPB, i NPB + NPB). */
 static void g_item(void *ctx, size_t i) {
@@ -538,6 +580,99 @@ void npu_matmul_vnni_grp8_n(const float *x, size_t T, size_t K, size_t n, const 
         npu_run_items(par, (m.j[0].mc + 15) / 16, gm_quant, &m);
         npu_run_items(par, m.first[n], gm_item, &m);
     }
+}
+
+/* ---- the fused MLP (npu_mlp_vnni_grp8) ----
+ * down(silu(gate(x)) * up(x)) per row chunk: x quantised once (g8_quant
+ * on the gate's job, shared by the up's); items of G_MLP_PAIRS panel
+ * pairs (gate panel p, up panel p) walk the chunk 6 rows at a time, each
+ * pair's two micro-kernels into a 6 x 32 scratch on the stack, then the
+ * epilogue: silu(gate) * up (npu_silu_mul16) and g8_quant_group of the 32
+ * products, which are exactly group p of the down projection's K, into
+ * the down job's xh, S and I; then the down job's g8 items on them. */
+#define G_MLP_PAIRS (G_NPB / 2) /* 4 panels an item, as the unfused items */
+
+typedef struct g_mlp {
+    g_job_t gate, up; /* x's quantised chunk (xh, S, I) shared, out unused */
+    g_job_t down;     /* xh, S, I: the product's quantised chunk, filled by the pairs */
+    size_t  n_pair_item;
+} g_mlp_t;
+
+/* Rows [r0, r0 + mr) of the strip's gate and up panel p (sg, su: 6 x 32)
+ * into group p of the down job's activations; columns past the down's K
+ * (F) are zero, as g8_quant's masked loads make them. */
+static void g8_mlp_epilogue(const g_job_t *d, const float *sg, const float *su, size_t r0,
+                            size_t mr, size_t p) {
+    size_t    k0 = p * G_K, l0 = d->K - k0, l1 = l0 > 16 ? l0 - 16 : 0;
+    __mmask16 m0 = npu_mask16(l0), m1 = npu_mask16(l1);
+    for (size_t r = 0; r < mr; r++) {
+        const float *g = sg + r * G_NR, *u = su + r * G_NR;
+        __m512 a = _mm512_maskz_mov_ps(m0, npu_silu_mul16(_mm512_load_ps(g), _mm512_load_ps(u)));
+        __m512 b =
+            _mm512_maskz_mov_ps(m1, npu_silu_mul16(_mm512_load_ps(g + 16), _mm512_load_ps(u + 16)));
+        size_t row = r0 + r;
+        g8_quant_group(a, b, d->xh + row * d->Kp + k0, &d->S[row * d->G + p],
+                       &d->I[row * d->G + p]);
+    }
+}
+
+/* Item i: the chunk's rows times panel pairs [i PAIRS, i PAIRS + PAIRS). */
+static void g8_mlp_item(void *ctx, size_t i) {
+    const g_mlp_t     *m = ctx;
+    _Alignas(64) float sg[6 * G_NR], su[6 * G_NR];
+    g_job_t            jg = m->gate, ju = m->up;
+    jg.out = sg, ju.out = su;
+    size_t n_pan = m->down.G, p0 = i * G_MLP_PAIRS;
+    size_t np = n_pan - p0 < G_MLP_PAIRS ? n_pan - p0 : G_MLP_PAIRS;
+    for (size_t r0 = 0; r0 < m->gate.mc; r0 += 6) {
+        size_t mr = m->gate.mc - r0 < 6 ? m->gate.mc - r0 : 6;
+        for (size_t p = p0; p < p0 + np; p++) {
+            g8s_micros[mr](&jg, r0, p, p * G_NR, G_NR);
+            g8s_micros[mr](&ju, r0, p, p * G_NR, G_NR);
+            g8_mlp_epilogue(&m->down, sg, su, r0, mr, p);
+        }
+    }
+}
+
+static void g8_mlp_down_item(void *ctx, size_t i) {
+    g8_item(&((g_mlp_t *)ctx)->down, i);
+}
+
+static void g8_mlp_quant(void *ctx, size_t i) {
+    g8_quant(&((g_mlp_t *)ctx)->gate, i);
+}
+
+bool npu_mlp_vnni_grp8(const float *x, size_t T, size_t K, size_t F, size_t N, const void *gate,
+                       const void *up, const void *down, float *out) {
+    if (T == 0 || K == 0 || F == 0 || N == 0)
+        return false; /* the unfused calls' trivial shapes */
+    size_t  chunk = T < G_MC ? T : G_MC;
+    g_mlp_t m = {.gate = g_job(x, gate, T, K, F, NULL),
+                 .up = g_job(x, up, T, K, F, NULL),
+                 .down = g_job(NULL, down, T, F, N, out)};
+    size_t  xb = chunk * m.gate.Kp, ab = chunk * m.down.Kp;
+    size_t  nf = 2 * chunk * (m.gate.G + m.down.G);
+    char   *a = npu_scratch(NPU_SCRATCH_MM_A, xb + ab + nf * sizeof(float));
+    if (!a)
+        return false;
+    m.gate.xh = m.up.xh = (int8_t *)a;
+    m.down.xh = (int8_t *)a + xb;
+    m.gate.I = m.up.I = (float *)(void *)(a + xb + ab);
+    m.gate.S = m.up.S = m.gate.I + chunk * m.gate.G;
+    m.down.I = m.gate.S + chunk * m.gate.G;
+    m.down.S = m.down.I + chunk * m.down.G;
+    m.n_pair_item = (m.down.G + G_MLP_PAIRS - 1) / G_MLP_PAIRS;
+    bool par_gu = (double)T * (double)(2 * F) * (double)K >= 2e6;
+    bool par_d = (double)T * (double)N * (double)F >= 2e6;
+    for (size_t t0 = 0; t0 < T; t0 += G_MC) {
+        size_t mc = T - t0 < G_MC ? T - t0 : G_MC;
+        m.gate.t0 = m.up.t0 = m.down.t0 = t0;
+        m.gate.mc = m.up.mc = m.down.mc = mc;
+        npu_run_items(par_gu, (mc + 15) / 16, g8_mlp_quant, &m);
+        npu_run_items(par_gu, m.n_pair_item, g8_mlp_item, &m);
+        npu_run_items(par_d, m.down.n_item, g8_mlp_down_item, &m);
+    }
+    return true;
 }
 
 void npu_matmul_vnni_grp(const float *x, const void *pk, size_t T, size_t K, size_t N, float *out) {

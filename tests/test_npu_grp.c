@@ -313,3 +313,69 @@ Test(npu_grp, grp8_shared_quantisation) {
         free(x);
     }
 }
+
+/* The fused MLP (npu_mlp_vnni_grp8) against its three calls: gate and up
+ * sharing x's quantisation, npu_silu_mul, down; out (T, N = K) bit for
+ * bit. Row 1 (when there) is zero: its groups' scales are 0. */
+static void check_mlp(rng_t *r, size_t T, size_t K, size_t F) {
+    size_t  N = K;
+    grp_w_t g = grp_rand(r, F, K, 15), u = grp_rand(r, F, K, 15), d = grp_rand(r, N, F, 15);
+    float  *x = rand_vec(r, T * K, -2, 2);
+    if (T > 2)
+        memset(x + K, 0, K * sizeof *x);
+    void        *gp = grp_packed(&g), *up = grp_packed(&u), *dp = grp_packed(&d);
+    float       *ga = nans(T * F), *ub = nans(T * F), *ref = nans(T * N), *fused = nans(T * N);
+    const void  *pk[2] = {gp, up};
+    const size_t Ns[2] = {F, F};
+    npu_matmul_vnni_grp8_n(x, T, K, 2, pk, Ns, (float *const[]){ga, ub});
+    npu_silu_mul(ga, ub, T, F, ga);
+    npu_matmul_vnni_grp8(ga, dp, T, F, N, ref);
+    cr_assert(npu_mlp_vnni_grp8(x, T, K, F, N, gp, up, dp, fused), "T=%zu K=%zu F=%zu: not run", T,
+              K, F);
+    cr_expect(memcmp(ref, fused, T * N * sizeof *ref) == 0,
+              "T=%zu K=%zu F=%zu: the fused MLP differs from its three calls", T, K, F);
+    grp_free(&g), grp_free(&u), grp_free(&d);
+    free(x), free(gp), free(up), free(dp), free(ga), free(ub), free(ref), free(fused);
+}
+
+/* Rows across the 512-row chunk, K and F not multiples of 32 (F's last
+ * group is part of a panel: its columns past F are zero, as g8_quant's
+ * masked loads make them), the nano's 6144 through the pool. */
+Test(npu_grp, mlp_fused) {
+    if (!have_vnni())
+        cr_skip_test("no AVX-512 VNNI");
+    rng_t        r = {0x3c};
+    const size_t Ts[] = {1, 5, 6, 7, 33, 520};
+    const size_t KF[][2] = {{32, 32}, {100, 64}, {256, 96}, {256, 100}, {2048, 32}, {100, 6144}};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++)
+        for (size_t j = 0; j < sizeof KF / sizeof KF[0]; j++)
+            check_mlp(&r, Ts[i], KF[j][0], KF[j][1]);
+    check_mlp(&r, 33, 2048, 6144);
+    check_mlp(&r, 520, 256, 6144);
+}
+
+/* npu_mlp_fast on group-coded packs (fused here) and on packs of values
+ * (their Q8_0 companions: fused too where npu_fast_usable()): the bits of
+ * npu_matmul_packed_fast_n, npu_silu_mul and npu_matmul_packed_fast. */
+Test(npu_grp, mlp_fast_packs) {
+    rng_t        r = {0x4d};
+    const size_t Ts[] = {1, 7, 520}, K = 96, F = 160, N = 64;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        size_t       T = Ts[ti];
+        float       *x = rand_vec(&r, T * K, -2, 2);
+        grp_w_t      g = grp_rand(&r, F, K, 15), u = grp_rand(&r, F, K, 15);
+        npu_wpack_t *wg, *wu, *wd;
+        cr_assert_eq(npu_wpack_new_groups(g.u, g.d, g.m, F, K, &wg), SVC_OK);
+        cr_assert_eq(npu_wpack_new_groups(u.u, u.d, u.m, F, K, &wu), SVC_OK);
+        cr_assert_eq(npu_wpack_new(rand_vec(&r, N * F, -0.1f, 0.1f), N, F, &wd), SVC_OK);
+        float *ga = nans(T * F), *ub = nans(T * F), *ref = nans(T * N), *out = nans(T * N);
+        npu_matmul_packed_fast_n(x, T, 2, (const npu_wpack_t *const[]){wg, wu},
+                                 (float *const[]){ga, ub});
+        npu_silu_mul(ga, ub, T, F, ga);
+        npu_matmul_packed_fast(ga, wd, T, ref);
+        npu_mlp_fast(x, T, wg, wu, wd, ga, ub, out);
+        cr_expect(memcmp(ref, out, T * N * sizeof *ref) == 0, "T=%zu: npu_mlp_fast differs", T);
+        npu_wpack_free(wg), npu_wpack_free(wu), npu_wpack_free(wd);
+        free(x), free(ga), free(ub), free(ref), free(out);
+    }
+}
