@@ -75,6 +75,17 @@ static int wait_port(pid_t pid, const char *log) {
     return 0;
 }
 
+/* /health: 200 once the model is loaded (serve still running). */
+static void wait_healthy(pid_t pid, int port, const char *log, svc_buf_t *resp) {
+    int64_t deadline = now_ms() + wait_ms();
+    int     st = 0;
+    while ((st = http_call(port, "GET", "/health", NULL, resp)) != 200 && now_ms() < deadline) {
+        child_assert_running(pid, log);
+        usleep(20 * 1000);
+    }
+    cr_assert_eq(st, 200, "/health: %d: %s", st, resp->data);
+}
+
 /* The example's answer: 200 with three probabilities summing to 1. */
 static void assert_example(const svc_buf_t *resp) {
     const char *body = strstr(resp->data, "\r\n\r\n");
@@ -121,16 +132,11 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
     pid_t pid = child_start(base, log);
     int   port = wait_port(pid, log);
 
-    /* /health: ready once the model is loaded. */
     svc_buf_t resp;
     svc_buf_init(&resp, (size_t)1 << 26);
-    int64_t deadline = now_ms() + wait_ms();
+    wait_healthy(pid, port, log, &resp);
+    int64_t deadline;
     int     st = 0;
-    while ((st = http_call(port, "GET", "/health", NULL, &resp)) != 200 && now_ms() < deadline) {
-        child_assert_running(pid, log);
-        usleep(20 * 1000);
-    }
-    cr_assert_eq(st, 200, "/health: %d: %s", st, resp.data);
 
     /* The second half goes in while the example is posted over HTTP. */
     produce(t.in, reqs + n / 2, n - n / 2);
@@ -218,14 +224,10 @@ Test(serve_http, backlog_leaves_room_for_http, .timeout = 600, .fini = children_
     int       port = wait_port(pid, log);
     svc_buf_t resp;
     svc_buf_init(&resp, (size_t)1 << 26);
-    int64_t deadline = now_ms() + wait_ms();
+    wait_healthy(pid, port, log, &resp);
+    int64_t deadline;
     int     st = 0;
-    while ((st = http_call(port, "GET", "/health", NULL, &resp)) != 200 && now_ms() < deadline) {
-        child_assert_running(pid, log);
-        usleep(20 * 1000);
-    }
-    cr_assert_eq(st, 200, "/health: %d: %s", st, resp.data);
-    char *example = read_example();
+    char   *example = read_example();
     /* from the first record's result (the log's line) on, one request
      * after another, while records are left (up to 100 requests) */
     static const char result[] = "level=info cmd=serve msg=result request_id=sback-";
