@@ -86,6 +86,20 @@ static void wait_healthy(pid_t pid, int port, const char *log, svc_buf_t *resp) 
     cr_assert_eq(st, 200, "/health: %d: %s", st, resp->data);
 }
 
+/* At least n results on topic out (read into recs, the count returned;
+ * the caller frees them), while serve keeps running. */
+static int await_results(const char *out, rec_t *recs, int n, pid_t pid, const char *log) {
+    int     got = 0;
+    int64_t deadline = now_ms() + wait_ms() * 2;
+    while ((got = read_all(out, recs, MAX_RECS)) < n && now_ms() < deadline) {
+        recs_free(recs, got);
+        child_assert_running(pid, log);
+        usleep(200 * 1000);
+    }
+    cr_assert_geq(got, n, "%d of %d Kafka results (see %s)", got, n, log);
+    return got;
+}
+
 /* The example's answer: 200 with three probabilities summing to 1. */
 static void assert_example(const svc_buf_t *resp) {
     const char *body = strstr(resp->data, "\r\n\r\n");
@@ -152,14 +166,7 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
 
     /* Every Kafka request answered. */
     static rec_t recs[MAX_RECS];
-    int          got = 0;
-    deadline = now_ms() + wait_ms() * 2;
-    while ((got = read_all(t.out, recs, MAX_RECS)) < n && now_ms() < deadline) {
-        recs_free(recs, got);
-        child_assert_running(pid, log);
-        usleep(200 * 1000);
-    }
-    cr_assert_geq(got, n, "%d of %d Kafka results (see %s)", got, n, log);
+    int          got = await_results(t.out, recs, n, pid, log);
     for (int k = 0; k < got; k++)
         cr_assert(strstr(recs[k].value, "\"answers\""), "%s: %.*s", recs[k].key,
                   (int)recs[k].value_len, (char *)recs[k].value);
@@ -248,15 +255,7 @@ Test(serve_http, backlog_leaves_room_for_http, .timeout = 600, .fini = children_
     cr_log_info("HTTP requests answered while the backlog drained: %d (of at most 100)", during);
     cr_assert_geq(during, 3, "the backlog drained too fast for the test (%d requests)", during);
     static rec_t recs[MAX_RECS];
-    int          got = 0;
-    deadline = now_ms() + wait_ms() * 2;
-    while ((got = read_all(t.out, recs, MAX_RECS)) < n && now_ms() < deadline) {
-        recs_free(recs, got);
-        child_assert_running(pid, log);
-        usleep(200 * 1000);
-    }
-    cr_assert_geq(got, n, "%d of %d Kafka results (see %s)", got, n, log);
-    recs_free(recs, got);
+    recs_free(recs, await_results(t.out, recs, n, pid, log));
     svc_buf_fini(&resp);
     child_term_ok(pid, log);
     assert_committed_at_end(t.group, t.in);
