@@ -100,6 +100,19 @@ static int await_results(const char *out, rec_t *recs, int n, pid_t pid, const c
     return got;
 }
 
+/* serve on pkg and t's topics with extra options (--http 127.0.0.1:0
+ * among them), logging to log; returns its pid once /health is 200, with
+ * the HTTP port in *port. */
+static pid_t serve_healthy(const char *pkg, const topics_t *t, const char *extra, const char *log,
+                           int *port, svc_buf_t *resp) {
+    char base[2048];
+    serve_cmd(base, sizeof base, pkg, t->group, t->in, t->out, t->dlq, extra);
+    pid_t pid = child_start(base, log);
+    *port = wait_port(pid, log);
+    wait_healthy(pid, *port, log, resp);
+    return pid;
+}
+
 /* The example's answer: 200 with three probabilities summing to 1. */
 static void assert_example(const svc_buf_t *resp) {
     const char *body = strstr(resp->data, "\r\n\r\n");
@@ -140,15 +153,12 @@ Test(serve_http, both_paths_one_engine, .timeout = 600, .fini = children_kill) {
     req_t *reqs = simple_requests(n, "shttp", &bufs);
     produce(t.in, reqs, n / 2);
 
-    char base[2048], extra[512];
+    char extra[512];
     snprintf(extra, sizeof extra, "--http 127.0.0.1:0 --metrics-file '%s' --workers 2", metrics);
-    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, t.dlq, extra);
-    pid_t pid = child_start(base, log);
-    int   port = wait_port(pid, log);
-
     svc_buf_t resp;
     svc_buf_init(&resp, (size_t)1 << 26);
-    wait_healthy(pid, port, log, &resp);
+    int     port = 0;
+    pid_t   pid = serve_healthy(pkg, &t, extra, log, &port, &resp);
     int64_t deadline;
     int     st = 0;
 
@@ -224,14 +234,11 @@ Test(serve_http, backlog_leaves_room_for_http, .timeout = 600, .fini = children_
     char  *bufs;
     req_t *reqs = simple_requests(n, "sback", &bufs);
     produce(t.in, reqs, n);
-    char base[2048];
-    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, t.dlq,
-              "--http 127.0.0.1:0 --workers 1 --max-queue 4");
-    pid_t     pid = child_start(base, log);
-    int       port = wait_port(pid, log);
     svc_buf_t resp;
     svc_buf_init(&resp, (size_t)1 << 26);
-    wait_healthy(pid, port, log, &resp);
+    int   port = 0;
+    pid_t pid =
+        serve_healthy(pkg, &t, "--http 127.0.0.1:0 --workers 1 --max-queue 4", log, &port, &resp);
     int64_t deadline;
     int     st = 0;
     char   *example = read_example();
@@ -276,18 +283,11 @@ Test(serve_http, sigterm_finishes_http, .timeout = 300, .fini = children_kill) {
     char  *bufs;
     req_t *reqs = simple_requests(20, "sterm", &bufs);
     produce(t.in, reqs, 20);
-    char base[2048];
-    serve_cmd(base, sizeof base, pkg, t.group, t.in, t.out, t.dlq,
-              "--http 127.0.0.1:0 --workers 1");
-    pid_t     pid = child_start(base, log);
-    int       port = wait_port(pid, log);
     svc_buf_t resp;
     svc_buf_init(&resp, (size_t)1 << 26);
+    int     port = 0;
+    pid_t   pid = serve_healthy(pkg, &t, "--http 127.0.0.1:0 --workers 1", log, &port, &resp);
     int64_t deadline = now_ms() + wait_ms();
-    while (http_call(port, "GET", "/health", NULL, &resp) != 200 && now_ms() < deadline) {
-        child_assert_running(pid, log);
-        usleep(20 * 1000);
-    }
     /* The Kafka side answers first (so that its offsets are committed at
      * the stop), then the HTTP request goes in. */
     static rec_t recs[MAX_RECS];
