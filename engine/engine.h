@@ -964,7 +964,8 @@ typedef struct eng_quant_opts {
                                  default: measured better, docs/quantize.md) */
     bool static_groups;       /* without act-order: grids from the weights, not the updated ones */
     bool plain_grids;         /* each group's grid spans its values (RTN's) instead of being
-                                 fitted to the Hessian's diagonal (the default, measured better) */
+                                 fitted to the Hessian's diagonal plus its mean (the default,
+                                 measured better: docs/quantize.md) */
     /* GPTQ keeps per-layer checkpoints in out_dir/ENG_QUANT_PARTIAL
      * (removed once the package is written): resume goes on from the
      * last finished layer when the checkpoint is of the same run (else
