@@ -234,29 +234,34 @@ static svc_err_t gq_alloc(gq_t *g) {
                                                                                    : SVC_ERR_NOMEM;
 }
 
-/* The RTN tiles of every tile column (their grids are the static ones). */
-static svc_err_t gq_rtn(gq_t *g) {
-    size_t    band = g->P * ENG_Q4NX_ROWS * 8;
-    svc_err_t err = SVC_OK;
-    for (size_t q = 0; !err && q < g->Q; q++)
-        err = eng_q4nx_encode_col(g->kind, g->raster, g->w, g->R, g->K, q, g->packed,
-                                  g->gd + q * band, g->gm + q * band);
-    return err;
-}
-
-typedef struct gq_refit_job {
+typedef struct gq_grids_job {
     gq_t      *g;
     svc_err_t *err; /* (Q) each tile column's */
-} gq_refit_job_t;
+} gq_grids_job_t;
 
-/* Tile column q's grids fitted to the importances: its tiles and its
- * band of gd, gm are its own, so the columns go over the pool. */
-static void gq_refit_col(void *ctx, size_t q) {
-    gq_refit_job_t *j = ctx;
+/* Tile column q's tiles and grids, fitted to g->imp (NULL: spanning each
+ * group, RTN's): its tiles and its band of gd, gm are its own, so the
+ * columns go over the pool. */
+static void gq_grids_col(void *ctx, size_t q) {
+    gq_grids_job_t *j = ctx;
     gq_t           *g = j->g;
     size_t          band = g->P * ENG_Q4NX_ROWS * 8;
     j->err[q] = eng_q4nx_encode_col_imp(g->kind, g->raster, g->w, g->R, g->K, q, g->imp, g->packed,
                                         g->gd + q * band, g->gm + q * band);
+}
+
+/* Every tile column's tiles, rounded to nearest, and their static grids
+ * (eng_q4nx_encode_col_imp with g->imp). */
+static svc_err_t gq_grids(gq_t *g) {
+    gq_grids_job_t j = {.g = g, .err = calloc(g->Q, sizeof *j.err)};
+    if (!j.err)
+        return SVC_ERR_NOMEM;
+    npu_parallel_for(g->Q, gq_grids_col, &j);
+    svc_err_t err = SVC_OK;
+    for (size_t q = 0; q < g->Q && !err; q++)
+        err = j.err[q];
+    free(j.err);
+    return err;
 }
 
 /* The grids again, fitted to importances (eng_q4nx_encode_col_imp): the
@@ -269,23 +274,15 @@ static void gq_refit_col(void *ctx, size_t q) {
  * per-layer errors unchanged; docs/quantize.md). */
 static svc_err_t gq_refit(gq_t *g) {
     g->imp = malloc(g->K * sizeof *g->imp);
-    gq_refit_job_t j = {.g = g, .err = calloc(g->Q, sizeof *j.err)};
-    if (!g->imp || !j.err) {
-        free(j.err);
+    if (!g->imp)
         return SVC_ERR_NOMEM;
-    }
     double mean = 0;
     for (size_t k = 0; k < g->K; k++)
         mean += g->h[k * g->K + k] > 0 ? g->h[k * g->K + k] : 0.0f;
     mean /= (double)g->K;
     for (size_t k = 0; k < g->K; k++)
         g->imp[k] = (g->h[k * g->K + k] > 0 ? g->h[k * g->K + k] : 0.0f) + (float)mean;
-    npu_parallel_for(g->Q, gq_refit_col, &j);
-    svc_err_t err = SVC_OK;
-    for (size_t q = 0; q < g->Q && !err; q++)
-        err = j.err[q];
-    free(j.err);
-    return err;
+    return gq_grids(g);
 }
 
 /* act-order: columns by decreasing H_kk, ties by index. */
@@ -466,7 +463,7 @@ static svc_err_t gq_factor(gq_t *g, double damp, double *used) {
 }
 
 static svc_err_t gq_run(gq_t *g, const eng_gptq_opts_t *o, eng_gptq_stats_t *st) {
-    svc_err_t err = gq_rtn(g);
+    svc_err_t err = gq_grids(g); /* RTN's: g->imp is not set yet */
     if (err) {
         svc_errf(g->errstr, g->errstr_size, "GPTQ: a weight is not finite or too large");
         return err;
