@@ -1138,6 +1138,13 @@ void eng_sched_free(eng_sched_t *s) {
     free(s);
 }
 
+/* A bound for the bulk lane: bound less 1 / share of it (share 0: all of
+ * it), never below 1. */
+static size_t bulk_bound(size_t bound, size_t share) {
+    size_t b = share ? bound - bound / share : bound;
+    return b ? b : 1;
+}
+
 svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
                         const eng_sched_conf_t *conf, eng_sched_t **out, char *errstr,
                         size_t errstr_size) {
@@ -1159,12 +1166,8 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
     }
     s->max_jobs = conf->max_jobs ? conf->max_jobs : ENG_SCHED_MAX_JOBS;
     s->max_tokens = conf->max_tokens ? conf->max_tokens : ENG_SCHED_MAX_TOKENS;
-    s->bulk_max_jobs = conf->bulk_max_jobs && conf->bulk_max_jobs < s->max_jobs
-                           ? conf->bulk_max_jobs
-                           : s->max_jobs;
-    s->bulk_max_tokens = conf->bulk_max_tokens && conf->bulk_max_tokens < s->max_tokens
-                             ? conf->bulk_max_tokens
-                             : s->max_tokens;
+    s->bulk_max_jobs = bulk_bound(s->max_jobs, conf->interactive_share);
+    s->bulk_max_tokens = bulk_bound(s->max_tokens, conf->interactive_share);
     s->max_group = conf->max_group ? conf->max_group : 32;
     if (eng_model_has_vision(model)) {
         s->reg = eng_imgreg_new(model, conf->max_images ? conf->max_images : 32);
@@ -1217,7 +1220,7 @@ svc_err_t eng_sched_new(const eng_package_t *pkg, const eng_model_t *model,
 
 /* Whether n_jobs more jobs of tokens of class c would pass c's bound
  * while other jobs (of either class) are pending
- * (eng_sched_conf_t.max_jobs, bulk_max_jobs). @locks s->mu held */
+ * (eng_sched_conf_t.max_jobs, interactive_share). @locks s->mu held */
 static bool queue_full_locked(const eng_sched_t *s, size_t n_jobs, uint64_t tokens,
                               eng_sched_class_t c) {
     size_t   mj = c == ENG_SCHED_BULK ? s->bulk_max_jobs : s->max_jobs;

@@ -684,12 +684,11 @@ typedef struct eng_sched_conf {
     const char *identity; /* the package identity in the key (copied; NULL: the served name) */
     /* Bulk requests (eng_sched_submit_as with ENG_SCHED_BULK: serve's
      * Kafka records) are admitted only while the queue, both classes
-     * counted, stays within these smaller bounds, so that a backlog leaves
-     * max_jobs - bulk_max_jobs jobs (and the tokens) to interactive
-     * requests (HTTP) instead of turning them away with 429. 0, or not
-     * below max_jobs / max_tokens: the same bounds (no room kept). */
-    size_t bulk_max_jobs;
-    size_t bulk_max_tokens;
+     * counted, stays within max_jobs and max_tokens less 1 /
+     * interactive_share of each (at least one job and token left to bulk),
+     * so that a backlog leaves that share to interactive requests (HTTP)
+     * instead of turning them away with 429. 0: no share kept. */
+    size_t interactive_share;
 } eng_sched_conf_t;
 
 /* The two lanes of the queue. Interactive questions (eng_sched_submit's)
@@ -760,7 +759,7 @@ SVC_WUR svc_err_t eng_sched_submit(eng_sched_t *s, const sch_request_t *req, eng
                                    void *user, sch_error_t *reject);
 
 /* eng_sched_submit (which is this with ENG_SCHED_INTERACTIVE) in lane cls:
- * ENG_SCHED_BULK is admitted within bulk_max_jobs and bulk_max_tokens and
+ * ENG_SCHED_BULK is admitted within the bounds less interactive_share's and
  * runs after the queued interactive questions. */
 SVC_WUR svc_err_t eng_sched_submit_as(eng_sched_t *s, const sch_request_t *req,
                                       eng_sched_class_t cls, eng_sched_done_fn done, void *user,

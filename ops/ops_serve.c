@@ -450,12 +450,8 @@ static int serve_run(const serve_opts_t *o, const ops_ask_t *ask, http_t *http,
     pthread_cond_init(&s.cond, NULL);
     eng_sched_conf_t sc = ops_sched_conf(&o->http, ask->model_sha256);
     int              rc = OPS_EXIT_FAILURE;
-    if (http) { /* a Kafka backlog leaves a quarter of the queue to HTTP */
-        size_t   mj = sc.max_jobs ? sc.max_jobs : ENG_SCHED_MAX_JOBS;
-        uint64_t mt = sc.max_tokens ? sc.max_tokens : ENG_SCHED_MAX_TOKENS;
-        sc.bulk_max_jobs = mj > 1 ? mj - mj / SERVE_HTTP_SHARE : 1;
-        sc.bulk_max_tokens = mt > 1 ? mt - mt / SERVE_HTTP_SHARE : 1;
-    }
+    if (http) /* a Kafka backlog leaves a quarter of the queue to HTTP */
+        sc.interactive_share = SERVE_HTTP_SHARE;
     s.reg = sch_registry_new(o->registry_url, 0, errstr, sizeof errstr);
     if (!s.reg)
         ops_fail("serve", "--schema-registry: %s", errstr);

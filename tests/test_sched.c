@@ -1070,14 +1070,15 @@ Test(sched, backpressure_counts_jobs) {
     unload(&l);
 }
 
-/* Two lanes: Kafka's bulk requests fill the queue only to bulk_max_jobs,
+/* Two lanes: Kafka's bulk requests fill the queue only to max_jobs less
+ * its interactive share (4 less 4 / 2 here),
  * which leaves room for interactive (HTTP) ones, and an interactive
  * request is run before the bulk ones queued ahead of it. */
 Test(sched, interactive_lane_keeps_room_and_goes_first) {
     loaded_t     l;
     waiter_t     w;
-    eng_sched_t *s =
-        one_worker(&l, (eng_sched_conf_t){.max_jobs = 4, .bulk_max_jobs = 2, .max_group = 1}, &w);
+    eng_sched_t *s = one_worker(
+        &l, (eng_sched_conf_t){.max_jobs = 4, .interactive_share = 2, .max_group = 1}, &w);
     sch_request_t *ra = n_questions(1), *rb[3], *rc[3];
     slot_t         a = {.w = &w, .block = true}, b[3], c[3];
     for (int i = 0; i < 3; i++) {
