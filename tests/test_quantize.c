@@ -643,14 +643,23 @@ static void stop_and_resume(const char *model, const char *opts, const char *who
     expect_same_package(whole, out);
 }
 
+/* A fresh root for a test (into root) and tiny-upstream quantised there
+ * uninterrupted with opts, into root/whole (into whole). */
+static void uninterrupted(const char *opts, char *root, size_t root_size, char *whole,
+                          size_t whole_size) {
+    char      args[512];
+    svc_buf_t o;
+    tmp_root(root, root_size);
+    snprintf(whole, whole_size, "%s/whole", root);
+    snprintf(args, sizeof args, "--model %s --out %s %s", TINY, whole, opts);
+    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
+    svc_buf_fini(&o);
+}
+
 Test(quantize, resume_is_byte_identical, .timeout = 120) {
     char      root[64], whole[128], out[192], args[512];
     svc_buf_t o;
-    tmp_root(root, sizeof root);
-    snprintf(whole, sizeof whole, "%s/whole", root);
-    snprintf(args, sizeof args, "--model %s --out %s", TINY, whole);
-    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
-    svc_buf_fini(&o);
+    uninterrupted("", root, sizeof root, whole, sizeof whole);
     static const int stops[] = {1, 4, 6}; /* 6: every layer done, only the rest left */
     for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
         snprintf(out, sizeof out, "%s/stop%d", root, stops[i]);
@@ -754,11 +763,7 @@ static void damage(const char *dir, const char *name, bool cut) {
 Test(quantize, resume_refuses_damaged_checkpoint, .timeout = 60) {
     char      root[64], out[128], whole[128], args[512];
     svc_buf_t o;
-    tmp_root(root, sizeof root);
-    snprintf(whole, sizeof whole, "%s/whole", root);
-    snprintf(args, sizeof args, "--model %s --out %s --calibration-tokens 8192", TINY, whole);
-    cr_assert_eq(quantize_out(NULL, args, &o), 0, "%s", o.data);
-    svc_buf_fini(&o);
+    uninterrupted("--calibration-tokens 8192", root, sizeof root, whole, sizeof whole);
     static const struct {
         const char *file;
         bool        cut;
