@@ -12,6 +12,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -328,6 +329,19 @@ Test(npu_pool, concurrent_callers) {
         cr_assert_eq(pthread_create(&th[i], NULL, caller, NULL), 0);
     for (int i = 0; i < 6; i++)
         pthread_join(th[i], NULL);
+}
+
+/* Calls back to back and calls after the pool threads have gone back to
+ * sleep: the pool threads spin a while for the next job before they block
+ * (npu_pool.c), so both ways of being woken must lose nothing. */
+Test(npu_pool, back_to_back_and_after_sleep) {
+    for (int r = 0; r < 2000; r++)
+        expect_each_once(1 + (size_t)r % 9);
+    for (int r = 0; r < 5; r++) {
+        struct timespec ts = {0, 3 * 1000 * 1000}; /* 3 ms: past the spin */
+        nanosleep(&ts, NULL);
+        expect_each_once(64);
+    }
 }
 
 /* D3_NPU_THREADS=1: no pool threads, everything on the caller. */
