@@ -327,8 +327,7 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, const fwd_seq_t *in, 
 }
 
 static void add_into(float *x, const float *y, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        x[i] += y[i];
+    npu_add(x, y, n);
 }
 
 static float sigmoidf_(float v) {
@@ -420,21 +419,16 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
      * (T, nv) into s1, s2, z (T, nv, dv) into f->c (read at the end) */
     fwd_mm_n(f, f->h, T, 4, (const npu_wpack_t *const[]){l->in_qkv, l->in_b, l->in_a, l->in_z},
              (float *const[]){f->a, f->s1, f->s2, f->c});
-    /* mixed qkv -> causal depthwise conv + silu -> f->b (T, C) */
+    /* mixed qkv -> causal depthwise conv + silu, written straight as
+     * contiguous q (T, nk, dk), k (T, nk, dk), v (T, nv, dv) in f->b */
+    float *q = f->b, *k = f->b + T * kd, *v = f->b + 2 * T * kd;
     for (size_t p = ch->p0; p < ch->p0 + ch->np; p++) {
         const fwd_piece_t *pc = &f->piece[p];
         size_t             r = pc->r - ch->r;
+        npu_conv_split_t   sp = {3, {kd, kd, vd}, {q + r * kd, k + r * kd, v + r * vd}};
         lin_states(f, pc, li, &conv_in, &conv_out, &rec_in, &rec_out);
-        npu_conv1d_causal_silu(f->a + r * C, l->conv, pc->n, C, c->conv_k, conv_in, conv_out,
-                               f->b + r * C);
-    }
-    /* split into contiguous q (T, nk, dk), k (T, nk, dk), v (T, nv, dv) in f->a */
-    float *q = f->a, *k = f->a + T * kd, *v = f->a + 2 * T * kd;
-    for (size_t t = 0; t < T; t++) {
-        const float *row = f->b + t * C;
-        memcpy(q + t * kd, row, kd * sizeof *q);
-        memcpy(k + t * kd, row + kd, kd * sizeof *k);
-        memcpy(v + t * vd, row + 2 * kd, vd * sizeof *v);
+        npu_conv1d_causal_silu_split(f->a + r * C, l->conv, pc->n, C, c->conv_k, conv_in, conv_out,
+                                     &sp);
     }
     /* use_qk_l2norm_in_kernel=True: FLA's l2norm, eps 1e-6 */
     npu_l2norm(q, T * c->lin_nk, c->lin_dk, 1e-6f, q);

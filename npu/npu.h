@@ -385,6 +385,22 @@ void npu_attention_merge(const float *o1, const float *lse1, const float *o2, co
 void npu_conv1d_causal_silu_ref(const float *x, const float *w, size_t T, size_t C, size_t K,
                                 const float *state_in, float *state_out, float *out);
 
+/* The output channels of a split conv (npu_conv1d_causal_silu_split):
+ * n consecutive blocks of width[i] channels (summing to C), block i
+ * written row-major as its own (T, width[i]) array out[i]. */
+#define NPU_CONV_SPLIT_MAX 4
+typedef struct npu_conv_split {
+    size_t n;
+    size_t width[NPU_CONV_SPLIT_MAX];
+    float *out[NPU_CONV_SPLIT_MAX];
+} npu_conv_split_t;
+
+/* As npu_conv1d_causal_silu_ref, the outputs split by sp (the Gated
+ * DeltaNet's q, k and v out of the mixed qkv, without a copy). */
+void npu_conv1d_causal_silu_split_ref(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                      const float *state_in, float *state_out,
+                                      const npu_conv_split_t *sp);
+
 /* L2 normalisation per row (l2norm in modeling_qwen3_5.py, as FLA):
  * out = x / sqrt(sum(x^2) + eps). Note eps is added to the SUM of squares
  * (not max(norm, eps)); transformers uses eps = 1e-6.
@@ -855,6 +871,11 @@ SVC_WUR svc_err_t npu_delta_rule(const float *q, const float *k, const float *v,
  * K > 16 fall back to the reference. */
 void npu_conv1d_causal_silu(const float *x, const float *w, size_t T, size_t C, size_t K,
                             const float *state_in, float *state_out, float *out);
+/* As npu_conv1d_causal_silu, the outputs split by sp: each value is the
+ * same sum as the unsplit call's, so the bits are its. */
+void npu_conv1d_causal_silu_split(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                  const float *state_in, float *state_out,
+                                  const npu_conv_split_t *sp);
 
 /* As npu_rmsnorm_ref (out may equal x), fp32 sum of squares. */
 void npu_rmsnorm(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
@@ -872,6 +893,10 @@ void npu_silu_mul(const float *gate, const float *up, size_t T, size_t F, float 
 /* As npu_sigmoid_mul_ref, in fp32 with the vectorised exp (relative error
  * ~1e-7 of the gate). */
 void npu_sigmoid_mul(const float *gate, float *x, size_t n);
+/* x += y elementwise (the residual adds), over the pool when n is large;
+ * x and y must not overlap. Each element is one fp32 add, so the bits are
+ * the plain loop's. */
+void npu_add(float *x, const float *y, size_t n);
 
 /* ---- Vision tower (npu_vision.c) ---------------------------------------- */
 
@@ -1002,6 +1027,9 @@ svc_err_t npu_delta_rule_pick_avx512(const float *q, const float *k, const float
                                      float *state_out, float *out);
 void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
                                    const float *state_in, float *state_out, float *out);
+void npu_conv1d_causal_silu_split_avx512(const float *x, const float *w, size_t T, size_t C,
+                                         size_t K, const float *state_in, float *state_out,
+                                         const npu_conv_split_t *sp);
 void npu_rmsnorm_avx512(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
                         bool one_plus_w);
 void npu_rmsnorm_gated_avx512(const float *x, const float *z, const float *w, size_t T, size_t D,

@@ -570,14 +570,16 @@ static inline const float *conv_row(const float *x, const float *state_in, size_
 }
 
 typedef struct conv_job {
-    const float *x, *wt, *state_in;
-    float       *out;
-    size_t       T, C, K, Cp, per; /* per: rows per item */
+    const float            *x, *wt, *state_in;
+    const npu_conv_split_t *sp;
+    size_t                  T, C, K, Cp, per; /* per: rows per item */
 } conv_job_t;
 
 #define CONV_ITEM_FLOATS 32768 /* at least this much of out per item */
 
-/* Rows [i per, i per + per) of out. */
+/* Rows [i per, i per + per) of the outputs; each block of the split
+ * 16 channels at a time (masked at its end), so that every output is the
+ * same K-tap sum wherever it is written. */
 static void conv_rows(void *ctx, size_t i) {
     const conv_job_t *j = ctx;
     size_t            hist = j->K - 1, C = j->C;
@@ -585,16 +587,27 @@ static void conv_rows(void *ctx, size_t i) {
         const float *rows[CONV_MAX_K];
         for (size_t k = 0; k < j->K; k++)
             rows[k] = conv_row(j->x, j->state_in, t + k, hist, C);
-        for (size_t c0 = 0; c0 < C; c0 += 16) {
-            __mmask16 cm = npu_mask16(C - c0);
-            __m512    acc = _mm512_setzero_ps();
-            for (size_t k = 0; k < j->K; k++)
-                if (rows[k])
-                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(j->wt + k * j->Cp + c0),
-                                          _mm512_maskz_loadu_ps(cm, rows[k] + c0), acc);
-            _mm512_mask_storeu_ps(j->out + t * C + c0, cm, npu_silu512(acc));
+        for (size_t b = 0, base = 0; b < j->sp->n; base += j->sp->width[b++]) {
+            size_t W = j->sp->width[b];
+            float *o = j->sp->out[b] + t * W;
+            for (size_t c0 = 0; c0 < W; c0 += 16) {
+                __mmask16 cm = npu_mask16(W - c0);
+                __m512    acc = _mm512_setzero_ps();
+                for (size_t k = 0; k < j->K; k++)
+                    if (rows[k])
+                        acc = _mm512_fmadd_ps(
+                            _mm512_maskz_loadu_ps(cm, j->wt + k * j->Cp + base + c0),
+                            _mm512_maskz_loadu_ps(cm, rows[k] + base + c0), acc);
+                _mm512_mask_storeu_ps(o + c0, cm, npu_silu512(acc));
+            }
         }
     }
+}
+
+void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                   const float *state_in, float *state_out, float *out) {
+    npu_conv_split_t sp = {.n = 1, .width = {C}, .out = {out}};
+    npu_conv1d_causal_silu_split_avx512(x, w, T, C, K, state_in, state_out, &sp);
 }
 
 /* Row by row, so that x and out stream in order (a channel strip walked
@@ -602,25 +615,26 @@ static void conv_rows(void *ctx, size_t i) {
  * of a nano prefill); blocks of rows on the pool (each row reads only x,
  * state_in and the taps, so the bits are those of one thread). Each output
  * sums its K taps in the same order as before, so the bits are the same. */
-void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
-                                   const float *state_in, float *state_out, float *out) {
-    SVC_ASSERT(K >= 1);
+void npu_conv1d_causal_silu_split_avx512(const float *x, const float *w, size_t T, size_t C,
+                                         size_t K, const float *state_in, float *state_out,
+                                         const npu_conv_split_t *sp) {
+    SVC_ASSERT(K >= 1 && sp->n >= 1 && sp->n <= NPU_CONV_SPLIT_MAX);
     if (K > CONV_MAX_K) {
-        npu_conv1d_causal_silu_ref(x, w, T, C, K, state_in, state_out, out);
+        npu_conv1d_causal_silu_split_ref(x, w, T, C, K, state_in, state_out, sp);
         return;
     }
     size_t hist = K - 1, Cp = (C + 15) / 16 * 16;
     /* wt[i * Cp + c] = w[c][i]: each tap's weights contiguous over channels */
     float *wt = npu_scratch(NPU_SCRATCH_CONV, K * Cp * sizeof *wt);
     if (!wt) { /* out of memory: the reference needs none */
-        npu_conv1d_causal_silu_ref(x, w, T, C, K, state_in, state_out, out);
+        npu_conv1d_causal_silu_split_ref(x, w, T, C, K, state_in, state_out, sp);
         return;
     }
     for (size_t i = 0; i < K; i++)
         for (size_t c = 0; c < Cp; c++)
             wt[i * Cp + c] = c < C ? w[c * K + i] : 0.0f;
     conv_job_t j = {
-        .x = x, .wt = wt, .state_in = state_in, .out = out, .T = T, .C = C, .K = K, .Cp = Cp};
+        .x = x, .wt = wt, .state_in = state_in, .sp = sp, .T = T, .C = C, .K = K, .Cp = Cp};
     j.per = C < CONV_ITEM_FLOATS ? CONV_ITEM_FLOATS / C : 1;
     size_t items = (T + j.per - 1) / j.per;
     if (items > 1)

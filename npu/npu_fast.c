@@ -23,7 +23,7 @@ typedef struct npu_kernels {
                             size_t dk, size_t dv, const float *state_in, float *state_out,
                             float *out);
     void (*conv1d_causal_silu)(const float *x, const float *w, size_t T, size_t C, size_t K,
-                               const float *state_in, float *state_out, float *out);
+                               const float *state_in, float *state_out, const npu_conv_split_t *sp);
     void (*rmsnorm)(const float *x, const float *w, size_t T, size_t D, float eps, float *out,
                     bool one_plus_w);
     void (*rmsnorm_gated)(const float *x, const float *z, const float *w, size_t T, size_t D,
@@ -36,7 +36,7 @@ typedef struct npu_kernels {
 /* The reference kernels but attention and the delta rule (the kernel
  * tables below). */
 #define REF_KERNELS_REST                                                                           \
-    .matmul = npu_matmul_ref, .conv1d_causal_silu = npu_conv1d_causal_silu_ref,                    \
+    .matmul = npu_matmul_ref, .conv1d_causal_silu = npu_conv1d_causal_silu_split_ref,              \
     .rmsnorm = npu_rmsnorm_ref, .rmsnorm_gated = npu_rmsnorm_gated_ref, .l2norm = npu_l2norm_ref,  \
     .silu_mul = npu_silu_mul_ref, .sigmoid_mul = npu_sigmoid_mul_ref
 
@@ -78,7 +78,7 @@ static const npu_kernels_t k_avx512 = {
     .matmul = npu_matmul_avx512,
     .attention = attention_avx512,
     .delta_rule = npu_delta_rule_pick_avx512,
-    .conv1d_causal_silu = npu_conv1d_causal_silu_avx512,
+    .conv1d_causal_silu = npu_conv1d_causal_silu_split_avx512,
     .rmsnorm = npu_rmsnorm_avx512,
     .rmsnorm_gated = npu_rmsnorm_gated_avx512,
     .l2norm = npu_l2norm_avx512,
@@ -163,7 +163,14 @@ svc_err_t npu_delta_rule(const float *q, const float *k, const float *v, const f
 
 void npu_conv1d_causal_silu(const float *x, const float *w, size_t T, size_t C, size_t K,
                             const float *state_in, float *state_out, float *out) {
-    kernels()->conv1d_causal_silu(x, w, T, C, K, state_in, state_out, out);
+    npu_conv_split_t sp = {.n = 1, .width = {C}, .out = {out}};
+    kernels()->conv1d_causal_silu(x, w, T, C, K, state_in, state_out, &sp);
+}
+
+void npu_conv1d_causal_silu_split(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                  const float *state_in, float *state_out,
+                                  const npu_conv_split_t *sp) {
+    kernels()->conv1d_causal_silu(x, w, T, C, K, state_in, state_out, sp);
 }
 
 /* ---- row-wise kernels on the pool ---------------------------------------
@@ -178,7 +185,8 @@ typedef enum rows_op {
     ROWS_RMS_GATED,
     ROWS_L2,
     ROWS_SILU_MUL,
-    ROWS_SIGMOID_MUL
+    ROWS_SIGMOID_MUL,
+    ROWS_ADD
 } rows_op_t;
 
 typedef struct rows_job {
@@ -191,6 +199,11 @@ typedef struct rows_job {
 } rows_job_t;
 
 #define ROWS_ITEM_FLOATS 32768 /* at least this much of a row block per item */
+
+static void add_block(float *restrict x, const float *restrict y, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
 
 static void rows_item(void *ctx, size_t i) {
     const rows_job_t    *j = ctx;
@@ -212,6 +225,9 @@ static void rows_item(void *ctx, size_t i) {
         break;
     case ROWS_SIGMOID_MUL:
         k->sigmoid_mul(j->z + o, j->out + o, n * j->D);
+        break;
+    case ROWS_ADD:
+        add_block(j->out + o, j->x + o, n * j->D);
         break;
     }
 }
@@ -266,6 +282,15 @@ void npu_sigmoid_mul(const float *gate, float *x, size_t n) {
         return;
     }
     rows_run(&(rows_job_t){.op = ROWS_SIGMOID_MUL, .z = gate, .out = x, .T = n / 16, .D = 16});
+}
+
+/* As npu_sigmoid_mul: blocks of 16 values stand for rows. */
+void npu_add(float *x, const float *y, size_t n) {
+    if (n % 16) {
+        add_block(x, y, n);
+        return;
+    }
+    rows_run(&(rows_job_t){.op = ROWS_ADD, .x = y, .out = x, .T = n / 16, .D = 16});
 }
 
 /* ---- packed weights ------------------------------------------------------- */

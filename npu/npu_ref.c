@@ -92,17 +92,24 @@ void npu_matmul_bf16_ref(const float *x, const uint16_t *w, size_t T, size_t K, 
 
 /* One head's rotation, rotate_half convention: x1 = first half of the
  * rotary part, x2 = second half; x*cos + rotate_half(x)*sin with
- * rotate_half(x) = cat(-x2, x1) (apply_rotary_pos_emb). angle[i] is the
- * angle of frequency i < rot_dim / 2. */
-static void rope_head(float *xh, const float *angle, size_t rot_dim) {
+ * rotate_half(x) = cat(-x2, x1) (apply_rotary_pos_emb). c[i], s[i]: cos
+ * and sin, in double, of the angle of frequency i < rot_dim / 2. */
+static void rope_head(float *xh, const double *c, const double *s, size_t rot_dim) {
     size_t half = rot_dim / 2;
     for (size_t i = 0; i < half; i++) {
-        double c = cos((double)angle[i]);
-        double s = sin((double)angle[i]);
         double x1 = xh[i];
         double x2 = xh[i + half];
-        xh[i] = (float)(x1 * c - x2 * s);
-        xh[i + half] = (float)(x2 * c + x1 * s);
+        xh[i] = (float)(x1 * c[i] - x2 * s[i]);
+        xh[i + half] = (float)(x2 * c[i] + x1 * s[i]);
+    }
+}
+
+/* A position's cos and sin of its half angles, taken once for all its
+ * heads (they share them; per head, sincos was most of a rope's time). */
+static void rope_cos_sin(const float *angle, size_t half, double *c, double *s) {
+    for (size_t i = 0; i < half; i++) {
+        c[i] = cos((double)angle[i]);
+        s[i] = sin((double)angle[i]);
     }
 }
 
@@ -124,12 +131,14 @@ void npu_rope_ref(float *x, const int32_t *pos, size_t T, size_t H, size_t head_
                   float theta) {
     SVC_ASSERT(rot_dim % 2 == 0 && rot_dim <= head_dim && rot_dim / 2 <= ROPE_MAX_HALF);
     float  angle[ROPE_MAX_HALF];
+    double c[ROPE_MAX_HALF], s[ROPE_MAX_HALF];
     size_t half = rot_dim / 2;
     for (size_t t = 0; t < T; t++) {
         for (size_t i = 0; i < half; i++)
             angle[i] = (float)pos[t] * rope_inv_freq(theta, i, rot_dim);
+        rope_cos_sin(angle, half, c, s);
         for (size_t h = 0; h < H; h++)
-            rope_head(x + (t * H + h) * head_dim, angle, rot_dim);
+            rope_head(x + (t * H + h) * head_dim, c, s, rot_dim);
     }
 }
 
@@ -159,14 +168,16 @@ void npu_mrope_ref(float *x, const int32_t *pos3, size_t T, size_t H, size_t hea
     SVC_ASSERT(section[0] >= 0 && section[1] >= 0 && section[2] >= 0);
     SVC_ASSERT((size_t)section[0] + (size_t)section[1] + (size_t)section[2] == rot_dim / 2);
     float  angle[ROPE_MAX_HALF];
+    double c[ROPE_MAX_HALF], s[ROPE_MAX_HALF];
     size_t half = rot_dim / 2;
     for (size_t t = 0; t < T; t++) {
         for (size_t i = 0; i < half; i++) {
             int axis = mrope_axis(i, section, interleaved);
             angle[i] = (float)pos3[t * 3 + (size_t)axis] * rope_inv_freq(theta, i, rot_dim);
         }
+        rope_cos_sin(angle, half, c, s);
         for (size_t h = 0; h < H; h++)
-            rope_head(x + (t * H + h) * head_dim, angle, rot_dim);
+            rope_head(x + (t * H + h) * head_dim, c, s, rot_dim);
     }
 }
 
@@ -329,10 +340,20 @@ void npu_attention_merge(const float *o1, const float *lse1, const float *o2, co
  * cache_params.update_conv_state carries between calls. */
 void npu_conv1d_causal_silu_ref(const float *x, const float *w, size_t T, size_t C, size_t K,
                                 const float *state_in, float *state_out, float *out) {
-    SVC_ASSERT(K >= 1);
+    npu_conv_split_t sp = {.n = 1, .width = {C}, .out = {out}};
+    npu_conv1d_causal_silu_split_ref(x, w, T, C, K, state_in, state_out, &sp);
+}
+
+void npu_conv1d_causal_silu_split_ref(const float *x, const float *w, size_t T, size_t C, size_t K,
+                                      const float *state_in, float *state_out,
+                                      const npu_conv_split_t *sp) {
+    SVC_ASSERT(K >= 1 && sp->n >= 1 && sp->n <= NPU_CONV_SPLIT_MAX);
     size_t hist = K - 1;
     for (size_t t = 0; t < T; t++) {
+        size_t b = 0, base = 0; /* channel c is column c - base of block b */
         for (size_t c = 0; c < C; c++) {
+            while (c - base >= sp->width[b])
+                base += sp->width[b++];
             double acc = 0.0;
             for (size_t i = 0; i < K; i++) {
                 /* Input time t - hist + i; negative times come from the state. */
@@ -344,7 +365,7 @@ void npu_conv1d_causal_silu_ref(const float *x, const float *w, size_t T, size_t
                     xv = state_in ? state_in[tt * C + c] : 0.0;
                 acc += (double)w[c * K + i] * xv;
             }
-            out[t * C + c] = (float)silu_d(acc);
+            sp->out[b][t * sp->width[b] + c - base] = (float)silu_d(acc);
         }
     }
     if (!state_out || hist == 0)

@@ -453,6 +453,77 @@ Test(npu_fast, pool_split_bit_identical) {
     free(x), free(z), free(w), free(cw), free(a), free(b), free(s0), free(sa), free(sb);
 }
 
+/* The split conv (the Gated DeltaNet's q, k, v written straight from the
+ * conv) gives each value the unsplit call's bits, in its block's place:
+ * block widths off the 16-channel vectors, several row items, both the
+ * AVX-512 kernel and the reference. */
+static void expect_split_conv(const float *x, const float *cw, const float *s0, size_t T, size_t C,
+                              size_t K, const size_t *width, size_t n, bool ref) {
+    size_t hist = K - 1;
+    float *whole = nans(T * C), *parts = nans(T * C), *sa = nans(hist * C), *sb = nans(hist * C);
+    npu_conv_split_t sp = {.n = n};
+    for (size_t i = 0, off = 0; i < n; off += T * width[i++]) {
+        sp.width[i] = width[i];
+        sp.out[i] = parts + off;
+    }
+    if (ref) {
+        npu_conv1d_causal_silu_ref(x, cw, T, C, K, s0, sa, whole);
+        npu_conv1d_causal_silu_split_ref(x, cw, T, C, K, s0, sb, &sp);
+    } else {
+        npu_conv1d_causal_silu(x, cw, T, C, K, s0, sa, whole);
+        npu_conv1d_causal_silu_split(x, cw, T, C, K, s0, sb, &sp);
+    }
+    size_t bad = 0;
+    for (size_t t = 0; t < T; t++)
+        for (size_t i = 0, base = 0; i < n; base += width[i++])
+            bad += memcmp(whole + t * C + base, sp.out[i] + t * width[i],
+                          width[i] * sizeof *whole) != 0;
+    cr_expect_eq(bad, 0, "split conv (ref %d, T=%zu, C=%zu, %zu blocks): %zu rows differ", ref, T,
+                 C, n, bad);
+    cr_expect(memcmp(sa, sb, hist * C * sizeof *sa) == 0, "split conv state (ref %d)", ref);
+    free(whole), free(parts), free(sa), free(sb);
+}
+
+Test(npu_fast, conv_split_bit_identical) {
+    expect_fast_dispatch();
+    rng_t        r = {15};
+    size_t       T = 41, C = 2 * 40 + 23 + 5 * 16, K = 4; /* widths below */
+    float       *x = rand_vec(&r, T * C, -3, 3), *cw = rand_vec(&r, C * K, -1, 1);
+    float       *s0 = rand_vec(&r, (K - 1) * C, -2, 2);
+    const size_t qkv[3] = {40, 40, 23 + 5 * 16}, one[1] = {C}, four[4] = {1, 17, 32, C - 50};
+    for (int ref = 0; ref < 2; ref++) {
+        expect_split_conv(x, cw, s0, T, C, K, qkv, 3, ref);
+        expect_split_conv(x, cw, NULL, T, C, K, qkv, 3, ref);
+        expect_split_conv(x, cw, s0, T, C, K, one, 1, ref);
+        expect_split_conv(x, cw, s0, T, C, K, four, 4, ref);
+    }
+    /* many rows: the conv's row items on the pool */
+    size_t Tl = 300, Cl = 2 * 512 + 1024;
+    float *xl = rand_vec(&r, Tl * Cl, -3, 3), *cwl = rand_vec(&r, Cl * K, -1, 1);
+    expect_split_conv(xl, cwl, NULL, Tl, Cl, K, (const size_t[]){512, 512, 1024}, 3, false);
+    free(x), free(cw), free(s0), free(xl), free(cwl);
+}
+
+/* The residual add over the pool: the plain loop's bits, every length
+ * (blocks of 16 and a tail, several items). */
+Test(npu_fast, add_matches_loop) {
+    rng_t        r = {16};
+    const size_t ns[] = {1, 15, 16, 33, 4096, 330 * 2048 + 16, 330 * 2048 + 5};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        size_t n = ns[i];
+        float *x = rand_vec(&r, n, -3, 3), *y = rand_vec(&r, n, -3, 3), *a = nans(n);
+        memcpy(a, x, n * sizeof *a);
+        npu_add(a, y, n);
+        size_t bad = 0;
+        for (size_t k = 0; k < n; k++) {
+            float want = x[k] + y[k];
+            bad += memcmp(&a[k], &want, sizeof want) != 0;
+        }
+        cr_expect_eq(bad, 0, "npu_add n=%zu: %zu values differ", n, bad);
+        free(x), free(y), free(a);
+    }
+}
+
 /* silu's saturated ends: large |x| must give x or 0, not NaN or inf. */
 Test(npu_fast, silu_extremes) {
     const float gate[6] = {-1000.0f, -100.0f, -20.0f, 20.0f, 100.0f, 1000.0f};
