@@ -220,6 +220,9 @@ SVC_WUR svc_err_t npu_device_select(const npu_devices_t *d, npu_device_req_t req
  * that are idle at that moment join in. A call never waits for a busy
  * pool: when several threads (the scheduler's workers) call at once, each
  * runs what the others leave, so there is neither deadlock nor idle time.
+ * An idle pool thread, and a caller waiting for its last items, spin for
+ * up to 0.1 ms before they sleep (a wake-up cost ~30 us), so a pool busy
+ * with passes burns a little CPU between calls and an idle one none.
  * ------------------------------------------------------------------------ */
 
 /* Threads that may run items of one npu_parallel_for (pool + caller). */
