@@ -832,7 +832,9 @@ Test(http, overloaded) {
     request(&s, "GET", "/metrics", NULL, 0, &r);
     cr_assert_eq(prom_check(r.body.data, "d3stream_http_overloaded_total"), n429);
     /* the answered ones went through the engine, the refused ones did not */
-    cr_assert_eq(prom_check(r.body.data, "d3stream_http_engine_submitted_total"), n200 + 1);
+    cr_assert_eq(prom_check(r.body.data, "d3stream_http_engine_submitted_total"), n200 + 1,
+                 "%g submitted, %d answered 200 (+ 1 after), %d overloaded",
+                 prom_check(r.body.data, "d3stream_http_engine_submitted_total"), n200, n429);
     cr_assert_eq(prom_check(r.body.data, "d3stream_http_engine_requests"), 0);
     resp_fini(&r);
     /* The memory for bodies is bounded: a client that announced 8 MiB and
