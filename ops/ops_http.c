@@ -390,7 +390,6 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
     h->ask.model = NULL;
     h->label = eng_package_model_id(ask->pkg);
     pthread_mutex_init(&h->lock, NULL);
-    pthread_mutex_init(&h->slock, NULL);
     atomic_init(&h->state, HTTP_LOADING);
     atomic_init(&h->in_flight, 0);
     atomic_init(&h->in_engine, 0);
@@ -401,7 +400,6 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
     if (o->api_key_file && !(h->keys = ops_http_keys_new(o->api_key_file, why, sizeof why))) {
         ops_fail(c->cmd, "%s", why);
         pthread_mutex_destroy(&h->lock);
-        pthread_mutex_destroy(&h->slock);
         free(h);
         return NULL;
     }
@@ -414,7 +412,6 @@ http_t *ops_http_start(const http_opts_t *o, const ops_ask_t *ask, const http_co
         ops_http_intake_free(h);
         ops_http_keys_free(h->keys);
         pthread_mutex_destroy(&h->lock);
-        pthread_mutex_destroy(&h->slock);
         free(h);
         return NULL;
     }
@@ -479,7 +476,6 @@ void ops_http_free(http_t *h) {
     ops_http_intake_free(h);
     ops_http_keys_free(h->keys);
     pthread_mutex_destroy(&h->lock);
-    pthread_mutex_destroy(&h->slock);
     free(h);
 }
 

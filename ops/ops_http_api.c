@@ -144,16 +144,13 @@ void ops_http_decisions(http_req_t *r) {
     sch_error_t reject;
     sch_error_init(&reject);
     atomic_fetch_add(&h->in_engine, 1);
-    pthread_mutex_lock(&h->slock);
     svc_err_t err = eng_sched_submit(h->sched, r->req, engine_done, r, &reject);
     if (err == SVC_OK) {
         pthread_mutex_lock(&h->lock);
         h->n.submitted++;
         pthread_mutex_unlock(&h->lock);
-    }
-    pthread_mutex_unlock(&h->slock);
-    if (err == SVC_OK)
         return;
+    }
     atomic_fetch_sub(&h->in_engine, 1);
     pthread_mutex_lock(&h->ilock);
     r->submitted = false;

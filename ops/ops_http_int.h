@@ -154,14 +154,9 @@ typedef struct http {
     atomic_size_t      body_bytes; /* request bodies and answers held (o->body_budget) */
     pthread_mutex_t    lock;       /* counts */
     http_counts_t      n;
-    /* Held across a submit and its count (n.submitted): an answer can be
-     * sent before eng_sched_submit returns (a cached one, or a worker's),
-     * so /metrics takes it once before reading n, and a client that read
-     * its answer then sees it counted. */
-    pthread_mutex_t slock;
-    char            device[512]; /* meta.device, for model cards */
-    ops_golden_t    golden;      /* under lock: the card's and /health's verdict */
-    http_keys_t    *keys;        /* --api-key-file, or NULL (open) */
+    char               device[512]; /* meta.device, for model cards */
+    ops_golden_t       golden;      /* under lock: the card's and /health's verdict */
+    http_keys_t       *keys;        /* --api-key-file, or NULL (open) */
     /* ops_http_intake.c: the intake queue and the watch list, under ilock */
     pthread_mutex_t  ilock;
     pthread_cond_t   icv, wcv; /* intake threads; the watcher's stop */

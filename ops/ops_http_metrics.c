@@ -83,9 +83,6 @@ static void requests(ops_prom_t *p, const http_counts_t *n) {
 
 bool ops_http_metrics_text(http_t *h, svc_buf_t *out) {
     http_counts_t n;
-    /* a submit in progress counts itself first (http_t.slock) */
-    pthread_mutex_lock(&h->slock);
-    pthread_mutex_unlock(&h->slock);
     pthread_mutex_lock(&h->lock);
     n = h->n;
     bool validated = h->golden.state == OPS_GOLDEN_PASSED; /* the card's accelerator_validated */
