@@ -326,10 +326,6 @@ static svc_err_t fwd_alloc(fwd_t *f, const eng_model_t *m, const fwd_seq_t *in, 
     return fwd_plan(f); /* positions: embed_all, or the caller's copy */
 }
 
-static void add_into(float *x, const float *y, size_t n) {
-    npu_add(x, y, n);
-}
-
 static float sigmoidf_(float v) {
     return 1.0f / (1.0f + expf(-v));
 }
@@ -389,7 +385,7 @@ static void mlp_rows(fwd_t *f, const eng_layer_t *l, size_t t0, size_t n) {
     size_t H = f->m->cfg.hidden;
     norm_rows(f, l->post_norm, t0, n);
     mlp(f, l, n);
-    add_into(f->x + t0 * H, f->c, n * H);
+    npu_add(f->x + t0 * H, f->c, n * H);
 }
 
 /* A piece's linear states in layer li: before its first row (the state's
@@ -470,7 +466,7 @@ static svc_err_t linear_layer(fwd_t *f, const eng_layer_t *l, size_t li) {
         svc_err_t err = linear_chunk(f, l, li, ch);
         if (err)
             return err;
-        add_into(f->x + ch->r * H, f->b, ch->n * H);
+        npu_add(f->x + ch->r * H, f->b, ch->n * H);
         mlp_rows(f, l, ch->r, ch->n);
     }
     return SVC_OK;
@@ -623,7 +619,7 @@ static svc_err_t query_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const fw
     svc_err_t err = attn_rows(f, l, li, ch, noncausal);
     if (err || f->f_only)
         return err;
-    add_into(f->x + ch->r * H, f->b, ch->n * H);
+    npu_add(f->x + ch->r * H, f->b, ch->n * H);
     mlp_rows(f, l, ch->r, ch->n);
     return SVC_OK;
 }

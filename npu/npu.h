@@ -398,6 +398,11 @@ typedef struct npu_conv_split {
     float *out[NPU_CONV_SPLIT_MAX];
 } npu_conv_split_t;
 
+/* The split of an unsplit conv: one block of all C channels into out. */
+static inline npu_conv_split_t npu_conv_whole(size_t C, float *out) {
+    return (npu_conv_split_t){.n = 1, .width = {C}, .out = {out}};
+}
+
 /* As npu_conv1d_causal_silu_ref, the outputs split by sp (the Gated
  * DeltaNet's q, k and v out of the mixed qkv, without a copy). */
 void npu_conv1d_causal_silu_split_ref(const float *x, const float *w, size_t T, size_t C, size_t K,

@@ -606,7 +606,7 @@ static void conv_rows(void *ctx, size_t i) {
 
 void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
                                    const float *state_in, float *state_out, float *out) {
-    npu_conv_split_t sp = {.n = 1, .width = {C}, .out = {out}};
+    npu_conv_split_t sp = npu_conv_whole(C, out);
     npu_conv1d_causal_silu_split_avx512(x, w, T, C, K, state_in, state_out, &sp);
 }
 

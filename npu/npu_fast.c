@@ -163,7 +163,7 @@ svc_err_t npu_delta_rule(const float *q, const float *k, const float *v, const f
 
 void npu_conv1d_causal_silu(const float *x, const float *w, size_t T, size_t C, size_t K,
                             const float *state_in, float *state_out, float *out) {
-    npu_conv_split_t sp = {.n = 1, .width = {C}, .out = {out}};
+    npu_conv_split_t sp = npu_conv_whole(C, out);
     kernels()->conv1d_causal_silu(x, w, T, C, K, state_in, state_out, &sp);
 }
 

@@ -340,7 +340,7 @@ void npu_attention_merge(const float *o1, const float *lse1, const float *o2, co
  * cache_params.update_conv_state carries between calls. */
 void npu_conv1d_causal_silu_ref(const float *x, const float *w, size_t T, size_t C, size_t K,
                                 const float *state_in, float *state_out, float *out) {
-    npu_conv_split_t sp = {.n = 1, .width = {C}, .out = {out}};
+    npu_conv_split_t sp = npu_conv_whole(C, out);
     npu_conv1d_causal_silu_split_ref(x, w, T, C, K, state_in, state_out, &sp);
 }
 

@@ -68,7 +68,7 @@
  * kernels, memory-bound (g8_quant and npu_silu_mul_avx512 were 2.7% and
  * 2.1% of a fast 1 x 1,024 pass, perf, one thread; the stalls on their
  * loads). Fused, per chunk of MC rows: x is quantised once; an item owns
- * G_MLP_PAIRS pairs (gate panel p, up panel p) and walks the chunk 6 rows
+ * npb / 2 pairs (gate panel p, up panel p) and walks the chunk 6 rows
  * at a time, each panel's micro-kernel storing its 6 x 32 sums into a
  * scratch on the stack (G8S_STORE) instead of out; the epilogue takes
  * silu(gate) * up of the 32 columns (npu_silu_mul16, npu_silu_mul's
@@ -599,18 +599,17 @@ void npu_matmul_vnni_grp8_n(const float *x, size_t T, size_t K, size_t n, const 
 
 /* ---- the fused MLP (npu_mlp_vnni_grp8) ----
  * down(silu(gate(x)) * up(x)) per row chunk: x quantised once (g8_quant
- * on the gate's job, shared by the up's); items of G_MLP_PAIRS panel
+ * on the gate's job, shared by the up's); items of gate.npb / 2 panel
  * pairs (gate panel p, up panel p) walk the chunk 6 rows at a time, each
  * pair's two micro-kernels into a 6 x 32 scratch on the stack, then the
  * epilogue: silu(gate) * up (npu_silu_mul16) and g8_quant_group of the 32
  * products, which are exactly group p of the down projection's K, into
  * the down job's xh, S and I; then the down job's g8 items on them. */
-#define G_MLP_PAIRS (G_NPB / 2) /* 4 panels an item, as the unfused items */
 
 typedef struct g_mlp {
-    g_job_t gate, up; /* x's quantised chunk (xh, S, I) shared, out unused */
-    g_job_t down;     /* xh, S, I: the product's quantised chunk, filled by the pairs */
-    size_t  n_pair_item;
+    g_job_t gate, up;           /* x's quantised chunk (xh, S, I) shared, out unused */
+    g_job_t down;               /* xh, S, I: the product's quantised chunk, filled by the pairs */
+    size_t  pairs, n_pair_item; /* pairs an item: the gate's npb / 2, at least 1 */
 } g_mlp_t;
 
 /* Rows [r0, r0 + mr) of the strip's gate and up panel p (sg, su: 6 x 32)
@@ -637,8 +636,8 @@ static void g8_mlp_item(void *ctx, size_t i) {
     _Alignas(64) float sg[6 * G_NR], su[6 * G_NR];
     g_job_t            jg = m->gate, ju = m->up;
     jg.out = sg, ju.out = su;
-    size_t n_pan = m->down.G, p0 = i * G_MLP_PAIRS;
-    size_t np = n_pan - p0 < G_MLP_PAIRS ? n_pan - p0 : G_MLP_PAIRS;
+    size_t n_pan = m->down.G, p0 = i * m->pairs;
+    size_t np = n_pan - p0 < m->pairs ? n_pan - p0 : m->pairs;
     for (size_t r0 = 0; r0 < m->gate.mc; r0 += 6) {
         size_t mr = m->gate.mc - r0 < 6 ? m->gate.mc - r0 : 6;
         for (size_t p = p0; p < p0 + np; p++) {
@@ -676,7 +675,8 @@ bool npu_mlp_vnni_grp8(const float *x, size_t T, size_t K, size_t F, size_t N, c
     m.gate.S = m.up.S = m.gate.I + chunk * m.gate.G;
     m.down.I = m.gate.S + chunk * m.gate.G;
     m.down.S = m.down.I + chunk * m.down.G;
-    m.n_pair_item = (m.down.G + G_MLP_PAIRS - 1) / G_MLP_PAIRS;
+    m.pairs = m.gate.npb > 1 ? m.gate.npb / 2 : 1;
+    m.n_pair_item = (m.down.G + m.pairs - 1) / m.pairs;
     bool par_gu = (double)T * (double)(2 * F) * (double)K >= 2e6;
     bool par_d = (double)T * (double)N * (double)F >= 2e6;
     for (size_t t0 = 0; t0 < T; t0 += G_MC) {
