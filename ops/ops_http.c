@@ -169,7 +169,16 @@ bool ops_http_parse_listen(const char *arg, http_opts_t *o) {
 
 static struct MHD_Daemon *start_daemon(http_t *h, const struct addrinfo *ai, const char *cert,
                                        const char *key) {
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll(), not MHD_USE_AUTO_INTERNAL_THREAD's epoll: with epoll and its
+     * own threads, MHD_quiesce_daemon (the stop) races its pool threads to
+     * take the listen socket out of their epoll sets, and the loser's
+     * epoll_ctl gets ENOENT, which libmicrohttpd 0.9.75 answers with
+     * MHD_PANIC: abort() ("Failed to remove listen FD from epoll set"; an
+     * open defect, seen in CI as an http test's server killed by SIGABRT
+     * on SIGTERM). With poll() the quiesce only signals the threads. Our
+     * connections are bounded by --max-connections, so poll()'s cost per
+     * connection is small beside a request's. */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     struct MHD_OptionItem tls[] = {
@@ -448,11 +457,10 @@ void ops_http_quiesce(http_t *h) {
     if (h->quiesced)
         return;
     h->quiesced = true;
-    /* Not closed here: MHD's pool threads take the socket out of their
-     * epoll sets some time after the quiesce returns, and one that finds
-     * it closed aborts the process ("Failed to remove listen FD from
-     * epoll set", seen in CI); libmicrohttpd's manual says to close it
-     * only after MHD_stop_daemon. */
+    /* Not closed here: MHD's pool threads may still be polling it when
+     * the quiesce returns (they see the quiesce on their next wake-up),
+     * and libmicrohttpd's manual says to close it only after
+     * MHD_stop_daemon. */
     MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
     h->listen_fd = lfd != MHD_INVALID_SOCKET ? lfd : -1;
 }

@@ -134,6 +134,21 @@ static void server_start(server_t *s, const char *extra) {
     cr_assert_eq(code, 200, "/health never answered 200; see %s", s->log);
 }
 
+/* The last 4 KiB of the server's log on stderr, after a failed stop. */
+static void log_tail(const server_t *s, int sig) {
+    fprintf(stderr, "d3stream http stopped badly (signal %d); the end of %s:\n", sig, s->log);
+    FILE *f = fopen(s->log, "r");
+    if (!f)
+        return;
+    char   buf[4096];
+    long   at = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+    size_t n;
+    fseek(f, at > (long)sizeof buf ? at - (long)sizeof buf : 0, SEEK_SET);
+    n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    fprintf(stderr, "%.*s\n", (int)n, buf);
+}
+
 /* SIGTERM, then the exit status (-1 if it had to be killed). */
 static int server_stop(server_t *s) {
     kill(s->pid, SIGTERM);
@@ -147,7 +162,10 @@ static int server_stop(server_t *s) {
         }
         usleep(10000);
     }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (rc != 0) /* the log goes with server_cleanup: show why here */
+        log_tail(s, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return rc;
 }
 
 static void server_cleanup(server_t *s) {
