@@ -442,9 +442,9 @@ static svc_err_t linear_chunk(fwd_t *f, const eng_layer_t *l, size_t li, const f
         const fwd_piece_t *pc = &f->piece[p];
         size_t             r = pc->r - ch->r;
         lin_states(f, pc, li, &conv_in, &conv_out, &rec_in, &rec_out);
-        svc_err_t err = npu_delta_rule(q + r * kd, k + r * kd, v + r * vd, f->s2 + r * nv,
-                                       f->s1 + r * nv, pc->n, c->lin_nk, nv, c->lin_dk, c->lin_dv,
-                                       rec_in, rec_out, f->d + r * vd);
+        svc_err_t err = (f->m->fast ? npu_delta_rule_fast : npu_delta_rule)(
+            q + r * kd, k + r * kd, v + r * vd, f->s2 + r * nv, f->s1 + r * nv, pc->n, c->lin_nk,
+            nv, c->lin_dk, c->lin_dv, rec_in, rec_out, f->d + r * vd);
         if (err)
             return err;
     }

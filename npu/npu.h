@@ -874,6 +874,15 @@ SVC_WUR svc_err_t npu_delta_rule(const float *q, const float *k, const float *v,
                                  const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
                                  size_t dk, size_t dv, const float *state_in, float *state_out,
                                  float *out);
+/* The fast profile's delta rule (same contract): npu_delta_rule_bf16_avx512
+ * where the AVX-512 kernels run, npu_fast_usable() and
+ * npu_delta_bf16_usable(); else npu_delta_rule. ~1e-3 of the references
+ * instead of ~1e-6 (tests/test_npu_delta.c); on AMX it is npu_delta_rule
+ * (the split tile products are fast already). */
+SVC_WUR svc_err_t npu_delta_rule_fast(const float *q, const float *k, const float *v,
+                                      const float *g, const float *beta, size_t T, size_t n_k_heads,
+                                      size_t n_v_heads, size_t dk, size_t dv, const float *state_in,
+                                      float *state_out, float *out);
 
 /* As npu_conv1d_causal_silu_ref, 16 channels at a time. Kernel widths
  * K > 16 fall back to the reference. */
@@ -1029,6 +1038,20 @@ svc_err_t npu_delta_rule_chunked_avx512(const float *q, const float *k, const fl
                                         const float *g, const float *beta, size_t T,
                                         size_t n_k_heads, size_t n_v_heads, size_t dk, size_t dv,
                                         const float *state_in, float *state_out, float *out);
+/* Whether npu_delta_rule_bf16_avx512 takes these sizes on this CPU:
+ * AVX512-BF16, the chunked form's range (T >= 8, dk and dv >= 64) and dk,
+ * dv multiples of 16. */
+bool npu_delta_bf16_usable(size_t T, size_t dk, size_t dv);
+/* npu_delta_rule_chunked_avx512 with [k; q] S and the state update (3 of
+ * a chunk's ~4 dk dv C multiply-adds) as one bf16 product each
+ * (VDPBF16PS: the operands rounded to bf16, 2^-9 relative, sums and the
+ * state in fp32), about twice the FMA rate; where the CPU has AMX, the
+ * split tile products as npu_delta_rule_chunked_avx512. Requires
+ * npu_delta_bf16_usable(T, dk, dv). */
+svc_err_t npu_delta_rule_bf16_avx512(const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, size_t T, size_t n_k_heads,
+                                     size_t n_v_heads, size_t dk, size_t dv, const float *state_in,
+                                     float *state_out, float *out);
 svc_err_t npu_delta_rule_pick_avx512(const float *q, const float *k, const float *v, const float *g,
                                      const float *beta, size_t T, size_t n_k_heads,
                                      size_t n_v_heads, size_t dk, size_t dv, const float *state_in,

@@ -103,6 +103,63 @@ static inline __mmask16 dmask(long n) {
 #define GM_TRI_N 2u
 #define GM_ADD   4u
 
+/* A tile's accumulators into C[0 .. mr)[cols]: C = acc, or cb C + acc. */
+static inline __attribute__((always_inline)) void gm_store(int mr, int nv, __m512 acc[GM_MR][GM_NV],
+                                                           float *c, size_t ldc, const __mmask16 *m,
+                                                           bool add, float cb) {
+    __m512 vb = _mm512_set1_ps(cb);
+#pragma GCC unroll 16
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + (size_t)r * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+            __m512 x = acc[r][v];
+            if (add)
+                x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], cr + 16 * v), x);
+            _mm512_mask_storeu_ps(cr + 16 * v, m[v], x);
+        }
+    }
+}
+
+/* CALL(R, V) with R = mr and V = nv as constants (so that a tile's
+ * accumulators stay in registers): the dispatch of gm_tile_any and
+ * gb_tile_any. */
+#define GM_NV_CASE(CALL, R, V)                                                                     \
+    case V:                                                                                        \
+        CALL(R, V);                                                                                \
+        break;
+#define GM_CASE(CALL, R)                                                                           \
+    case R:                                                                                        \
+        switch (nv) {                                                                              \
+            GM_NV_CASE(CALL, R, 1)                                                                 \
+            GM_NV_CASE(CALL, R, 2)                                                                 \
+            GM_NV_CASE(CALL, R, 3)                                                                 \
+            GM_NV_CASE(CALL, R, 4)                                                                 \
+        default:                                                                                   \
+            SVC_ASSERT(!"tile too wide");                                                          \
+        }                                                                                          \
+        break;
+#if GM_MR > 6
+#define GM_CASES_7_8(CALL) GM_CASE(CALL, 7) GM_CASE(CALL, 8)
+#else
+#define GM_CASES_7_8(CALL)
+#endif
+#if GM_MR > 4
+#define GM_CASES_5_8(CALL) GM_CASE(CALL, 5) GM_CASE(CALL, 6) GM_CASES_7_8(CALL)
+#else
+#define GM_CASES_5_8(CALL)
+#endif
+#define GM_DISPATCH(CALL)                                                                          \
+    switch (mr) {                                                                                  \
+        GM_CASE(CALL, 1)                                                                           \
+        GM_CASE(CALL, 2)                                                                           \
+        GM_CASE(CALL, 3)                                                                           \
+        GM_CASE(CALL, 4)                                                                           \
+        GM_CASES_5_8(CALL)                                                                         \
+    default:                                                                                       \
+        SVC_ASSERT(!"row tile too tall");                                                          \
+    }
+
 /* C[0 .. mr)[cols] (cb C +)= sum_k A(r, k) B[k][cols] for one tile of mr
  * rows and nv vectors of columns (lane masks m[0 .. nv)); A(r, k) is
  * a[r * sa + k * sk], so A may be read transposed. mr and nv are
@@ -131,57 +188,16 @@ static inline __attribute__((always_inline)) void gm_tile(int mr, int nv, const 
                 acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
         }
     }
-    __m512 vb = _mm512_set1_ps(cb);
-#pragma GCC unroll 16
-    for (int r = 0; r < mr; r++) {
-        float *cr = c + (size_t)r * ldc;
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) {
-            __m512 x = acc[r][v];
-            if (add)
-                x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], cr + 16 * v), x);
-            _mm512_mask_storeu_ps(cr + 16 * v, m[v], x);
-        }
-    }
+    gm_store(mr, nv, acc, c, ldc, m, add, cb);
 }
 
 /* One row tile, dispatched to a constant mr and nv. */
 static void gm_tile_any(size_t mr, int nv, const float *a, size_t sa, size_t sk, const float *b,
                         size_t ldb, size_t kc, float *c, size_t ldc, const __mmask16 *m, bool add,
                         float cb) {
-#define GM_NV_CASE(R, V)                                                                           \
-    case V:                                                                                        \
-        gm_tile(R, V, a, sa, sk, b, ldb, kc, c, ldc, m, add, cb);                                  \
-        break;
-#define GM_CASE(R)                                                                                 \
-    case R:                                                                                        \
-        switch (nv) {                                                                              \
-            GM_NV_CASE(R, 1)                                                                       \
-            GM_NV_CASE(R, 2)                                                                       \
-            GM_NV_CASE(R, 3)                                                                       \
-            GM_NV_CASE(R, 4)                                                                       \
-        default:                                                                                   \
-            SVC_ASSERT(!"tile too wide");                                                          \
-        }                                                                                          \
-        break;
-    switch (mr) {
-        GM_CASE(1)
-        GM_CASE(2)
-        GM_CASE(3)
-        GM_CASE(4)
-#if GM_MR > 4
-        GM_CASE(5)
-        GM_CASE(6)
-#endif
-#if GM_MR > 6
-        GM_CASE(7)
-        GM_CASE(8)
-#endif
-    default:
-        SVC_ASSERT(!"row tile too tall");
-    }
-#undef GM_CASE
-#undef GM_NV_CASE
+#define GM_CALL(R, V) gm_tile(R, V, a, sa, sk, b, ldb, kc, c, ldc, m, add, cb)
+    GM_DISPATCH(GM_CALL)
+#undef GM_CALL
 }
 
 /* C (m, n) (cb C +)= A (m, k) B (k, n) with A(i, k) = a[i * sa + k * sk],
@@ -271,7 +287,8 @@ typedef struct delta_job {
     float       *scratch; /* n_items * ws_floats(dk, dv) */
     size_t       heads_per_item;
     float        scale;
-    bool         amx; /* the two big products on AMX tiles (below) */
+    bool         amx;  /* the two big products on AMX tiles (below) */
+    bool         bf16; /* else, as one bf16 product each (the fast profile) */
 } delta_job_t;
 
 /* dst[c][r] = src[r][c] for r < rows, c < cols (both <= 16); dst columns
@@ -370,6 +387,157 @@ static inline void delta_prefetch(const delta_job_t *jb, size_t t, size_t h, siz
         _mm_prefetch(vt + o, _MM_HINT_T1);
 }
 
+/* ---- bf16 operands: the AMX products' and the fast profile's ------------- */
+
+/* The fast profile (npu_delta_rule_fast) without AMX: [k; q] S and the
+ * state update, 3 of the chunk's ~4 dk dv C multiply-adds, as one bf16
+ * product each (VDPBF16PS: 32 multiply-adds per instruction against an
+ * FMA's 16; operands rounded to bf16, 2^-9 relative, sums in fp32). The
+ * state itself stays fp32: only what multiplies it is rounded, as in the
+ * fast profile's attention (NPU_ATTN_BF16). */
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma"))),                  \
+    apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")
+#endif
+
+/* hi = bf16(x) (nearest even), lo = bf16(x - hi) unless lo is NULL, as
+ * 16-bit lanes in the low halves of 32-bit lanes. */
+static inline void bf_split16(__m512 x, __m512i *hi, __m512i *lo) {
+    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
+    *hi = h;
+    if (lo) {
+        __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+        *lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, hf)));
+    }
+}
+
+/* Row-major split (the A operand): rows [0, rows) x cols [0, cols) of x
+ * (rows ldx apart) into hi, lo (rows_p x cols_p, rows cols_p apart; lo
+ * may be NULL); entries past rows or cols are 0. cols_p is a multiple of
+ * 16. */
+static void bf_split_rows(const float *x, size_t ldx, size_t rows, size_t cols, size_t rows_p,
+                          size_t cols_p, uint16_t *hi, uint16_t *lo) {
+    for (size_t r = 0; r < rows_p; r++)
+        for (size_t c = 0; c < cols_p; c += 16) {
+            __mmask16 m = r < rows ? dmask((long)cols - (long)c) : 0;
+            __m512i   h, l;
+            bf_split16(_mm512_maskz_loadu_ps(m, x + r * ldx + c), &h, lo ? &l : NULL);
+            _mm256_storeu_si256((__m256i *)(hi + r * cols_p + c), _mm512_cvtepi32_epi16(h));
+            if (lo)
+                _mm256_storeu_si256((__m256i *)(lo + r * cols_p + c), _mm512_cvtepi32_epi16(l));
+        }
+}
+
+/* Pair-interleaved split (the B operand, TDPBF16PS's and VDPBF16PS's
+ * layout): x (rows x cols, rows ldx apart) into hi, lo (lo may be NULL)
+ * with row pair r / 2 holding x[r][c], x[r + 1][c] at
+ * [(r / 2) (2 cols) + 2 c]; rows past `rows` up to rows_p (even) are 0.
+ * cols is a multiple of 16. */
+static void bf_split_vnni(const float *x, size_t ldx, size_t rows, size_t cols, size_t rows_p,
+                          uint16_t *hi, uint16_t *lo) {
+    for (size_t r = 0; r < rows_p; r += 2)
+        for (size_t c = 0; c < cols; c += 16) {
+            __m512 x0 = r < rows ? _mm512_loadu_ps(x + r * ldx + c) : _mm512_setzero_ps();
+            __m512 x1 = r + 1 < rows ? _mm512_loadu_ps(x + (r + 1) * ldx + c) : _mm512_setzero_ps();
+            __m512i h0, l0, h1, l1;
+            bf_split16(x0, &h0, lo ? &l0 : NULL);
+            bf_split16(x1, &h1, lo ? &l1 : NULL);
+            _mm512_storeu_si512(hi + r * cols + 2 * c,
+                                _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+            if (lo)
+                _mm512_storeu_si512(lo + r * cols + 2 * c,
+                                    _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
+        }
+}
+
+/* As gm_tile, with A bf16 row-major (rows lda apart) and B pair-interleaved
+ * (pair rows ldb apart, both in uint16), over kp pairs of k: per pair,
+ * GM_NV loads of B and GM_MR broadcasts of an A pair feed GM_MR GM_NV
+ * VDPBF16PS. */
+static inline __attribute__((always_inline)) void gb_tile(int mr, int nv, const uint16_t *a,
+                                                          size_t lda, const uint16_t *b, size_t ldb,
+                                                          size_t kp, float *c, size_t ldc,
+                                                          const __mmask16 *m, bool add, float cb) {
+    __m512 acc[GM_MR][GM_NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = _mm512_setzero_ps();
+    for (size_t p = 0; p < kp; p++) {
+        __m512bh bv[GM_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            bv[v] = (__m512bh)_mm512_maskz_loadu_epi32(m[v], b + p * ldb + 32 * v);
+#pragma GCC unroll 16
+        for (int r = 0; r < mr; r++) {
+            uint32_t ap;
+            memcpy(&ap, a + (size_t)r * lda + 2 * p, sizeof ap);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++)
+                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        }
+    }
+    gm_store(mr, nv, acc, c, ldc, m, add, cb);
+}
+
+static void gb_tile_any(size_t mr, int nv, const uint16_t *a, size_t lda, const uint16_t *b,
+                        size_t ldb, size_t kp, float *c, size_t ldc, const __mmask16 *m, bool add,
+                        float cb) {
+#define GB_CALL(R, V) gb_tile(R, V, a, lda, b, ldb, kp, c, ldc, m, add, cb)
+    GM_DISPATCH(GB_CALL)
+#undef GB_CALL
+}
+
+/* C (m, n) (cb C +)= A B from bf16 operands: A (m, 2 kp) row-major, rows
+ * lda apart; B (2 kp, n) pair-interleaved (bf_split_vnni with cols n); C
+ * rows ldc apart. Blocked as gemm. */
+static void gemm_bf(size_t m, size_t n, size_t kp, const uint16_t *a, size_t lda, const uint16_t *b,
+                    float *c, size_t ldc, bool add, float cb) {
+    for (size_t j0 = 0; j0 < n; j0 += 16 * GM_NV) {
+        long      left = (long)(n - j0);
+        int       nv = left >= 16 * GM_NV ? GM_NV : (int)((left + 15) / 16);
+        __mmask16 mk[GM_NV];
+        for (int v = 0; v < GM_NV; v++)
+            mk[v] = dmask(left - 16 * v);
+        for (size_t i0 = 0; i0 < m; i0 += GM_MR) {
+            size_t mr = m - i0 < GM_MR ? m - i0 : GM_MR;
+            gb_tile_any(mr, nv, a + i0 * lda, lda, b + 2 * j0, 2 * n, kp, c + i0 * ldc + j0, ldc,
+                        mk, add, cb);
+        }
+    }
+}
+
+/* P = [k; q] S (2n x dv) in one bf16 product. */
+static void bf_kq_state(delta_ws_t *ws, const float *S, size_t n, size_t dk, size_t dv) {
+    uint16_t *a = ws->bf, *b = a + 2 * n * dk;
+    bf_split_rows(ws->KQ, dk, 2 * n, dk, 2 * n, dk, a, NULL);
+    bf_split_vnni(S, dv, dk, dv, dk, b, NULL);
+    gemm_bf(2 * n, dv, dk / 2, a, dk, b, ws->P, dv, false, 0.0f);
+}
+
+/* S = cd S + k^T Vn (Vn already scaled) in one bf16 product over the n
+ * tokens (padded to 16 with zeros). */
+static void bf_state_update(delta_ws_t *ws, float *S, size_t n, size_t dk, size_t dv, float cd) {
+    size_t    kp = (n + 15) / 16 * 16;
+    uint16_t *a = ws->bf, *b = a + dk * kp;
+    bf_split_rows(ws->KT, DC, dk, n, dk, kp, a, NULL);
+    bf_split_vnni(ws->Vn, dv, n, dv, kp, b, NULL);
+    gemm_bf(dk, dv, kp / 2, a, kp, b, S, dv, true, cd);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
 /* ---- AMX-BF16: the two big products on tiles ------------------------------ */
 
 /* P = [k; q] S and S += k^T Vn' are 3 of the chunk's ~4 dk dv C FMAs. With
@@ -396,50 +564,6 @@ static inline void delta_prefetch(const delta_job_t *jb, size_t t, size_t h, siz
 
 static void amx_release(void) {
     _tile_release();
-}
-
-/* hi = bf16(x) (nearest even), lo = bf16(x - hi), as 16-bit lanes in the
- * low halves of 32-bit lanes. */
-static inline void amx_split16(__m512 x, __m512i *hi, __m512i *lo) {
-    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-    __m512  hf = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-    *hi = h;
-    *lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(x, hf)));
-}
-
-/* Row-major split (the A operand): rows [0, rows) x cols [0, cols) of x
- * (rows ldx apart) into hi, lo (rows_p x cols_p, rows cols_p apart);
- * entries past rows or cols are 0. cols_p is a multiple of 32. */
-static void amx_split_rows(const float *x, size_t ldx, size_t rows, size_t cols, size_t rows_p,
-                           size_t cols_p, uint16_t *hi, uint16_t *lo) {
-    for (size_t r = 0; r < rows_p; r++)
-        for (size_t c = 0; c < cols_p; c += 16) {
-            __mmask16 m = r < rows ? dmask((long)cols - (long)c) : 0;
-            __m512i   h, l;
-            amx_split16(_mm512_maskz_loadu_ps(m, x + r * ldx + c), &h, &l);
-            _mm256_storeu_si256((__m256i *)(hi + r * cols_p + c), _mm512_cvtepi32_epi16(h));
-            _mm256_storeu_si256((__m256i *)(lo + r * cols_p + c), _mm512_cvtepi32_epi16(l));
-        }
-}
-
-/* Pair-interleaved split (the B operand, TDPBF16PS's layout): x (rows x
- * cols, rows ldx apart) into hi, lo with row pair r / 2 holding
- * x[r][c], x[r + 1][c] at [(r / 2) (2 cols) + 2 c]; rows past `rows` up to
- * rows_p (a multiple of 32) are 0. cols is a multiple of 16. */
-static void amx_split_vnni(const float *x, size_t ldx, size_t rows, size_t cols, size_t rows_p,
-                           uint16_t *hi, uint16_t *lo) {
-    for (size_t r = 0; r < rows_p; r += 2)
-        for (size_t c = 0; c < cols; c += 16) {
-            __m512 x0 = r < rows ? _mm512_loadu_ps(x + r * ldx + c) : _mm512_setzero_ps();
-            __m512 x1 = r + 1 < rows ? _mm512_loadu_ps(x + (r + 1) * ldx + c) : _mm512_setzero_ps();
-            __m512i h0, l0, h1, l1;
-            amx_split16(x0, &h0, &l0);
-            amx_split16(x1, &h1, &l1);
-            _mm512_storeu_si512(hi + r * cols + 2 * c,
-                                _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
-            _mm512_storeu_si512(lo + r * cols + 2 * c,
-                                _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
-        }
 }
 
 /* C (m x n fp32, rows ldc apart) (+)= A B from the splits: A hi/lo
@@ -556,9 +680,11 @@ static void delta_chunk(const delta_job_t *jb, delta_ws_t *ws, float *S, size_t 
     if (jb->amx) {
         size_t    mp = (2 * n + 31) / 32 * 32;
         uint16_t *ah = ws->bf, *al = ah + mp * dk, *bh = al + mp * dk, *bl = bh + dk * dv;
-        amx_split_rows(ws->KQ, dk, 2 * n, dk, mp, dk, ah, al);
-        amx_split_vnni(S, dv, dk, dv, dk, bh, bl);
+        bf_split_rows(ws->KQ, dk, 2 * n, dk, mp, dk, ah, al);
+        bf_split_vnni(S, dv, dk, dv, dk, bh, bl);
         amx_gemm3(ah, al, bh, bl, mp, dv, dk, ws->P, dv, false);
+    } else if (jb->bf16) {
+        bf_kq_state(ws, S, n, dk, dv);
     } else {
         gemm(2 * n, dv, dk, ws->KQ, dk, 1, S, dv, ws->P, dv, 0, 0.0f);
     }
@@ -598,12 +724,14 @@ static void delta_chunk(const delta_job_t *jb, delta_ws_t *ws, float *S, size_t 
     if (jb->amx) {
         size_t    kp = (n + 31) / 32 * 32;
         uint16_t *ah = ws->bf, *al = ah + dk * kp, *bh = al + dk * kp, *bl = bh + kp * dv;
-        amx_split_rows(ws->KT, DC, dk, n, dk, kp, ah, al);
-        amx_split_vnni(ws->Vn, dv, n, dv, kp, bh, bl);
+        bf_split_rows(ws->KT, DC, dk, n, dk, kp, ah, al);
+        bf_split_vnni(ws->Vn, dv, n, dv, kp, bh, bl);
         __m512 cd = _mm512_set1_ps(ws->eg[n - 1]);
         for (size_t i = 0; i < dk * dv; i += 16)
             _mm512_storeu_ps(S + i, _mm512_mul_ps(cd, _mm512_loadu_ps(S + i)));
         amx_gemm3(ah, al, bh, bl, dk, dv, kp, S, dv, true);
+    } else if (jb->bf16) {
+        bf_state_update(ws, S, n, dk, dv, ws->eg[n - 1]);
     } else {
         gemm(dk, dv, n, ws->KT, DC, 1, ws->Vn, dv, S, dv, GM_ADD, ws->eg[n - 1]);
     }
@@ -654,10 +782,12 @@ static bool delta_use_amx(size_t dk, size_t dv) {
     return npu_amx_enabled() && dk % 32 == 0 && dv % 32 == 0;
 }
 
-svc_err_t npu_delta_rule_chunked_avx512(const float *q, const float *k, const float *v,
-                                        const float *g, const float *beta, size_t T,
-                                        size_t n_k_heads, size_t n_v_heads, size_t dk, size_t dv,
-                                        const float *state_in, float *state_out, float *out) {
+/* The chunked rule with the big products in fp32 (or AMX), or in one bf16
+ * product each (bf16). */
+static svc_err_t delta_chunked(const float *q, const float *k, const float *v, const float *g,
+                               const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
+                               size_t dk, size_t dv, const float *state_in, float *state_out,
+                               float *out, bool bf16) {
     SVC_ASSERT(n_k_heads > 0 && n_v_heads % n_k_heads == 0 && dk > 0 && dv > 0);
     /* Two items per pool thread (so that a thread the OS takes away costs
      * half an item of waiting, not a whole share), each a run of heads
@@ -687,9 +817,33 @@ svc_err_t npu_delta_rule_chunked_avx512(const float *q, const float *k, const fl
                       .heads_per_item = hpi,
                       .scale = (float)(1.0 / sqrt((double)dk)),
                       .amx = delta_use_amx(dk, dv)};
+    jb.bf16 = bf16 && !jb.amx;
     npu_parallel_for(items, delta_item, &jb);
     free(scratch);
     return SVC_OK;
+}
+
+svc_err_t npu_delta_rule_chunked_avx512(const float *q, const float *k, const float *v,
+                                        const float *g, const float *beta, size_t T,
+                                        size_t n_k_heads, size_t n_v_heads, size_t dk, size_t dv,
+                                        const float *state_in, float *state_out, float *out) {
+    return delta_chunked(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state_in, state_out,
+                         out, false);
+}
+
+bool npu_delta_bf16_usable(size_t T, size_t dk, size_t dv) {
+    const npu_features_t *f = npu_probe();
+    return f->avx512_bf16 && T >= DELTA_MIN_CHUNKED && dk >= DELTA_MIN_DIM && dv >= DELTA_MIN_DIM &&
+           dk % 16 == 0 && dv % 16 == 0;
+}
+
+svc_err_t npu_delta_rule_bf16_avx512(const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, size_t T, size_t n_k_heads,
+                                     size_t n_v_heads, size_t dk, size_t dv, const float *state_in,
+                                     float *state_out, float *out) {
+    SVC_ASSERT(npu_delta_bf16_usable(T, dk, dv));
+    return delta_chunked(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state_in, state_out,
+                         out, true);
 }
 
 svc_err_t npu_delta_rule_pick_avx512(const float *q, const float *k, const float *v, const float *g,

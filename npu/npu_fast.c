@@ -161,6 +161,18 @@ svc_err_t npu_delta_rule(const float *q, const float *k, const float *v, const f
                                  state_out, out);
 }
 
+svc_err_t npu_delta_rule_fast(const float *q, const float *k, const float *v, const float *g,
+                              const float *beta, size_t T, size_t n_k_heads, size_t n_v_heads,
+                              size_t dk, size_t dv, const float *state_in, float *state_out,
+                              float *out) {
+    /* the AVX-512 kernels only, as npu_attention_fast */
+    if (kernels() == &k_avx512 && npu_fast_usable() && npu_delta_bf16_usable(T, dk, dv))
+        return npu_delta_rule_bf16_avx512(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv,
+                                          state_in, state_out, out);
+    return npu_delta_rule(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state_in, state_out,
+                          out);
+}
+
 void npu_conv1d_causal_silu(const float *x, const float *w, size_t T, size_t C, size_t K,
                             const float *state_in, float *state_out, float *out) {
     npu_conv_split_t sp = npu_conv_whole(C, out);

@@ -202,8 +202,9 @@ static void bench_delta(size_t T, size_t Hk, size_t Hv, size_t d, int iters, int
 
 /* The two AVX-512 delta rules side by side at one shape: the chunked one
  * (npu_delta_fast.c; on npu_threads() threads, AMX products unless
- * D3_NPU_DELTA=f32) against the recurrent one (one thread), and against
- * the chunked reference when iters_ref > 0. */
+ * D3_NPU_DELTA=f32) against the recurrent one (one thread), against
+ * the chunked reference when iters_ref > 0, and the fast profile's bf16
+ * products (npu_delta_rule_bf16_avx512) where the CPU has them. */
 static void bench_delta_chunked(size_t T, size_t Hk, size_t Hv, size_t d, int iters,
                                 int iters_ref) {
     if (!npu_probe()->avx512f)
@@ -219,6 +220,10 @@ static void bench_delta_chunked(size_t T, size_t Hk, size_t Hv, size_t d, int it
     if (iters_ref > 0) {
         double ref = time_delta(npu_delta_rule_chunked_ref, T, Hk, Hv, d, iters_ref);
         printf("  ref(chunked) %8.3f ms  x%.1f", ref, ref / chunked);
+    }
+    if (npu_delta_bf16_usable(T, d, d)) { /* the fast profile's */
+        double bf = time_delta(npu_delta_rule_bf16_avx512, T, Hk, Hv, d, iters);
+        printf("  bf16 %8.3f ms  x%.2f", bf, chunked / bf);
     }
     printf("\n");
 }
