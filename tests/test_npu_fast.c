@@ -417,8 +417,9 @@ Test(npu_fast, norms_shapes) {
 
 /* Rows split over the pool (npu_fast.c's rows_run, the conv's row blocks)
  * give the bits of one call per row: the norms against the AVX-512
- * kernels called on the whole block (no split), the conv against one row
- * at a time with the state carried. Sizes well past one item's 32,768
+ * kernels called on the whole block (no split), the conv (4 rows at a
+ * time inside, conv_block) against one row at a time with the state
+ * carried, with a state in and without. Sizes well past one item's 32,768
  * floats, so several items run. */
 Test(npu_fast, pool_split_bit_identical) {
     expect_fast_dispatch();
@@ -450,6 +451,15 @@ Test(npu_fast, pool_split_bit_identical) {
         npu_conv1d_causal_silu(x + t * D, cw, 1, D, K, sb, sb, b + t * D);
     cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "conv rows");
     cr_expect(memcmp(sa, sb, hist * D * sizeof *sa) == 0, "conv state");
+    /* A fresh sequence (no state: the rows before it are skipped, not
+     * zeros): its first hist rows in one call of their own (one row at a
+     * time inside), then one row a call. */
+    npu_conv1d_causal_silu(x, cw, T, D, K, NULL, sa, a);
+    npu_conv1d_causal_silu(x, cw, hist, D, K, NULL, sb, b);
+    for (size_t t = hist; t < T; t++)
+        npu_conv1d_causal_silu(x + t * D, cw, 1, D, K, sb, sb, b + t * D);
+    cr_expect(memcmp(a, b, T * D * sizeof *a) == 0, "conv rows, fresh");
+    cr_expect(memcmp(sa, sb, hist * D * sizeof *sa) == 0, "conv state, fresh");
     free(x), free(z), free(w), free(cw), free(a), free(b), free(s0), free(sa), free(sb);
 }
 
