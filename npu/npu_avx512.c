@@ -623,8 +623,8 @@ static void conv_block(const conv_job_t *j, size_t t) {
             for (size_t k = 0; k < K; k++)
                 wv[k] = _mm512_maskz_loadu_ps(cm, j->wt + k * j->Cp + base + c0);
             for (size_t m = 0; m < CONV_RB + K - 1; m++)
-                xv[m] = rows[m] ? _mm512_maskz_loadu_ps(cm, rows[m] + base + c0)
-                                : _mm512_setzero_ps();
+                xv[m] =
+                    rows[m] ? _mm512_maskz_loadu_ps(cm, rows[m] + base + c0) : _mm512_setzero_ps();
             for (size_t r = 0; r < CONV_RB; r++) {
                 __m512 acc = _mm512_setzero_ps();
                 for (size_t k = 0; k < K; k++)
