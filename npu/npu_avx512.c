@@ -577,55 +577,34 @@ typedef struct conv_job {
 
 #define CONV_ITEM_FLOATS 32768 /* at least this much of out per item */
 
-/* Rows at once in conv_block (CONV_RB), for kernels of up to CONV_RB_K
+/* Rows at once in conv_span (CONV_RB), for kernels of up to CONV_RB_K
  * taps (the model's 4): CONV_RB + K - 1 input rows and K taps are loaded
  * once per 16 channels instead of K of each per row. */
 #define CONV_RB   4
 #define CONV_RB_K 4
 
-/* Row t of the outputs; each block of the split 16 channels at a time
- * (masked at its end), so that every output is the same K-tap sum wherever
- * it is written. */
-static void conv_one(const conv_job_t *j, size_t t) {
-    size_t       hist = j->K - 1, C = j->C;
-    const float *rows[CONV_MAX_K];
-    for (size_t k = 0; k < j->K; k++)
-        rows[k] = conv_row(j->x, j->state_in, t + k, hist, C);
-    for (size_t b = 0, base = 0; b < j->sp->n; base += j->sp->width[b++]) {
-        size_t W = j->sp->width[b];
-        float *o = j->sp->out[b] + t * W;
-        for (size_t c0 = 0; c0 < W; c0 += 16) {
-            __mmask16 cm = npu_mask16(W - c0);
-            __m512    acc = _mm512_setzero_ps();
-            for (size_t k = 0; k < j->K; k++)
-                if (rows[k])
-                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(cm, j->wt + k * j->Cp + base + c0),
-                                          _mm512_maskz_loadu_ps(cm, rows[k] + base + c0), acc);
-            _mm512_mask_storeu_ps(o + c0, cm, npu_silu512(acc));
-        }
-    }
-}
-
-/* Rows [t, t + CONV_RB) as conv_one does them (K <= CONV_RB_K): each
- * output the same FMAs in the same order (taps in order from zero, the
- * zero rows of a fresh sequence skipped), so the same bits. */
-static void conv_block(const conv_job_t *j, size_t t) {
-    size_t       hist = j->K - 1, C = j->C, K = j->K;
-    const float *rows[CONV_RB + CONV_RB_K - 1];
-    for (size_t m = 0; m < CONV_RB + K - 1; m++)
+/* Rows [t, t + nr) of the outputs (nr <= CONV_RB; nr > 1 only for K <=
+ * CONV_RB_K); each block of the split 16 channels at a time (masked at its
+ * end). Every output is the same FMAs in the same order (taps in order
+ * from zero, the zero rows of a fresh sequence skipped) whatever nr and
+ * wherever it is written, so the same bits. */
+static void conv_span(const conv_job_t *j, size_t t, size_t nr) {
+    size_t       hist = j->K - 1, C = j->C, K = j->K, nx = nr + K - 1;
+    const float *rows[CONV_RB + CONV_MAX_K - 1];
+    for (size_t m = 0; m < nx; m++)
         rows[m] = conv_row(j->x, j->state_in, t + m, hist, C);
     for (size_t b = 0, base = 0; b < j->sp->n; base += j->sp->width[b++]) {
         size_t W = j->sp->width[b];
         float *o = j->sp->out[b] + t * W;
         for (size_t c0 = 0; c0 < W; c0 += 16) {
             __mmask16 cm = npu_mask16(W - c0);
-            __m512    wv[CONV_RB_K], xv[CONV_RB + CONV_RB_K - 1];
+            __m512    wv[CONV_MAX_K], xv[CONV_RB + CONV_MAX_K - 1];
             for (size_t k = 0; k < K; k++)
                 wv[k] = _mm512_maskz_loadu_ps(cm, j->wt + k * j->Cp + base + c0);
-            for (size_t m = 0; m < CONV_RB + K - 1; m++)
+            for (size_t m = 0; m < nx; m++)
                 xv[m] =
                     rows[m] ? _mm512_maskz_loadu_ps(cm, rows[m] + base + c0) : _mm512_setzero_ps();
-            for (size_t r = 0; r < CONV_RB; r++) {
+            for (size_t r = 0; r < nr; r++) {
                 __m512 acc = _mm512_setzero_ps();
                 for (size_t k = 0; k < K; k++)
                     if (rows[r + k])
@@ -643,9 +622,9 @@ static void conv_rows(void *ctx, size_t i) {
     size_t            t = i * j->per, end = (i + 1) * j->per < j->T ? (i + 1) * j->per : j->T;
     if (j->K <= CONV_RB_K)
         for (; t + CONV_RB <= end; t += CONV_RB)
-            conv_block(j, t);
+            conv_span(j, t, CONV_RB);
     for (; t < end; t++)
-        conv_one(j, t);
+        conv_span(j, t, 1);
 }
 
 void npu_conv1d_causal_silu_avx512(const float *x, const float *w, size_t T, size_t C, size_t K,
@@ -680,7 +659,7 @@ void npu_conv1d_causal_silu_split_avx512(const float *x, const float *w, size_t 
     conv_job_t j = {
         .x = x, .wt = wt, .state_in = state_in, .sp = sp, .T = T, .C = C, .K = K, .Cp = Cp};
     j.per = C < CONV_ITEM_FLOATS ? CONV_ITEM_FLOATS / C : 1;
-    j.per = (j.per + CONV_RB - 1) / CONV_RB * CONV_RB; /* whole conv_blocks */
+    j.per = (j.per + CONV_RB - 1) / CONV_RB * CONV_RB; /* whole spans of CONV_RB rows */
     size_t items = (T + j.per - 1) / j.per;
     if (items > 1)
         npu_parallel_for(items, conv_rows, &j);

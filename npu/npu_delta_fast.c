@@ -103,6 +103,16 @@ static inline __mmask16 dmask(long n) {
 #define GM_TRI_N 2u
 #define GM_ADD   4u
 
+/* A tile's accumulators, zeroed. */
+static inline __attribute__((always_inline)) void gm_zero(int mr, int nv,
+                                                          __m512 acc[GM_MR][GM_NV]) {
+#pragma GCC                                       unroll 16
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = _mm512_setzero_ps();
+}
+
 /* A tile's accumulators into C[0 .. mr)[cols]: C = acc, or cb C + acc. */
 static inline __attribute__((always_inline)) void gm_store(int mr, int nv, __m512 acc[GM_MR][GM_NV],
                                                            float *c, size_t ldc, const __mmask16 *m,
@@ -169,11 +179,7 @@ static inline __attribute__((always_inline)) void gm_tile(int mr, int nv, const 
                                                           size_t kc, float *c, size_t ldc,
                                                           const __mmask16 *m, bool add, float cb) {
     __m512 acc[GM_MR][GM_NV];
-#pragma GCC unroll 16
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            acc[r][v] = _mm512_setzero_ps();
+    gm_zero(mr, nv, acc);
     for (size_t k = 0; k < kc; k++) {
         __m512 bv[GM_NV];
 #pragma GCC unroll 4
@@ -464,11 +470,7 @@ static inline __attribute__((always_inline)) void gb_tile(int mr, int nv, const 
                                                           size_t kp, float *c, size_t ldc,
                                                           const __mmask16 *m, bool add, float cb) {
     __m512 acc[GM_MR][GM_NV];
-#pragma GCC unroll 16
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            acc[r][v] = _mm512_setzero_ps();
+    gm_zero(mr, nv, acc);
     for (size_t p = 0; p < kp; p++) {
         __m512bh bv[GM_NV];
 #pragma GCC unroll 4

@@ -418,7 +418,7 @@ Test(npu_fast, norms_shapes) {
 /* Rows split over the pool (npu_fast.c's rows_run, the conv's row blocks)
  * give the bits of one call per row: the norms against the AVX-512
  * kernels called on the whole block (no split), the conv (4 rows at a
- * time inside, conv_block) against one row at a time with the state
+ * time inside, conv_span) against one row at a time with the state
  * carried, with a state in and without. Sizes well past one item's 32,768
  * floats, so several items run. */
 Test(npu_fast, pool_split_bit_identical) {
