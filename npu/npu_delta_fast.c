@@ -103,14 +103,14 @@ static inline __mmask16 dmask(long n) {
 #define GM_TRI_N 2u
 #define GM_ADD   4u
 
-/* A tile's accumulators, zeroed. */
-static inline __attribute__((always_inline)) void gm_zero(int mr, int nv,
-                                                          __m512 acc[GM_MR][GM_NV]) {
-#pragma GCC                                       unroll 16
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
+/* A tile's accumulators, zeroed (all GM_MR x GM_NV: those of a smaller
+ * tile are never read, so the compiler drops their zeroing). */
+static inline __attribute__((always_inline)) void gm_zero(__m512 acc[GM_MR][GM_NV]) {
+    _Pragma("GCC unroll 16") for (int r = 0; r < GM_MR; r++) {
+        _Pragma("GCC unroll 4") for (int v = 0; v < GM_NV; v++) {
             acc[r][v] = _mm512_setzero_ps();
+        }
+    }
 }
 
 /* A tile's accumulators into C[0 .. mr)[cols]: C = acc, or cb C + acc. */
@@ -179,7 +179,7 @@ static inline __attribute__((always_inline)) void gm_tile(int mr, int nv, const 
                                                           size_t kc, float *c, size_t ldc,
                                                           const __mmask16 *m, bool add, float cb) {
     __m512 acc[GM_MR][GM_NV];
-    gm_zero(mr, nv, acc);
+    gm_zero(acc);
     for (size_t k = 0; k < kc; k++) {
         __m512 bv[GM_NV];
 #pragma GCC unroll 4
@@ -206,6 +206,15 @@ static void gm_tile_any(size_t mr, int nv, const float *a, size_t sa, size_t sk,
 #undef GM_CALL
 }
 
+/* The column block of C from j0 (of n columns): its vectors (at most
+ * GM_NV) and their lane masks into mk. gemm's and gemm_bf's. */
+static int gm_cols(size_t n, size_t j0, __mmask16 mk[GM_NV]) {
+    long left = (long)(n - j0);
+    for (int v = 0; v < GM_NV; v++)
+        mk[v] = dmask(left - 16 * v);
+    return left >= 16 * GM_NV ? GM_NV : (int)((left + 15) / 16);
+}
+
 /* C (m, n) (cb C +)= A (m, k) B (k, n) with A(i, k) = a[i * sa + k * sk],
  * B rows ldb apart, C rows ldc apart; flags as above. Column blocks of
  * 16 GM_NV outside, row tiles inside, so the (k, 16 GM_NV) slice of B
@@ -213,11 +222,8 @@ static void gm_tile_any(size_t mr, int nv, const float *a, size_t sa, size_t sk,
 static void gemm(size_t m, size_t n, size_t k, const float *a, size_t sa, size_t sk, const float *b,
                  size_t ldb, float *c, size_t ldc, unsigned flags, float cb) {
     for (size_t j0 = 0; j0 < n; j0 += 16 * GM_NV) {
-        long      left = (long)(n - j0);
-        int       nv = left >= 16 * GM_NV ? GM_NV : (int)((left + 15) / 16);
         __mmask16 mk[GM_NV];
-        for (int v = 0; v < GM_NV; v++)
-            mk[v] = dmask(left - 16 * v);
+        int       nv = gm_cols(n, j0, mk);
         for (size_t i0 = 0; i0 < m; i0 += GM_MR) {
             size_t mr = m - i0 < GM_MR ? m - i0 : GM_MR;
             int    tv = nv;
@@ -250,8 +256,9 @@ typedef struct delta_ws {
     float *Vn; /* (C, dv) v_new = T U */
     float *gc; /* (C) cumulative log decay in the chunk */
     float *eg; /* (C) exp(gc) */
-    /* AMX path: bf16 hi and lo parts of the two operands of one product,
-     * (2C, dk) + (dk, dv) or (dk, C) + (C, dv) of each, as uint16_t. */
+    /* The two operands of one product in bf16, (2C, dk) + (dk, dv) or
+     * (dk, C) + (C, dv) of each, as uint16_t: their hi and lo parts on
+     * AMX, hi only for the fast profile's one product. */
     uint16_t *bf;
 } delta_ws_t;
 
@@ -470,7 +477,7 @@ static inline __attribute__((always_inline)) void gb_tile(int mr, int nv, const 
                                                           size_t kp, float *c, size_t ldc,
                                                           const __mmask16 *m, bool add, float cb) {
     __m512 acc[GM_MR][GM_NV];
-    gm_zero(mr, nv, acc);
+    gm_zero(acc);
     for (size_t p = 0; p < kp; p++) {
         __m512bh bv[GM_NV];
 #pragma GCC unroll 4
@@ -503,11 +510,8 @@ static void gb_tile_any(size_t mr, int nv, const uint16_t *a, size_t lda, const 
 static void gemm_bf(size_t m, size_t n, size_t kp, const uint16_t *a, size_t lda, const uint16_t *b,
                     float *c, size_t ldc, bool add, float cb) {
     for (size_t j0 = 0; j0 < n; j0 += 16 * GM_NV) {
-        long      left = (long)(n - j0);
-        int       nv = left >= 16 * GM_NV ? GM_NV : (int)((left + 15) / 16);
         __mmask16 mk[GM_NV];
-        for (int v = 0; v < GM_NV; v++)
-            mk[v] = dmask(left - 16 * v);
+        int       nv = gm_cols(n, j0, mk);
         for (size_t i0 = 0; i0 < m; i0 += GM_MR) {
             size_t mr = m - i0 < GM_MR ? m - i0 : GM_MR;
             gb_tile_any(mr, nv, a + i0 * lda, lda, b + 2 * j0, 2 * n, kp, c + i0 * ldc + j0, ldc,

@@ -134,19 +134,17 @@ static void server_start(server_t *s, const char *extra) {
     cr_assert_eq(code, 200, "/health never answered 200; see %s", s->log);
 }
 
-/* The last 4 KiB of the server's log on stderr, after a failed stop. */
-static void log_tail(const server_t *s, int sig) {
-    fprintf(stderr, "d3stream http stopped badly (signal %d); the end of %s:\n", sig, s->log);
-    FILE *f = fopen(s->log, "r");
-    if (!f)
-        return;
-    char   buf[4096];
-    long   at = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
-    size_t n;
-    fseek(f, at > (long)sizeof buf ? at - (long)sizeof buf : 0, SEEK_SET);
-    n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    fprintf(stderr, "%.*s\n", (int)n, buf);
+/* After a stop that went wrong: how, and the last 4 KiB of the server's
+ * log (which goes with server_cleanup), on stderr. */
+static void log_tail(const server_t *s, int st, bool killed) {
+    size_t len;
+    char  *log = slurp(s->log, &len);
+    size_t from = len > 4096 ? len - 4096 : 0;
+    fprintf(stderr,
+            "d3stream http stopped badly (%s, exit status %d, signal %d); the end of %s:\n%.*s\n",
+            killed ? "killed after the wait" : "on SIGTERM", WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+            WIFSIGNALED(st) ? WTERMSIG(st) : 0, s->log, (int)(len - from), log + from);
+    free(log);
 }
 
 /* SIGTERM, then the exit status (-1 if it had to be killed). */
@@ -158,13 +156,14 @@ static int server_stop(server_t *s) {
         if (now_s() > end) {
             kill(s->pid, SIGKILL);
             waitpid(s->pid, &st, 0);
+            log_tail(s, st, true);
             return -1;
         }
         usleep(10000);
     }
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    if (rc != 0) /* the log goes with server_cleanup: show why here */
-        log_tail(s, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    if (rc != 0)
+        log_tail(s, st, false);
     return rc;
 }
 
